@@ -1,0 +1,356 @@
+"""Backbone registry and the head contract shared by every backbone.
+
+Every backbone built by :func:`create_model` is a :class:`Backbone`: a feature
+extractor (``forward_features``) followed by one final ``nn.Linear`` stored as
+``head``. The COG wrapper and the TST method rely on this contract to find the
+final layer (the calibrator of ``cog-fc``) and the features entering it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+__all__ = [
+    "Backbone",
+    "ModelInfo",
+    "create_model",
+    "list_models",
+    "model_info",
+    "register_model",
+]
+
+
+class Backbone(nn.Module):
+    """Base class of every registered backbone: features, then one linear head.
+
+    Subclasses build their feature extractor, call ``super().__init__(num_features,
+    num_classes)`` first, and implement :meth:`forward_features`. Everything about
+    the final layer lives here.
+
+    Parameters
+    ----------
+    num_features : int
+        Dimension ``d`` of the features entering the final linear layer.
+    num_classes : int
+        Number of outputs: classes ``K`` (multiclass) or binary tasks ``T``
+        (multi-label, one logit per task).
+
+    Attributes
+    ----------
+    num_features : int
+        Dimension of :meth:`forward_features`'s output.
+    head : nn.Linear
+        The final layer; its output is the model's output (no activation after it).
+    input_shape : tuple of int
+        The per-sample input shape the model was built for (set by :func:`create_model`).
+    """
+
+    def __init__(self, num_features: int, num_classes: int) -> None:
+        super().__init__()
+        self.num_features = int(num_features)
+        self.head = nn.Linear(self.num_features, _check_num_classes(num_classes))
+        self.input_shape: tuple[int, ...] = ()
+
+    @property
+    def num_classes(self) -> int:
+        """Number of outputs of the final layer."""
+        return self.head.out_features
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the pooled/flattened features, shape ``(N, num_features)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement forward_features")
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Apply the final linear layer, or return ``features`` when ``pre_logits``."""
+        return features if pre_logits else self.head(features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of shape ``(N, num_classes)``: ``forward_head(forward_features(x))``."""
+        return self.forward_head(self.forward_features(x))
+
+    def get_classifier(self) -> nn.Linear:
+        """Return the final linear layer (the module stored as ``head``)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """Replace the final layer by a fresh ``nn.Linear(num_features, num_classes)``.
+
+        The new layer is created on the device and with the dtype of the old one.
+        """
+        old = self.head
+        self.head = nn.Linear(self.num_features, _check_num_classes(num_classes)).to(
+            device=old.weight.device, dtype=old.weight.dtype
+        )
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the registry knows about one backbone.
+
+    Attributes
+    ----------
+    name : str
+        Registered name.
+    builder : callable
+        ``builder(num_classes=..., input_shape=..., **kwargs) -> nn.Module``.
+    default_input_shape : tuple of int
+        The per-sample input shape the backbone is designed for.
+    description : str
+        One line for listings and docs.
+    """
+
+    name: str
+    builder: Callable[..., nn.Module]
+    default_input_shape: tuple[int, ...]
+    description: str = ""
+
+
+_REGISTRY: dict[str, ModelInfo] = {}
+
+F = TypeVar("F", bound=Callable[..., nn.Module])
+
+
+def register_model(
+    name: str | None = None,
+    *,
+    default_input_shape: Sequence[int],
+    description: str = "",
+    overwrite: bool = False,
+) -> Callable[[F], F]:
+    """Decorator registering a backbone builder under ``name``.
+
+    Parameters
+    ----------
+    name : str, optional
+        Registry name; defaults to the decorated function's ``__name__``.
+    default_input_shape : sequence of int
+        The backbone's natural per-sample input shape (e.g. ``(3, 32, 32)``).
+    description : str, optional
+        One-line description.
+    overwrite : bool, default False
+        Allow replacing an existing entry; otherwise a duplicate name raises ``ValueError``.
+
+    Returns
+    -------
+    callable
+        A decorator returning the builder unchanged. The builder is called as
+        ``builder(num_classes=K, input_shape=shape, **kwargs)`` and should return a
+        :class:`Backbone` (or any module following the same head contract).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal.models import Backbone, create_model, register_model
+    >>> class Linear(Backbone):
+    ...     def __init__(self, num_classes, input_shape):
+    ...         super().__init__(math.prod(input_shape), num_classes)
+    ...     def forward_features(self, x):
+    ...         return x.flatten(1)
+    >>> @register_model("toy_linear", default_input_shape=(5,), overwrite=True)
+    ... def toy_linear(num_classes, input_shape):
+    ...     return Linear(num_classes, input_shape)
+    >>> create_model("toy_linear", num_classes=3, input_shape=(5,))(torch.zeros(2, 5)).shape
+    torch.Size([2, 3])
+    >>> from cogcal.models.registry import _REGISTRY
+    >>> _ = _REGISTRY.pop("toy_linear")  # keep the doctest from polluting the registry
+    """
+
+    def decorator(fn: F) -> F:
+        key = name if name is not None else fn.__name__
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a model name must be a non-empty string, got {key!r}.")
+        if key in _REGISTRY and not overwrite:
+            raise ValueError(
+                f"a model named {key!r} is already registered; pick another name "
+                "or pass overwrite=True."
+            )
+        _REGISTRY[key] = ModelInfo(
+            name=key,
+            builder=fn,
+            default_input_shape=check_input_shape(default_input_shape),
+            description=description,
+        )
+        return fn
+
+    return decorator
+
+
+def list_models() -> list[str]:
+    """Return the sorted names of all registered backbones.
+
+    Returns
+    -------
+    list of str
+        Names accepted by :func:`create_model`.
+    """
+    return sorted(_REGISTRY)
+
+
+def model_info(name: str) -> ModelInfo:
+    """Return the registry entry of ``name`` (builder, natural input shape, description).
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not registered; the message lists the names and suggests the closest.
+    """
+    if name not in _REGISTRY:
+        available = ", ".join(list_models())
+        close = difflib.get_close_matches(str(name), list_models(), n=1, cutoff=0.4)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown model {name!r}.{hint} Available models: {available}.")
+    return _REGISTRY[name]
+
+
+def create_model(
+    name: str, *, num_classes: int, input_shape: Sequence[int], **kwargs: Any
+) -> nn.Module:
+    """Build a freshly initialised backbone by name (never loads pretrained weights).
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`list_models` (e.g. ``"mlp"``, ``"cnn"``, ``"resnet101"``).
+    num_classes : int
+        Number of outputs (>= 1): classes ``K``, or binary tasks ``T`` for
+        multi-label problems (one logit each).
+    input_shape : sequence of int
+        Per-sample input shape without the batch dimension, e.g. ``(40,)`` for
+        mnist1d or ``(3, 32, 32)`` for CIFAR; the channel count is taken from it.
+    **kwargs
+        Backbone-specific options (e.g. ``dropout`` for ``wrn28_10``).
+
+    Returns
+    -------
+    Backbone
+        A module with ``num_features``, ``forward_features``, ``forward_head``,
+        ``get_classifier``, ``reset_classifier`` and the final ``nn.Linear`` as ``head``.
+        Initialisation is deterministic under ``torch.manual_seed``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (the message suggests the closest), ``num_classes < 1``,
+        or an ``input_shape`` the backbone cannot take.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal.models import create_model
+    >>> _ = torch.manual_seed(0)
+    >>> model = create_model("mlp", num_classes=10, input_shape=(40,))
+    >>> model(torch.randn(4, 40)).shape
+    torch.Size([4, 10])
+    >>> model.forward_features(torch.randn(4, 40)).shape[1] == model.num_features
+    True
+    >>> model.get_classifier() is model.head
+    True
+    """
+    info = model_info(name)
+    num_classes = _check_num_classes(num_classes)
+    shape = check_input_shape(input_shape)
+    model = info.builder(num_classes=num_classes, input_shape=shape, **kwargs)
+    if isinstance(model, Backbone):
+        model.input_shape = shape
+    return model
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_num_classes(num_classes: Any) -> int:
+    try:
+        n = operator.index(num_classes)  # ints and numpy integers; not floats or strings
+    except TypeError:
+        n = None
+    if n is None or isinstance(num_classes, bool):
+        raise ValueError(
+            "`num_classes` must be a positive integer (classes K, or tasks T for "
+            f"multi-label), got {num_classes!r}."
+        )
+    if n < 1:
+        raise ValueError(
+            f"`num_classes` must be >= 1 (classes K, or tasks T for multi-label), got {n}."
+        )
+    return n
+
+
+def check_input_shape(input_shape: Any) -> tuple[int, ...]:
+    """Return ``input_shape`` as a tuple of positive ints, or raise ``ValueError``."""
+    if isinstance(input_shape, int | str) or not isinstance(input_shape, Sequence | torch.Size):
+        raise ValueError(
+            "`input_shape` must be a sequence of positive ints giving one sample's shape "
+            f"without the batch dimension, e.g. (40,) or (3, 32, 32); got {input_shape!r}."
+        )
+    try:
+        dims = tuple(operator.index(d) for d in input_shape)
+    except TypeError:
+        dims = ()
+    if not dims or any(isinstance(d, bool) for d in input_shape) or min(dims) < 1:
+        raise ValueError(
+            "`input_shape` must be a non-empty sequence of positive ints (no batch "
+            f"dimension), e.g. (40,) or (3, 32, 32); got {input_shape!r}."
+        )
+    return dims
+
+
+def image_shape(
+    model: str, input_shape: tuple[int, ...], *, min_size: int = 1, multiple_of: int = 1
+) -> tuple[int, int, int]:
+    """Validate an image shape ``(C, H, W)`` for backbone ``model``; return it."""
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"{model} expects images: input_shape must be (channels, height, width), "
+            f"e.g. (3, 32, 32); got {input_shape}."
+        )
+    c, h, w = input_shape
+    if h < min_size or w < min_size:
+        raise ValueError(
+            f"{model} needs images of at least {min_size}x{min_size} pixels, got {h}x{w} "
+            f"(input_shape {input_shape})."
+        )
+    if h % multiple_of or w % multiple_of:
+        raise ValueError(
+            f"{model} needs height and width divisible by {multiple_of} (its patch size), "
+            f"got {h}x{w} (input_shape {input_shape}); crop or pad the images."
+        )
+    return c, h, w
+
+
+def check_batch(model: str, x: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` when a batch ``x`` does not have per-sample shape ``expected``."""
+    if tuple(x.shape[1:]) != expected:
+        raise ValueError(
+            f"{model} was built for inputs of shape (N, {', '.join(map(str, expected))}), "
+            f"got a batch of shape {tuple(x.shape)}."
+        )
+
+
+def init_weights(module: nn.Module) -> None:
+    """Standard initialisation: Kaiming-normal convolutions (fan-out, ReLU), BN/LN 1 and 0.
+
+    Linear layers keep PyTorch's default initialisation.
+    """
+    for m in module.modules():
+        if isinstance(m, nn.Conv1d | nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm1d | nn.BatchNorm2d | nn.GroupNorm | nn.LayerNorm):
+            if m.weight is not None:
+                nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def prod(shape: Sequence[int]) -> int:
+    """Product of the entries of ``shape``."""
+    return math.prod(shape)
