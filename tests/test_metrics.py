@@ -193,6 +193,18 @@ def test_low_precision_inputs_match_float64(dtype):
         assert m[key] == pytest.approx(ref[key], abs=1e-4), key  # float32 vs float64 softmax
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_multilabel(dtype):
+    g = torch.Generator().manual_seed(6)
+    z = (torch.randn(500, 3, generator=g) * 4).to(dtype)
+    y = torch.randint(0, 2, (500, 3), generator=g)
+    m = evaluate(z, y, task="multilabel", n_bins=(10,))
+    ref = evaluate(z.double(), y, task="multilabel", n_bins=(10,))
+    assert list(m) == list(ref)
+    for key in ref:
+        assert m[key] == pytest.approx(ref[key], abs=1e-5), key
+
+
 def test_half_logits_with_saturated_confidence():
     z = torch.tensor([[60.0, -60.0, 0.0], [0.0, 1.0, 0.0]], dtype=torch.float16)
     m = evaluate(z, torch.tensor([0, 2]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import cogcal
 
@@ -19,13 +20,203 @@ class UserError(Exception):
     """An error caused by the user's input; reported as one line, without a traceback."""
 
 
-#: Subcommand registrars: each adds its parser and sets ``func`` (layers register here).
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (no usage dump) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``train`` and ``tune`` (SPEC §1 recipe; defaults from the method)."""
+    p.add_argument("--dataset", default="mnist1d", help="dataset name (default: mnist1d)")
+    p.add_argument("--model", default=None, help="backbone name (default: per dataset)")
+    p.add_argument("--method", default="cog-fc", help="method name (default: cog-fc)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    p.add_argument("--epochs", type=int, default=30, help="stage-1 epochs (default: 30)")
+    p.add_argument("--stage2-epochs", type=int, default=40, help="TST/V-TST stage-2 epochs")
+    p.add_argument("--batch-size", type=int, default=256, help="global batch size (default: 256)")
+    p.add_argument(
+        "--lr", type=_positive_float, default=None, help="network learning rate λ_f "
+        "(default: 1e-3 for COG methods, 1e-4 for the others)"
+    )  # fmt: skip
+    p.add_argument(
+        "--calibrator-lr", type=_positive_float, default=None,
+        help="calibrator learning rate λ_c of COG methods (default: lr/10)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-fast-calibrator", action="store_true", help="permit --calibrator-lr >= --lr"
+    )
+    p.add_argument("--step-size", type=int, default=10, help="COG StepLR period in epochs")
+    p.add_argument("--patience", type=int, default=None, help="early stopping patience (epochs)")
+    p.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "auto"))
+    p.add_argument("--devices", type=int, default=1, help="number of devices (default: 1)")
+    p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
+
+
+def _config_from_args(args: argparse.Namespace, out: str):
+    from cogcal.train import TrainConfig
+
+    return TrainConfig(
+        dataset=args.dataset,
+        model=args.model,
+        method=args.method,
+        seed=args.seed,
+        epochs=args.epochs,
+        stage2_epochs=args.stage2_epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        calibrator_lr=args.calibrator_lr,
+        allow_fast_calibrator=args.allow_fast_calibrator,
+        step_size=args.step_size,
+        patience=args.patience,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        data_root=args.data_root,
+        out=out,
+        progress=not args.no_progress,
+    )
+
+
+SUMMARY_KEYS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
+
+
+def _summary(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"{cfg['method']} on {cfg['dataset']} ({cfg['model']}, seed {cfg['seed']}): "
+        f"lr {cfg['lr']:g}"
+        + (f", calibrator lr {cfg['calibrator_lr']:g}" if cfg["calibrator_lr"] else ""),
+        f"{'split':6s}" + "".join(f"{k:>10s}" for k in SUMMARY_KEYS),
+    ]
+    for split in ("val", "test"):
+        vals = result[split]
+        lines.append(f"{split:6s}" + "".join(f"{vals[k]:10.4f}" for k in SUMMARY_KEYS))
+    lines.append(f"time {result['timing']['total_seconds']:.1f} s")
+    return "\n".join(lines)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cogcal.train import is_complete, run
+
+    out = args.out or f"runs/{args.dataset}-{args.method}-seed{args.seed}"
+    config = _config_from_args(args, out)
+    if is_complete(out) and not args.overwrite:
+        raise UserError(
+            f"--out {out} already holds a finished run (metrics.json); choose another --out or "
+            "pass --overwrite to replace it."
+        )
+    result = run(config)
+    from cogcal.report.diagrams import plot_reliability
+
+    test = Path(out) / "test_logits.npz"
+    import numpy as np
+
+    with np.load(test, allow_pickle=False) as f:
+        logits, labels = f["logits"], f["labels"]
+    plot_reliability(
+        {config.method: (logits, labels)},
+        Path(out) / "reliability.png",
+        task=result["config"]["task"],
+        title=f"{config.method} on {config.dataset} (test)",
+    )
+    if config.progress:
+        print(_summary(result))
+        print(f"wrote {out}/metrics.json, {out}/reliability.png")
+    return 0
+
+
+def _register_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train one method on one dataset and evaluate it",
+        description="Train one method (with the paper's recipe) and write metrics.json, "
+        "checkpoints, logits and a reliability diagram into --out.",
+    )
+    _add_run_arguments(p)
+    p.add_argument("--out", default=None, help="run directory (default: runs/DATASET-METHOD-seedN)")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
+    p.set_defaults(func=_cmd_train)
+
+
+def _parse_grid(text: str, flag: str) -> list[float]:
+    values = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise UserError(f"{flag} expects comma-separated numbers, got {text!r}.") from None
+        if not 0 < value < float("inf"):
+            raise UserError(f"{flag} values must be positive, got {part!r}.")
+        values.append(value)
+    return values
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from cogcal.train import get_method, tune
+
+    method = get_method(args.method)
+    lrs = _parse_grid(args.lrs, "--lrs")
+    grid: list[dict] = []
+    if method.cog:
+        ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios")
+        for lr in lrs:
+            for r in ratios:
+                if r >= 1 and not args.allow_fast_calibrator:
+                    raise UserError(
+                        f"--calibrator-ratios {r:g} gives calibrator lr >= lr; use ratios < 1 or "
+                        "pass --allow-fast-calibrator."
+                    )
+                grid.append({"lr": lr, "calibrator_lr": lr * r})
+    else:
+        grid = [{"lr": lr} for lr in lrs]
+    out = args.out or f"runs/tune-{args.dataset}-{args.method}"
+    config = _config_from_args(args, out)
+    summary = tune(config.replace(progress=False), grid, out)
+    if not args.no_progress:
+        for row in summary["table"]:
+            point = ", ".join(f"{k}={row[k]:g}" for k in grid[0])
+            print(f"{point:40s} val_nll {row['val_nll']:.4f}  val_brier {row['val_brier']:.4f}")
+        print(f"chosen by validation NLL: {summary['best']}  (wrote {out}/tune.csv)")
+    return 0
+
+
+def _register_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="choose learning rates by validation cross-entropy",
+        description="Train on a grid of learning rates (COG: λ_f x λ_c/λ_f ratios) and choose "
+        "the point with the lowest validation NLL; writes tune.csv and tune.json.",
+    )
+    _add_run_arguments(p)
+    p.add_argument("--lrs", default="1e-3,1e-4", help="comma-separated λ_f values")
+    p.add_argument(
+        "--calibrator-ratios", default="0.1,0.01", help="comma-separated λ_c/λ_f (COG methods)"
+    )
+    p.add_argument("--out", default=None, help="tuning directory")
+    p.set_defaults(func=_cmd_tune)
+
+
+#: Subcommand registrars: each adds its parser and sets ``func``.
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_register_train, _register_tune]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (all subcommands)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cogcal",
         description=(
             "Calibration in One Go: train classifiers that are accurate and calibrated in one "
@@ -36,10 +227,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show full tracebacks for errors (for bug reports)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for register in _SUBCOMMANDS:
         register(sub)
     return parser
+
+
+def _one_line(err: BaseException) -> str:
+    """An error message on one line (multi-line messages are joined, bullets become commas)."""
+    parts = [line.strip().removeprefix("- ") for line in str(err).splitlines() if line.strip()]
+    return " ".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, ValueError, FileNotFoundError) as err:
         if args.debug:
             raise
-        print(f"cogcal: error: {err}", file=sys.stderr)
+        print(f"cogcal: error: {_one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("cogcal: interrupted", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 All take logits, never probabilities, and return the batch mean (multi-label: the sum
 over tasks of each task's batch mean, i.e. linear scalarisation with equal weights).
+Inputs are validated unless ``check=False`` (for training loops that validated their data
+once and must not pay a device synchronisation per step).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def label_smoothing_cross_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, *, smoothing: float = 0.1
+    logits: torch.Tensor, labels: torch.Tensor, *, smoothing: float = 0.1, check: bool = True
 ) -> torch.Tensor:
     """Cross-entropy against ``(1 - eps) * onehot(y) + eps / K`` (the eps/K form of SPEC §2).
 
@@ -36,7 +38,7 @@ def label_smoothing_cross_entropy(
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
-    z, y = check_multiclass(logits, labels)
+    z, y = check_multiclass(logits, labels) if check else (logits, labels)
     return F.cross_entropy(z, y, label_smoothing=smoothing)
 
 
@@ -66,13 +68,13 @@ def focal_loss(logits: torch.Tensor, labels: torch.Tensor, *, gamma: float = 3.0
     return _focal(z, y, gamma)
 
 
-def flsd53_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def flsd53_loss(logits: torch.Tensor, labels: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """Focal loss with sample-dependent gamma, FLSD-53 (Mukhoti et al., 2020).
 
     ``gamma = 5`` for samples with ``p_y < 0.2`` and ``gamma = 3`` otherwise; ``gamma`` is
     chosen from the current prediction without a gradient through the choice.
     """
-    z, y = check_multiclass(logits, labels)
+    z, y = check_multiclass(logits, labels) if check else (logits, labels)
     with torch.no_grad():
         p_t = F.softmax(z.float(), dim=1).gather(1, y[:, None])[:, 0]
         gamma = torch.where(p_t < 0.2, 5.0, 3.0)
@@ -90,7 +92,7 @@ def vtst_loss(logits: torch.Tensor, labels: torch.Tensor, kl: torch.Tensor) -> t
 
 
 def multilabel_bce(
-    logits: torch.Tensor, targets: torch.Tensor, *, smoothing: float = 0.0
+    logits: torch.Tensor, targets: torch.Tensor, *, smoothing: float = 0.0, check: bool = True
 ) -> torch.Tensor:
     """Sum over the T tasks of each task's mean binary cross-entropy (linear scalarisation).
 
@@ -106,7 +108,7 @@ def multilabel_bce(
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
-    z, y = check_multilabel(logits, targets)
+    z, y = check_multilabel(logits, targets) if check else (logits, targets)
     target = y.to(z.dtype) * (1.0 - smoothing) + smoothing / 2.0
     per_task = F.binary_cross_entropy_with_logits(z, target, reduction="none").mean(0)
     return per_task.sum()

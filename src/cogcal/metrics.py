@@ -30,9 +30,11 @@ import numpy as np
 import torch
 
 from cogcal._checks import (
+    _to_tensor,
     as_float_tensor,
+    as_label_tensor,
     check_binary,
-    check_multiclass,
+    check_finite,
     check_multilabel,
     check_task,
 )
@@ -51,8 +53,9 @@ DEFAULT_N_BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
 
 _BINNINGS = ("width", "mass")
 _OOD_SCORES = ("msp", "energy", "entropy")
-#: Rows processed at once; bounds the temporary memory to ``_CHUNK x K`` floats.
-_CHUNK = 1 << 15
+#: Scores processed at once (rows x columns): small enough to stay in cache between the
+#: few passes over a chunk, large enough to amortise the per-call overhead.
+_CHUNK_ELEMS = 1 << 21
 #: Largest ``tasks x lcm(n_bins)`` histogram built before folding into the coarser bins.
 _MAX_FINE = 1 << 22
 
@@ -116,12 +119,56 @@ def _prob_tolerance(dtype: torch.dtype) -> float:
 
 
 def _check_prob_range(p: torch.Tensor) -> None:
-    lo, hi = float(p.min()), float(p.max())
+    lo, hi = (float(v) for v in torch.aminmax(p))
     if lo < 0.0 or hi > 1.0:
         raise ValueError(
             f"`probs` must lie in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; "
             "if these are logits, pass them as `logits` instead of `probs=`."
         )
+
+
+def _check_multiclass(x: Any, labels: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """As ``_checks.check_multiclass`` (same messages), with a one-pass finiteness test.
+
+    ``torch.aminmax`` reads the scores once without a temporary; only when it finds a
+    non-finite value is the exact count computed (by ``_checks.check_finite``).
+    """
+    z = _to_tensor(x, name)
+    if z.ndim != 2:
+        raise ValueError(f"`{name}` must be 2-D, got shape {tuple(z.shape)}.")
+    if not z.is_floating_point():
+        raise ValueError(
+            f"`{name}` must be a floating tensor (float16/bfloat16/float32/float64), "
+            f"got dtype {z.dtype}; pass real-valued scores, e.g. `{name}.float()`."
+        )
+    if z.numel() == 0:
+        raise ValueError(f"`{name}` is empty (shape {tuple(z.shape)}); pass at least one sample.")
+    lo, hi = torch.aminmax(z)
+    if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
+        check_finite(z, name)
+    if z.shape[1] < 2:
+        raise ValueError(
+            f"`{name}` has {z.shape[1]} column(s); a multiclass problem needs K >= 2 "
+            "columns. For one logit per sample use task='binary'."
+        )
+    y = as_label_tensor(labels, "labels")
+    if y.ndim != 1:
+        raise ValueError(
+            f"`labels` must be 1-D class indices of shape (N,), got shape {tuple(y.shape)}; "
+            "for one-hot labels pass `labels.argmax(1)`."
+        )
+    if y.shape[0] != z.shape[0]:
+        raise ValueError(
+            f"`{name}` has {z.shape[0]} rows but `labels` has {y.shape[0]} entries; "
+            "they must describe the same samples."
+        )
+    ylo, yhi = torch.aminmax(y)
+    if int(ylo) < 0 or int(yhi) >= z.shape[1]:
+        raise ValueError(
+            f"`labels` must lie in [0, {z.shape[1] - 1}] for {z.shape[1]} classes, "
+            f"got values in [{int(ylo)}, {int(yhi)}]."
+        )
+    return z, y.to(z.device)
 
 
 def _check_tensors(
@@ -141,7 +188,7 @@ def _check_tensors(
     x = probs if is_prob else logits
     name = "probs" if is_prob else "logits"
     if task == "multiclass":
-        z, y = check_multiclass(x, labels, logits_name=name)
+        z, y = _check_multiclass(x, labels, name)
     elif task == "binary":
         z, y = check_binary(x, labels, logits_name=name)
         z, y = z[:, None], y[:, None]
@@ -150,13 +197,13 @@ def _check_tensors(
     if is_prob:
         _check_prob_range(z)
         if task == "multiclass":
-            dev = (z.double().sum(1) - 1.0).abs()
+            dev = (z.sum(1, dtype=torch.float64) - 1.0).abs()
             tol = _prob_tolerance(z.dtype)
             if float(dev.max()) > tol:
                 i = int(dev.argmax())
                 raise ValueError(
                     f"`probs` rows must sum to 1 (tolerance {tol:.1e}), but row {i} sums to "
-                    f"{float(z[i].double().sum()):.6g} ({int((dev > tol).sum())} bad row(s)); "
+                    f"{float(z[i].sum(dtype=torch.float64)):.6g} ({int((dev > tol).sum())} bad row(s)); "
                     "pass normalised probabilities, or pass logits as `logits`."
                 )
     return z, y, is_prob
@@ -183,16 +230,15 @@ def _multiclass_stats(
         nll = -torch.log(p_y)
         brier = (p.double().square().sum(1)) - 2.0 * p_y + 1.0
     else:
-        m, pred = z.max(1)
-        e = torch.exp(z - m[:, None])
-        s = e.sum(1)
-        conf = s.reciprocal()  # max_k p_k = exp(0) / s
-        e_y = e.gather(1, y[:, None])[:, 0]
-        z_y = z.gather(1, y[:, None])[:, 0]
-        nll = (m - z_y).double() + torch.log(s).double()
-        sq = (e * e).sum(1).double() / s.double().square()
-        brier = sq - 2.0 * (e_y.double() / s.double()) + 1.0
-        p = e / s[:, None] if want_probs else None
+        # one fused softmax; every other quantity is a gather or a row reduction of it
+        p = torch.softmax(z, dim=1)
+        conf, pred = p.max(1)
+        p_y = p.gather(1, y[:, None])[:, 0].double()
+        z_gap = (z.gather(1, pred[:, None]).double() - z.gather(1, y[:, None]).double())[:, 0]
+        # log-sum-exp = z_j - log p_j for the arg-max j, so -log p_y = z_j - z_y - log p_j
+        nll = z_gap - torch.log(conf.double())
+        sq = torch.linalg.vector_norm(p, dim=1).double().square()
+        brier = sq - 2.0 * p_y + 1.0
     correct = pred == y
     out = (conf[:, None], correct[:, None], nll[:, None], brier[:, None])
     if want_probs:
@@ -357,13 +403,13 @@ def _update(
     labels: torch.Tensor,
     *,
     is_prob: bool,
-    collect: list | None = None,
-    collect_probs: bool = False,
-) -> None:
+    return_samples: bool = False,
+    return_probs: bool = False,
+) -> dict[str, torch.Tensor] | None:
     """Add validated ``scores`` / ``labels`` to ``state``, chunk by chunk.
 
-    With ``collect`` (a list), also append the per-sample confidences, correctness and
-    (if classwise) probabilities of every chunk, for the one-shot equal-mass binning.
+    With ``return_samples``, return this batch's per-sample ``conf`` and ``correct``
+    (plus ``probs`` and ``y`` with ``return_probs``), for the one-shot equal-mass binning.
     """
     if state.task == "multiclass":
         k = scores.shape[1]
@@ -387,22 +433,19 @@ def _update(
         state.allocate(scores.device)
     s = state.tensors
     dev = s["n"].device
-    want_probs = state.classwise or collect_probs
+    want_probs = state.classwise or return_probs
     stats_fn = _multiclass_stats if state.task == "multiclass" else _binary_stats
     with torch.no_grad():
-        for start in range(0, scores.shape[0], _CHUNK):
-            z = scores[start : start + _CHUNK].to(dev)
-            y = labels[start : start + _CHUNK].to(dev)
+        # chunks bound the (rows x K) temporaries; the per-sample vectors of this batch
+        # are concatenated and reduced / binned once, with few large operations
+        rows = max(1, _CHUNK_ELEMS // max(1, scores.shape[1]))
+        parts: list[tuple[torch.Tensor, ...]] = []
+        prob_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for start in range(0, scores.shape[0], rows):
+            z = scores[start : start + rows].to(dev)
+            y = labels[start : start + rows].to(dev)
             conf, correct, nll, brier, *rest = stats_fn(z, y, is_prob, want_probs)
-            s["n"] += z.shape[0]
-            s["correct"] += correct.sum(0)
-            s["nll"] += nll.sum(0)
-            s["brier"] += brier.sum(0)
-            if state.n_bins:
-                for b, (cnt, csum, asum) in _binned_sums(conf, correct, state.n_bins).items():
-                    s[f"count_{b}"] += cnt
-                    s[f"conf_{b}"] += csum
-                    s[f"acc_{b}"] += asum
+            parts.append((conf, correct, nll, brier))
             if state.classwise and state.n_bins:
                 for b, (cnt, psum, ysum) in _classwise_sums(
                     rest[0], y, state.n_bins, state.task
@@ -410,11 +453,27 @@ def _update(
                     s[f"cw_count_{b}"] += cnt
                     s[f"cw_prob_{b}"] += psum
                     s[f"cw_label_{b}"] += ysum
-            if collect is not None:
-                item = {"conf": conf.double(), "correct": correct, "y": y}
-                if rest:
-                    item["probs"] = rest[0].double()
-                collect.append(item)
+            if return_probs:
+                prob_parts.append((rest[0].double(), y))
+        conf, correct, nll, brier = (
+            torch.cat(v) if len(parts) > 1 else v[0] for v in zip(*parts, strict=True)
+        )
+        s["n"] += conf.shape[0]
+        s["correct"] += correct.sum(0)
+        s["nll"] += nll.sum(0)
+        s["brier"] += brier.sum(0)
+        if state.n_bins:
+            for b, (cnt, csum, asum) in _binned_sums(conf, correct, state.n_bins).items():
+                s[f"count_{b}"] += cnt
+                s[f"conf_{b}"] += csum
+                s[f"acc_{b}"] += asum
+        if not return_samples:
+            return None
+        out = {"conf": conf.double(), "correct": correct}
+        if return_probs:
+            out["probs"] = torch.cat([p for p, _ in prob_parts])
+            out["y"] = torch.cat([y for _, y in prob_parts])
+        return out
 
 
 def _errors(
@@ -490,11 +549,14 @@ def _mass_bin(values: torch.Tensor, n_bins: int) -> torch.Tensor:
 
 
 def _compute_mass(
-    collected: list[dict], state: _State, n_bins: tuple[int, ...], task_names: list[str] | None
+    samples: dict[str, torch.Tensor],
+    state: _State,
+    n_bins: tuple[int, ...],
+    task_names: list[str] | None,
 ) -> dict[str, float]:
-    """One-shot equal-mass calibration errors from the collected per-sample values."""
-    conf = torch.cat([c["conf"] for c in collected]).cpu()
-    correct = torch.cat([c["correct"] for c in collected]).cpu().double()
+    """One-shot equal-mass calibration errors from the per-sample values."""
+    conf = samples["conf"].cpu()
+    correct = samples["correct"].cpu().double()
     n, t = conf.shape
     offs = torch.arange(t)[None, :]
     per: dict[str, torch.Tensor] = {}
@@ -507,8 +569,7 @@ def _compute_mass(
         for b in n_bins:
             per[f"{name}_mass_{b}"] = errs[b][i]
     if state.classwise:
-        probs = torch.cat([c["probs"] for c in collected]).cpu()
-        y = torch.cat([c["y"] for c in collected]).cpu()
+        probs, y = samples["probs"].cpu(), samples["y"].cpu()
         k = probs.shape[2]
         if state.task == "multiclass":
             onehot = torch.zeros((n, 1, k), dtype=torch.float64)
@@ -577,7 +638,8 @@ def evaluate(
     Notes
     -----
     With :math:`p = \mathrm{softmax}(z)`, top-label confidence :math:`c_i = \max_k p_{ik}`
-    and prediction :math:`\hat y_i = \arg\max_k p_{ik}` (first index on ties):
+    and prediction :math:`\hat y_i = \arg\max_k p_{ik}` (first index on ties, taken on
+    the float32 probabilities):
 
     .. math::
 
@@ -638,14 +700,15 @@ def evaluate(
         num_classes=None,
         num_tasks=None,
     )
-    collected: list | None = [] if mass else None
     if mass:
         state.classwise = False  # no width-bin classwise sums with equal-mass bins
-    _update(state, scores, y, is_prob=is_prob, collect=collected, collect_probs=mass and classwise)
+    samples = _update(
+        state, scores, y, is_prob=is_prob, return_samples=mass, return_probs=mass and classwise
+    )
     out = _compute(state, names)
     if mass:
         state.classwise = bool(classwise)
-        out.update(_compute_mass(collected, state, bins, names))
+        out.update(_compute_mass(samples, state, bins, names))
         if task == "multilabel":  # keep the plain keys before the per-task keys
             out = {k: out[k] for k in sorted(out, key=lambda k: "/" in k)}
     return out
@@ -654,7 +717,8 @@ def evaluate(
 class StreamingMetrics:
     """Streaming form of :func:`evaluate`: ``update`` batch by batch, then ``compute``.
 
-    Memory is O(bins x classes x tasks), independent of the number of samples; the state
+    The state is O(bins x classes x tasks), independent of the number of samples (each
+    ``update`` only needs temporary memory proportional to its own batch); the state
     is a dict of float64 tensors that are all *sums* over samples, so states from several
     processes combine by addition (:meth:`merge`, or an all-reduce with SUM of
     :meth:`state_dict`).
@@ -772,7 +836,11 @@ class StreamingMetrics:
         return self
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The state as plain tensors (all sums: reduce across processes with SUM)."""
+        """The state as plain float64 tensors (all sums: reduce across processes with SUM).
+
+        The tensors are the live state (not copies), so an in-place all-reduce on them
+        updates this metric; clone them to keep a snapshot.
+        """
         return dict(self._state.tensors)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cogcal._io import save_npz
 from cogcal.data.transforms import augment_crop_flip, normalize
 
 if TYPE_CHECKING:
@@ -347,23 +346,8 @@ def scalar_stats(x: np.ndarray) -> tuple[tuple[float], tuple[float]]:
 
 
 def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` as an ``.npz`` atomically.
-
-    The file is written to a temporary file in the same directory and moved into place
-    with :func:`os.replace`, so readers never see a partial file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``arrays`` to ``path`` as an ``.npz`` atomically (see :mod:`cogcal._io`)."""
+    save_npz(path, **arrays)
 
 
 def missing_files_error(

@@ -1,0 +1,211 @@
+"""The methods registry: every method of the paper, each defined once (SPEC §1-§2).
+
+A :class:`Method` says which loss trains the network, which calibrator (if any) is trained
+jointly on the slower learning rate (COG), which post-hoc calibrator (if any) is fitted on
+validation logits afterwards, and which second stage (TST / V-TST) follows. Everything the
+runner, the tuner and the report need is derived from these few fields, so a new method is
+one :func:`register_method` call.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from cogcal import losses
+from cogcal.calibrators import default_latent_dim
+
+__all__ = ["Method", "METHODS", "get_method", "list_methods", "register_method", "loss_function"]
+
+LOSSES = ("ce", "ls", "focal", "vtst")
+SMOOTHING = 0.1  # label smoothing ε of `ls` and `cog-ls` (SPEC §2)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One training method.
+
+    Attributes
+    ----------
+    name : str
+        Registry name (SPEC §6).
+    description : str
+        One line for tables and ``--help``.
+    loss : {"ce", "ls", "focal", "vtst"}
+        Training loss (for COG: at both levels).
+    cog : {"fc", "ts", "vs", "ms", "tst"} or None
+        Calibrator trained jointly on the slower learning rate (``CalibratedModel``).
+    posthoc : {"ts", "vs", "ms"} or None
+        Calibrator fitted on the validation logits of the trained network.
+    stage2 : {"tst", "vtst"} or None
+        Second stage on the frozen body: a new TST / V-TST head on the training split.
+    """
+
+    name: str
+    description: str
+    loss: str = "ce"
+    cog: str | None = None
+    posthoc: str | None = None
+    stage2: str | None = None
+
+    @property
+    def is_cog(self) -> bool:
+        return self.cog is not None
+
+    # `cog` doubles as a boolean in conditions: ``if method.cog``.
+    @property
+    def family(self) -> str:
+        if self.cog:
+            return "cog"
+        if self.posthoc:
+            return "post-hoc"
+        if self.stage2:
+            return "two-stage"
+        return "train-time"
+
+    @property
+    def default_lr(self) -> float:
+        """λ_f when ``--lr`` is not given: 1e-3 for COG, 1e-4 for the baselines (SPEC §1)."""
+        return 1e-3 if self.cog else 1e-4
+
+    @property
+    def uses_step_schedule(self) -> bool:
+        """COG divides both learning rates by 10 every ``step_size`` epochs; baselines don't."""
+        return self.cog is not None
+
+    @property
+    def stages(self) -> int:
+        """Training stages: 1, or 2 with a post-hoc fit or a TST stage 2."""
+        return 2 if (self.posthoc or self.stage2) else 1
+
+    @property
+    def needs_calibration_data(self) -> bool:
+        """Whether a held-out split is consumed by fitting (post-hoc calibrators only)."""
+        return self.posthoc is not None
+
+    @property
+    def extra_hyperparameters(self) -> tuple[str, ...]:
+        extra: list[str] = []
+        if self.cog:
+            extra.append("calibrator lr λ_c")
+        if self.loss == "ls":
+            extra.append(f"smoothing ε={SMOOTHING}")
+        if self.loss == "focal":
+            extra.append("focal γ (FLSD-53)")
+        if self.stage2:
+            extra += ["latent Z", "stage-2 epochs"]
+        if self.stage2 == "vtst":
+            extra.append("MC samples M=10")
+        return tuple(extra)
+
+    def extra_parameters(
+        self, num_classes: int, feature_dim: int, *, task: str = "multiclass"
+    ) -> int:
+        """Trainable parameters added to the base network (K classes, d features)."""
+        k, d = num_classes, feature_dim
+        kind = self.cog or self.posthoc or self.stage2
+        if kind in (None, "fc"):
+            return 0
+        if kind == "ts":
+            return k if task == "multilabel" else 1
+        if kind == "vs" or (kind == "ms" and task == "multilabel"):
+            return 2 * k
+        if kind == "ms":
+            return k * k + k
+        z = default_latent_dim(k)
+        head = d * 3 * z + 3 * z + 3 * z * z + z + z * k + k - (d * k + k)
+        if kind == "vtst":
+            head += d * 3 * z + 3 * z + 3 * z * z + z
+        return head
+
+    def extra_parameters_formula(self) -> str:
+        kind = self.cog or self.posthoc or self.stage2
+        return {
+            None: "0",
+            "fc": "0",
+            "ts": "1",
+            "vs": "2K",
+            "ms": "K²+K",
+            "tst": "TST head − final layer",
+            "vtst": "TST + variance head − final layer",
+        }[kind]
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (names must be new)."""
+    if method.name in METHODS:
+        raise ValueError(f"method {method.name!r} is already registered.")
+    if method.loss not in LOSSES:
+        raise ValueError(f"method {method.name!r}: loss must be one of {LOSSES}.")
+    METHODS[method.name] = method
+    return method
+
+
+for _m in (
+    Method("ce", "cross-entropy", "ce"),
+    Method("ls", "label smoothing ε=0.1", "ls"),
+    Method("focal", "focal loss (FLSD-53)", "focal"),
+    Method("ts", "cross-entropy + post-hoc temperature scaling", "ce", posthoc="ts"),
+    Method("vs", "cross-entropy + post-hoc vector scaling", "ce", posthoc="vs"),
+    Method("ms", "cross-entropy + post-hoc matrix scaling", "ce", posthoc="ms"),
+    Method("tst", "two-stage training (new TST head on the frozen body)", "ce", stage2="tst"),
+    Method("vtst", "variational two-stage training (V-TST, 10 samples)", "ce", stage2="vtst"),
+    Method("cog-fc", "COG: final linear layer as calibrator", "ce", cog="fc"),
+    Method("cog-ts", "COG: temperature", "ce", cog="ts"),
+    Method("cog-vs", "COG: vector scaling", "ce", cog="vs"),
+    Method("cog-ms", "COG: matrix scaling", "ce", cog="ms"),
+    Method("cog-tst", "COG: TST head as calibrator", "ce", cog="tst"),
+    Method("cog-ls", "COG-FC with label smoothing at both levels", "ls", cog="fc"),
+    Method("cog-focal", "COG-FC with the focal loss (FLSD-53) at both levels", "focal", cog="fc"),
+):
+    register_method(_m)
+
+#: The post-hoc method each COG variant is paired with (paper §4.1, Tab. 9-11).
+COG_PAIRS = {"cog-ts": "ts", "cog-vs": "vs", "cog-ms": "ms", "cog-tst": "tst", "cog-fc": "ce"}
+
+
+def list_methods() -> list[str]:
+    """Registered method names, in registration order."""
+    return list(METHODS)
+
+
+def get_method(name: str) -> Method:
+    """The method called ``name``; an unknown name suggests the closest."""
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        close = difflib.get_close_matches(str(name), list(METHODS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"--method {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}"
+        ) from None
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_function(method: Method, task: str = "multiclass") -> LossFn:
+    """The training loss of ``method`` on logits (hot path: inputs are not re-validated).
+
+    Multi-label (T binary tasks): the sum over tasks of each task's mean binary
+    cross-entropy, with binary label smoothing for ``ls``; the focal loss is multiclass only.
+    The V-TST KL term is added by the training module.
+    """
+    if task == "multilabel":
+        if method.loss == "focal":
+            raise ValueError(f"method {method.name!r} (focal loss) supports multiclass tasks only.")
+        eps = SMOOTHING if method.loss == "ls" else 0.0
+        return partial(losses.multilabel_bce, smoothing=eps, check=False)
+    if method.loss == "ls":
+        return partial(losses.label_smoothing_cross_entropy, smoothing=SMOOTHING, check=False)
+    if method.loss == "focal":
+        return partial(losses.flsd53_loss, check=False)
+    return F.cross_entropy

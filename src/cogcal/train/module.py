@@ -1,0 +1,193 @@
+"""The Lightning side of training: one module for every method and stage, and callbacks.
+
+The recipe in one screen (SPEC §1): Adam on the parameter groups the method defines (COG:
+network on λ_f, calibrator on λ_c; baselines: one group), optional StepLR dividing every
+group's learning rate by 10 every ``step_size`` epochs, the training loss of the method on
+each minibatch, and validation Brier / NLL / accuracy computed in streaming form at the end
+of every epoch for checkpoint selection (best validation Brier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from cogcal.metrics import StreamingMetrics
+
+__all__ = ["CalibrationModule", "FrozenBodyHead", "LearningRateFloor"]
+
+LR_FLOOR = 1e-8  # below this every update is negligible: a run may stop (SPEC §1)
+
+
+class FrozenBodyHead(nn.Module):
+    """Stage 2 of TST / V-TST: a frozen body (eval mode, BatchNorm statistics frozen) and a
+    new trainable head on its features.
+
+    ``body`` must follow the backbone head contract (``forward_features``).
+    """
+
+    def __init__(self, body: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+        self.body.eval()
+
+    def train(self, mode: bool = True) -> FrozenBodyHead:
+        super().train(mode)
+        self.body.eval()  # BatchNorm statistics never drift (the original TST code let them)
+        return self
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.body.forward_features(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def forward_with_kl(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head.forward_with_kl(self.features(x))
+
+
+class CalibrationModule(L.LightningModule):
+    """Trains ``model`` with ``loss_fn`` on the given parameter groups.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Produces logits (a ``CalibratedModel`` for COG, a backbone, or a
+        :class:`FrozenBodyHead`).
+    loss_fn : callable
+        ``loss_fn(logits, labels)`` (already validated data; hot path).
+    param_groups : callable
+        Returns the optimizer parameter groups (called in ``configure_optimizers``).
+    step_size : int or None
+        StepLR period in epochs (γ = 0.1), or None for a constant learning rate.
+    task : str
+        ``"multiclass"`` or ``"multilabel"`` (validation metrics).
+    variational : bool
+        Train with ``model.forward_with_kl`` and add the KL term (V-TST stage 2).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        param_groups: Callable[[], list[dict[str, Any]]],
+        step_size: int | None,
+        task: str = "multiclass",
+        variational: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self._param_groups = param_groups
+        self.step_size = step_size
+        self.task = task
+        self.variational = variational
+        self.val_metrics = StreamingMetrics(task=task, n_bins=(15,))
+        self._loss_sum = torch.zeros(())
+        self._loss_count = 0
+        self._stopped_at_floor = False
+        self._epoch_lrs: dict[str, float] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    # -- training -----------------------------------------------------------------------
+    def on_train_epoch_start(self) -> None:
+        self._loss_sum = torch.zeros((), device=self.device)
+        self._loss_count = 0
+        groups = self.trainer.optimizers[0].param_groups
+        self._epoch_lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)}
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
+        x, y = batch
+        if self.variational:
+            logits, kl = self.model.forward_with_kl(x)
+            loss = self.loss_fn(logits, y) + kl
+        else:
+            loss = self.loss_fn(self.model(x), y)
+        self._loss_sum += loss.detach()
+        self._loss_count += 1
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        if self._loss_count:
+            mean = self._loss_sum / self._loss_count
+            self.log("train_loss", mean, on_epoch=True, sync_dist=True)
+        for key, lr in self._epoch_lrs.items():  # the rates this epoch trained with
+            self.log(key, lr, on_epoch=True)
+        if not torch.isfinite(self._loss_sum):
+            raise FloatingPointError(
+                f"the training loss became {float(self._loss_sum)} in epoch {self.current_epoch}; "
+                "the run stops here (the last good checkpoint is kept). Lower --lr."
+            )
+
+    # -- validation ---------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self.val_metrics.reset()
+        self.val_metrics.to(self.device)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.val_metrics.update(self.model(x).float(), y)
+
+    def on_validation_epoch_end(self) -> None:
+        state = self.val_metrics.state_dict()
+        if self.trainer.world_size > 1:  # sums over processes: merge by all-reduce
+            state = {k: self.trainer.strategy.reduce(v, reduce_op="sum") for k, v in state.items()}
+            self.val_metrics.load_state_dict(state)
+        m = self.val_metrics.compute()
+        for key in ("brier", "nll", "acc", "ece_15"):
+            self.log(f"val_{key}", m[key], prog_bar=key in ("brier", "acc"))
+
+    # -- optimisation ---------------------------------------------------------------------
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self._param_groups())
+        if self.step_size is None:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, self.step_size, gamma=0.1)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "epoch"},
+        }
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        if self._stopped_at_floor:
+            return -1  # skip the rest of the epoch: updates below the floor change nothing
+        return None
+
+
+class LearningRateFloor(L.Callback):
+    """Stop once every learning rate has decayed below ``floor`` (SPEC §1), and say so."""
+
+    def __init__(self, floor: float = LR_FLOOR) -> None:
+        self.floor = floor
+        self.stopped_epoch: int | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        lrs = [g["lr"] for opt in trainer.optimizers for g in opt.param_groups]
+        if lrs and max(lrs) < self.floor:
+            self.stopped_epoch = trainer.current_epoch
+            trainer.should_stop = True
+            if isinstance(pl_module, CalibrationModule):
+                pl_module._stopped_at_floor = True
+            rank_zero_info(
+                f"Stopping early at epoch {trainer.current_epoch}: every learning rate is below "
+                f"{self.floor:g} ({', '.join(f'{lr:.1e}' for lr in lrs)}); later steps cannot "
+                "change the result."
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.stopped_epoch = state_dict.get("stopped_epoch")

@@ -1,0 +1,346 @@
+"""Run one training job end to end, and tune learning rates by validation cross-entropy.
+
+:func:`run` follows the method's definition (:mod:`cogcal.train.methods`):
+
+1. stage 1: train the network (COG: with its calibrator on λ_c) on the training split,
+   keeping the checkpoint with the best validation Brier score;
+2. stage 2 (``tst``/``vtst``): freeze the body, train a new TST / V-TST head on the
+   training split, again keeping the best validation Brier checkpoint;
+3. post hoc (``ts``/``vs``/``ms``): fit the calibrator on the *validation* logits;
+4. evaluate on validation and test and write the run directory.
+
+The test split is only ever evaluated, never used for fitting, tuning or selection.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+
+from cogcal import _io
+from cogcal.calibrators import (
+    MatrixScaling,
+    TaskAffine,
+    TaskTemperature,
+    Temperature,
+    TSTHead,
+    VectorScaling,
+    VTSTHead,
+)
+from cogcal.cog import CalibratedModel
+from cogcal.data import BatchLoader, Dataset, load_dataset
+from cogcal.metrics import evaluate
+from cogcal.models import create_model
+from cogcal.train.config import TrainConfig
+from cogcal.train.methods import Method, get_method, loss_function
+from cogcal.train.module import CalibrationModule, FrozenBodyHead, LearningRateFloor
+
+__all__ = ["run", "tune", "predict_logits", "is_complete", "STAGE2_LR"]
+
+STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), SPEC §2
+EVAL_BATCH = 1024
+
+
+def is_complete(out: str | Path) -> bool:
+    """Whether ``out`` holds a finished run (``metrics.json`` with status complete)."""
+    path = Path(out) / "metrics.json"
+    if not path.is_file():
+        return False
+    try:
+        return json.loads(path.read_text()).get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
+def _device(config: TrainConfig) -> torch.device:
+    if config.accelerator == "gpu" or (config.accelerator == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ValueError("--accelerator gpu was given but no CUDA GPU is available; use cpu.")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class _SetLoaderEpoch(L.Callback):
+    """Seed the training loader's shuffling and augmentation with the epoch (resumable)."""
+
+    def __init__(self, loader: BatchLoader) -> None:
+        self.loader = loader
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.loader.set_epoch(trainer.current_epoch)
+
+
+def _fit(
+    module: CalibrationModule,
+    data: Dataset,
+    config: TrainConfig,
+    *,
+    epochs: int,
+    ckpt_dir: Path,
+    log_name: str,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Train ``module`` with Lightning; load the best-validation-Brier weights back into it."""
+    loader_device = device if device.type == "cuda" else None
+    train_loader = data.loader("train", config.batch_size, seed=config.seed, device=loader_device)
+    val_loader = data.loader("val", EVAL_BATCH, device=loader_device)
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir,
+        filename="best",
+        monitor="val_brier",
+        mode="min",
+        save_last=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
+    )
+    floor = LearningRateFloor()
+    callbacks: list[L.Callback] = [checkpoint, floor, _SetLoaderEpoch(train_loader)]
+    if config.patience is not None:
+        callbacks.append(EarlyStopping(monitor="val_brier", mode="min", patience=config.patience))
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=config.devices,
+        deterministic=True,
+        callbacks=callbacks,
+        logger=CSVLogger(save_dir=str(config.out), name="logs", version=log_name),
+        enable_progress_bar=config.progress,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=max(1, len(train_loader)),
+        default_root_dir=str(config.out),
+    )
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
+        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
+        # TST/V-TST stage 2 keeps the frozen body in eval mode on purpose
+        warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
+        warnings.filterwarnings("ignore", ".*`IterableDataset` has `__len__` defined.*")
+        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
+    seconds = time.perf_counter() - start
+    best = checkpoint.best_model_path
+    if not best or not Path(best).is_file():
+        raise RuntimeError(f"training produced no checkpoint in {ckpt_dir}.")
+    state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
+    module.load_state_dict(state)
+    return {
+        "seconds": seconds,
+        "epochs_run": trainer.current_epoch,
+        "best_epoch": int(torch.load(best, map_location="cpu", weights_only=True)["epoch"]),
+        "best_val_brier": float(checkpoint.best_model_score),
+        "stopped_at_lr_floor": floor.stopped_epoch,
+    }
+
+
+@torch.no_grad()
+def predict_logits(
+    model: nn.Module, data: Dataset, split: str, *, device: torch.device, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits and labels of one split, in order, without augmentation, on the CPU."""
+    model.eval().to(device)
+    torch.manual_seed(seed)  # V-TST draws its Monte Carlo samples from the global RNG
+    loader = data.loader(split, EVAL_BATCH, shuffle=False, train=False)
+    outs, labels = [], []
+    for x, y in loader:
+        outs.append(model(x.to(device)).float().cpu())
+        labels.append(y)
+    return torch.cat(outs), torch.cat(labels)
+
+
+def _posthoc_calibrator(kind: str, task: str) -> nn.Module:
+    if task == "multilabel":
+        return TaskTemperature() if kind == "ts" else TaskAffine()
+    return {"ts": Temperature, "vs": VectorScaling, "ms": MatrixScaling}[kind]()
+
+
+def _stage1_model(method: Method, backbone: nn.Module, task: str) -> nn.Module:
+    if method.cog:
+        return CalibratedModel(backbone, calibrator=method.cog, task=task)
+    return backbone
+
+
+def _stage1_groups(
+    method: Method, model: nn.Module, config: TrainConfig
+) -> Callable[[], list[dict[str, Any]]]:
+    lr, cal_lr = config.learning_rates()
+    if isinstance(model, CalibratedModel):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if config.allow_fast_calibrator else "default")
+            groups = model.param_groups(
+                lr, cal_lr, allow_fast_calibrator=config.allow_fast_calibrator
+            )
+        return lambda: groups
+    params = [p for p in model.parameters() if p.requires_grad]
+    return lambda: [{"params": params, "lr": lr, "name": "network"}]
+
+
+def run(config: TrainConfig) -> dict[str, Any]:
+    """Train, calibrate and evaluate one run; write everything into ``config.out``.
+
+    Returns the content of ``metrics.json``: ``{"config", "val", "test", "timing",
+    "status"}``. Files written: ``config.json``, ``checkpoints/{best,last}.ckpt`` (stage-1
+    checkpoints of two-stage methods under ``checkpoints/stage1/``), ``logs/*/metrics.csv``,
+    ``val_logits.npz`` and ``test_logits.npz`` (arrays ``logits``, ``labels``; calibrated
+    when the method calibrates), ``calibrator.pt`` for post-hoc methods, and last
+    ``metrics.json``.
+    """
+    config.validate()
+    method = get_method(config.method)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = _device(config)
+    started = time.perf_counter()
+    if not config.progress:
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+
+    data = load_dataset(config.dataset, root=config.data_root)
+    L.seed_everything(config.seed, workers=False, verbose=False)
+    backbone = create_model(
+        config.model_name, num_classes=data.num_classes, input_shape=data.input_shape
+    )
+    resolved = {**config.resolved(), "task": data.task, "data": data.info}
+    _io.write_json(out / "config.json", resolved)
+
+    timing: dict[str, Any] = {}
+    # -- stage 1 ------------------------------------------------------------------------
+    model = _stage1_model(method, backbone, data.task)
+    module = CalibrationModule(
+        model,
+        loss_fn=loss_function(method, data.task),
+        param_groups=_stage1_groups(method, model, config),
+        step_size=config.step_size if method.uses_step_schedule else None,
+        task=data.task,
+    )
+    timing["stage1"] = _fit(
+        module,
+        data,
+        config,
+        epochs=config.epochs,
+        ckpt_dir=out / "checkpoints" / ("stage1" if method.stage2 else ""),
+        log_name="stage1",
+        device=device,
+    )
+    final: nn.Module = model
+
+    # -- stage 2: TST / V-TST head on the frozen body -----------------------------------
+    if method.stage2:
+        L.seed_everything(config.seed + 1, workers=False, verbose=False)
+        head_cls = VTSTHead if method.stage2 == "vtst" else TSTHead
+        head = head_cls(backbone.num_features, data.num_classes)
+        final = FrozenBodyHead(backbone, head)
+        module2 = CalibrationModule(
+            final,
+            loss_fn=F.cross_entropy,
+            param_groups=lambda: [{"params": list(head.parameters()), "lr": STAGE2_LR}],
+            step_size=None,
+            task=data.task,
+            variational=method.stage2 == "vtst",
+        )
+        timing["stage2"] = _fit(
+            module2,
+            data,
+            config.replace(patience=None),
+            epochs=config.stage2_epochs,
+            ckpt_dir=out / "checkpoints",
+            log_name="stage2",
+            device=device,
+        )
+
+    # -- predictions, post-hoc calibration on validation only ---------------------------
+    val_logits, val_labels = predict_logits(final, data, "val", device=device, seed=config.seed)
+    test_logits, test_labels = predict_logits(final, data, "test", device=device, seed=config.seed)
+    if method.posthoc:
+        start = time.perf_counter()
+        calibrator = _posthoc_calibrator(method.posthoc, data.task).fit(val_logits, val_labels)
+        timing["posthoc_seconds"] = time.perf_counter() - start
+        _io.save_torch(out / "calibrator.pt", calibrator.state_dict())
+        with torch.no_grad():
+            val_logits, test_logits = calibrator(val_logits), calibrator(test_logits)
+
+    names = data.class_names if data.task == "multilabel" else None
+    result = {
+        "config": resolved,
+        "val": evaluate(val_logits, val_labels, task=data.task, task_names=names),
+        "test": evaluate(test_logits, test_labels, task=data.task, task_names=names),
+        "timing": {**timing, "total_seconds": time.perf_counter() - started},
+        "status": "complete",
+    }
+    _io.save_npz(out / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy())
+    _io.save_npz(out / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy())
+    _io.write_json(out / "metrics.json", _finite(result))
+    return result
+
+
+def _finite(obj: Any) -> Any:
+    """Replace non-finite floats by None so that metrics.json stays valid JSON."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def tune(config: TrainConfig, grid: list[dict[str, Any]], out: str | Path) -> dict[str, Any]:
+    """Train ``config`` at every grid point and choose by validation cross-entropy (NLL).
+
+    Each point is a dict of config changes, e.g. ``{"lr": 1e-3, "calibrator_lr": 1e-4}``;
+    each run goes to ``out/<point>/`` and is skipped when already complete (resumable).
+    Writes ``out/tune.csv`` (every point with its validation metrics) and ``out/tune.json``
+    (the table and the chosen point). The test split plays no part in the choice.
+    """
+    if not grid:
+        raise ValueError("the tuning grid is empty; give at least one point.")
+    out = Path(out)
+    rows: list[dict[str, Any]] = []
+    for point in grid:
+        cfg = config.replace(**point)  # validates each point (e.g. λ_c < λ_f)
+        run_dir = out / "_".join(
+            f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in point.items()
+        )
+        cfg = cfg.replace(out=str(run_dir), progress=False)
+        if is_complete(run_dir):
+            result = json.loads((run_dir / "metrics.json").read_text())
+        else:
+            result = run(cfg)
+        val = result["val"]
+        rows.append(
+            {
+                **point,
+                "val_nll": val["nll"],
+                "val_brier": val["brier"],
+                "val_acc": val["acc"],
+                "run": str(run_dir),
+            }
+        )
+    finite = [r for r in rows if r["val_nll"] is not None and math.isfinite(r["val_nll"])]
+    if not finite:
+        raise RuntimeError(f"every tuning run in {out} diverged (no finite validation NLL).")
+    best = min(finite, key=lambda r: r["val_nll"])
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    _io.write_text(out / "tune.csv", buf.getvalue())
+    chosen = {k: best[k] for k in grid[0]}
+    summary = {"selection": "validation NLL (cross-entropy)", "best": chosen, "table": rows}
+    _io.write_json(out / "tune.json", summary)
+    return summary

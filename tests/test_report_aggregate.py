@@ -1,0 +1,196 @@
+"""Tests of cogcal.report.aggregate on hand-built tidy tables."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cogcal.report.aggregate import (
+    format_wins,
+    mean_std,
+    pairwise_wins,
+    pareto_front,
+    summary_rank,
+)
+
+COLS = [
+    "dataset",
+    "method",
+    "protocol",
+    "seed",
+    "split",
+    "metric",
+    "value",
+    "task",
+    "condition",
+    "severity",
+]
+
+
+def _rows(rows):
+    """rows: (dataset, method, seed, metric, value[, task[, split]])."""
+    out = []
+    for r in rows:
+        d, m, s, metric, v, *rest = r
+        task = rest[0] if rest else np.nan
+        split = rest[1] if len(rest) > 1 else "test"
+        out.append([d, m, "paper", s, split, metric, v, task, np.nan, np.nan])
+    return pd.DataFrame(out, columns=COLS)
+
+
+def test_mean_std_sample_std_and_single_seed():
+    df = _rows(
+        [("c10", "ce", s, "acc", v) for s, v in enumerate([0.90, 0.92, 0.97])]
+        + [("c10", "ts", 0, "acc", 0.91)]
+    )
+    out = mean_std(df).set_index("method")
+    assert out.loc["ce", "mean"] == pytest.approx(np.mean([0.90, 0.92, 0.97]))
+    assert out.loc["ce", "std"] == pytest.approx(np.std([0.90, 0.92, 0.97], ddof=1))
+    assert out.loc["ce", "n"] == 3
+    assert out.loc["ts", "std"] == 0.0 and out.loc["ts", "n"] == 1  # single seed: 0, not NaN
+    assert list(mean_std(df).columns) == [
+        "dataset",
+        "method",
+        "protocol",
+        "split",
+        "metric",
+        "mean",
+        "std",
+        "n",
+    ]
+
+
+def test_mean_std_refuses_to_mix_tasks():
+    df = _rows([("celeba", "ce", 0, "acc", 0.9, "smile"), ("celeba", "ce", 0, "acc", 0.7, "hat")])
+    with pytest.raises(ValueError, match="task"):
+        mean_std(df)
+    out = mean_std(df, by=("dataset", "method", "metric", "task"))
+    assert sorted(out["mean"]) == [0.7, 0.9]
+    with pytest.raises(ValueError, match="missing"):
+        mean_std(df.drop(columns="value"))
+
+
+def test_summary_rank_ties_share_best_rank():
+    vals = {  # method: (acc, nll, brier), two seeds each with the same mean
+        "a": (0.90, 0.30, 0.15),
+        "b": (0.90, 0.25, 0.15),
+        "c": (0.80, 0.40, 0.10),
+        "d": (0.70, 0.40, 0.20),
+    }
+    rows = []
+    for m, (acc, nll, br) in vals.items():
+        for s, eps in ((0, -0.01), (1, 0.01)):
+            rows += [
+                ("c10", m, s, "acc", acc + eps),
+                ("c10", m, s, "nll", nll + eps),
+                ("c10", m, s, "brier", br + eps),
+            ]
+    rows += [("c10", "a", 0, "acc", 0.0, np.nan, "val")]  # other split: ignored
+    rows += [("c10", "d", 0, "acc", 1.0, "t0")]  # per-task row: ignored
+    out = summary_rank(_rows(rows)).set_index("method")
+    assert out["rank_acc"].to_dict() == {"a": 1, "b": 1, "c": 3, "d": 4}
+    assert out["rank_nll"].to_dict() == {"a": 2, "b": 1, "c": 3, "d": 3}
+    assert out["rank_brier"].to_dict() == {"a": 2, "b": 2, "c": 1, "d": 4}
+    assert out.loc["b", "rank"] == pytest.approx(4 / 3)
+    assert out.loc["d", "rank"] == pytest.approx(11 / 3)
+    assert list(out.index) == ["b", "a", "c", "d"]  # sorted by rank
+    assert (out["dataset"] == "c10").all() and (out["protocol"] == "paper").all()
+
+
+def test_summary_rank_per_dataset_and_missing_metric():
+    rows = [
+        ("d1", "a", 0, "acc", 0.9),
+        ("d1", "b", 0, "acc", 0.8),
+        ("d2", "a", 0, "acc", 0.5),
+        ("d2", "b", 0, "acc", 0.6),
+    ]
+    rows += [("d1", "a", 0, "nll", 0.3), ("d1", "b", 0, "nll", 0.2), ("d2", "a", 0, "nll", 0.3)]
+    out = summary_rank(_rows(rows), metrics=("acc", "nll"))
+    d1 = out[out.dataset == "d1"].set_index("method")
+    d2 = out[out.dataset == "d2"].set_index("method")
+    assert d1["rank"].to_dict() == {"a": 1.5, "b": 1.5}
+    assert d2.loc["b", "rank_acc"] == 1 and math.isnan(d2.loc["b", "rank"])  # b lacks nll on d2
+    # auroc counts as higher-is-better, fpr95 as lower-is-better
+    o = _rows(
+        [
+            ("d", "a", 0, "auroc", 0.9),
+            ("d", "b", 0, "auroc", 0.8),
+            ("d", "a", 0, "fpr95", 0.5),
+            ("d", "b", 0, "fpr95", 0.4),
+        ]
+    )
+    r = summary_rank(o, metrics=("auroc", "fpr95")).set_index("method")
+    assert r["rank_auroc"].to_dict() == {"a": 1, "b": 2} and r["rank_fpr95"].to_dict() == {
+        "a": 2,
+        "b": 1,
+    }
+
+
+def test_pairwise_wins_both_metrics_strict():
+    rows = []
+    tasks = {  # task: (acc_a, brier_a, acc_b, brier_b)
+        "t0": (0.9, 0.10, 0.8, 0.20),  # a wins both
+        "t1": (0.9, 0.30, 0.8, 0.20),  # a better acc, worse brier
+        "t2": (0.8, 0.10, 0.8, 0.20),  # tie on acc: not a win
+        "t3": (0.7, 0.40, 0.9, 0.10),  # b wins
+        "t4": (0.95, 0.05, 0.90, 0.10),  # a wins
+    }
+    for t, (aa, ba, ab, bb) in tasks.items():
+        for s in (0, 1):
+            rows += [("celeba", "a", s, "acc", aa, t), ("celeba", "a", s, "brier", ba, t)]
+            rows += [("celeba", "b", s, "acc", ab, t), ("celeba", "b", s, "brier", bb, t)]
+    rows += [("celeba", "a", 0, "acc", 1.0, "mean"), ("celeba", "a", 0, "brier", 0.0, "mean")]
+    rows += [("celeba", "b", 0, "acc", 0.0, "mean"), ("celeba", "b", 0, "brier", 1.0, "mean")]
+    rows += [
+        ("celeba", "a", 0, "acc", 0.99, "t5"),
+        ("celeba", "a", 0, "brier", 0.01, "t5"),
+    ]  # b lacks t5
+    df = _rows(rows)
+    assert pairwise_wins(df, "a", "b") == (2, 5)
+    assert pairwise_wins(df, "b", "a") == (1, 5)
+    assert pairwise_wins(df, "a", "b", better_on=("acc",)) == (3, 5)
+    with pytest.raises(ValueError, match="not in the table"):
+        pairwise_wins(df, "a", "zz")
+
+
+def test_format_wins():
+    assert (
+        format_wins("cog-fc", "ts", 32, 40)
+        == "cog-fc beats ts on both accuracy and Brier on 32 of 40 tasks (80%)."
+    )
+    s = format_wins("a", "b", 1, 3, ("acc", "nll", "brier"), unit="datasets")
+    assert s == "a beats b on all of accuracy, NLL and Brier on 1 of 3 datasets (33%)."
+    assert format_wins("a", "b", 0, 0) == "a beats b on both accuracy and Brier on 0 of 0 tasks."
+
+
+def test_pareto_front():
+    pts = {
+        "a": (0.05, 0.90),
+        "b": (0.02, 0.80),
+        "c": (0.03, 0.70),
+        "d": (0.05, 0.90),
+        "e": (0.06, 0.90),
+        "f": (0.01, 0.60),
+    }
+    rows = []
+    for m, (e, acc) in pts.items():
+        rows += [("c10", m, 0, "ece_15", e), ("c10", m, 0, "acc", acc)]
+    rows += [("c100", "a", 0, "ece_15", 0.1), ("c100", "a", 0, "acc", 0.5)]
+    out = pareto_front(_rows(rows))
+    c10 = out[out.dataset == "c10"]
+    assert c10["method"].tolist() == ["f", "b", "a", "d"]  # c, e dominated; a, d identical
+    assert out[out.dataset == "c100"]["method"].tolist() == ["a"]
+    alt = pareto_front(_rows(rows + [("c10", "g", 0, "brier", 0.1)]), x="ece_15")
+    assert "g" not in set(alt["method"])  # lacks the metrics
+    with pytest.raises(ValueError, match="rmsce_15"):
+        pareto_front(_rows(rows), x="rmsce_15")
+
+
+def test_aggregate_does_not_import_matplotlib():
+    code = "import sys, cogcal.report.aggregate; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
