@@ -108,6 +108,7 @@ def _bench(tmp_path: Path, out: Path, **kwargs) -> Path:
         data_root=tmp_path / "data",
         progress=False,
         runner=RUNNER,
+        report=kwargs.pop("report", False),
         **kwargs,
     )
 
@@ -274,7 +275,7 @@ def test_metrics_rows_shapes():
 def test_bench_end_to_end_resume_and_failures(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv("FAKE_FAIL", "ts/seed1")
-    _bench(tmp_path, out)
+    _bench(tmp_path, out, report=True)
     results = _read_csv(out / "results.csv")
     assert list(results[0]) == list(COLUMNS)
     assert {r["protocol"] for r in results} == {"paper", "fair"}
@@ -364,7 +365,7 @@ def test_killed_bench_resumes_without_redoing(tmp_path):
         from cogcal.bench import run_bench
         run_bench({str(suite)!r}, out=Path({str(out)!r}), jobs=2,
                   data_root=Path({str(tmp_path / "data")!r}), progress=False,
-                  runner={RUNNER!r})
+                  runner={RUNNER!r}, report=False)
         """
     )
     env = {**os.environ, "FAKE_SLEEP": "0.4"}

@@ -67,14 +67,8 @@ def test_plot_reliability_bad_input(tmp_path):
         plot_reliability({}, tmp_path / "x.png")
     with pytest.raises(ValueError, match="missing"):
         plot_reliability({"ce": {"count": [1]}})
-    with pytest.raises(ValueError, match="1-D"):
-        g = torch.Generator().manual_seed(0)
-        ml = reliability_bins(
-            torch.randn(20, 3, generator=g),
-            torch.randint(0, 2, (20, 3), generator=g),
-            task="multilabel",
-        )
-        reliability_diagram(ml)
+    with pytest.raises(ValueError, match="bins dict"):
+        reliability_diagram(42)
 
 
 def test_per_task_grid(tmp_path):
@@ -98,3 +92,17 @@ def test_diagrams_do_not_touch_pyplot():
         "assert 'matplotlib.pyplot' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_multilabel_results_are_pooled_over_tasks():
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40, 3), generator=g)
+    fig = plot_reliability({"ce": (z, y)}, task="multilabel", n_bins=10)
+    counts = [p.get_height() for p in fig.axes[1].patches]
+    assert sum(counts) == 120  # every (sample, task) pair once
+    # pooled bins = bins of the flattened binary problem
+    flat = reliability_bins(z.reshape(-1), y.reshape(-1), task="binary", n_bins=10)
+    assert counts == pytest.approx(flat["count"].tolist())
+    legend = fig.axes[0].get_legend().get_texts()[0].get_text()
+    ece = np.nansum(flat["count"] * np.abs(flat["accuracy"] - flat["confidence"])) / 120
+    assert f"{100 * ece:.2f}%" in legend

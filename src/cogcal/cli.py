@@ -110,16 +110,13 @@ def _summary(result: dict) -> str:
 def _cmd_train(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cogcal.train import is_complete, run
+    from cogcal.train import run
 
     out = args.out or f"runs/{args.dataset}-{args.method}-seed{args.seed}"
     config = _config_from_args(args, out)
-    if is_complete(out) and not args.overwrite:
-        raise UserError(
-            f"--out {out} already holds a finished run (metrics.json); choose another --out or "
-            "pass --overwrite to replace it."
-        )
-    result = run(config)
+    if args.resume and args.overwrite:
+        raise UserError("--resume and --overwrite contradict each other; pass one of them.")
+    result = run(config, resume=args.resume, overwrite=args.overwrite)
     from cogcal.report.diagrams import plot_reliability
 
     test = Path(out) / "test_logits.npz"
@@ -148,7 +145,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     )
     _add_run_arguments(p)
     p.add_argument("--out", default=None, help="run directory (default: runs/DATASET-METHOD-seedN)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in --out first")
     p.set_defaults(func=_cmd_train)
 
 
@@ -253,6 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"cogcal: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # a diverging run: the user's settings, not a bug
+        if args.debug:
+            raise
+        print(f"cogcal: error: {_one_line(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("cogcal: interrupted", file=sys.stderr)
         return 130

@@ -259,7 +259,13 @@ def _run_locked(
     meta = _meta(suite, jobs, data_root, info, sessions)
     _io.write_json(meta_path, meta)
 
-    scheduler = Scheduler(jobs=jobs, runner=runner, reuse=suite.reuse, progress=say)
+    scheduler = Scheduler(
+        jobs=jobs,
+        runner=runner,
+        reuse=suite.reuse,
+        progress=say,
+        warm=("cogcal.train",) if runner == DEFAULT_RUNNER else (),
+    )
     blocked: list[tuple[TuneGroup, list[Job]]] = []
 
     def on_group_failed(group: TuneGroup, dependents: list[Job]) -> None:

@@ -11,6 +11,7 @@ under a data root, ``mnist1d`` is generated once and cached under ``root/mnist1d
 
 from __future__ import annotations
 
+from cogcal.data import multitask as _multitask  # noqa: F401  (registers celeba, mnist1d-mtl, ...)
 from cogcal.data import tabular as _tabular  # noqa: F401  (registers mnist1d, digits)
 from cogcal.data import vision as _vision  # noqa: F401  (registers cifar10, cifar100, svhn)
 from cogcal.data.base import (

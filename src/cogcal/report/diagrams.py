@@ -50,6 +50,20 @@ def _as_bins(obj: Any, *, n_bins: int, task: str) -> dict[str, np.ndarray]:
     )
 
 
+def _pooled(bins: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Multi-label bins (T, B) pooled over tasks: every (sample, task) pair counts once."""
+    count = bins["count"]
+    if count.ndim != 2:
+        return bins
+    total = count.sum(0)
+    out = {"count": total, "edges": bins["edges"]}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for key in ("confidence", "accuracy"):
+            s = np.nan_to_num(bins[key] * count).sum(0)
+            out[key] = np.where(total > 0, s / np.where(total > 0, total, 1), np.nan)
+    return out
+
+
 def _ece(bins: Mapping[str, np.ndarray]) -> float:
     count = np.asarray(bins["count"], dtype=float)
     gap = np.abs(np.asarray(bins["accuracy"]) - np.asarray(bins["confidence"]))
@@ -126,8 +140,11 @@ def reliability_diagram(
     Parameters
     ----------
     bins_or_results : dict or (logits, labels)
-        The output of :func:`cogcal.metrics.reliability_bins` (1-D arrays), or a pair
-        ``(logits, labels)`` binned here with ``n_bins`` equal-width bins.
+        The output of :func:`cogcal.metrics.reliability_bins`, or a pair
+        ``(logits, labels)`` binned here with ``n_bins`` equal-width bins. Multi-label
+        input (bins of shape (T, B)) is pooled over tasks, every (sample, task) pair
+        counting once, so its legend ECE is that of the pooled bins, not the mean of the
+        per-task ECEs; :func:`plot_reliability_per_task` draws one panel per task.
     ax : matplotlib Axes, optional
         Axes for the diagram. By default a new figure with the diagram above a bin-count
         panel is created.
@@ -152,7 +169,7 @@ def reliability_diagram(
     >>> len(fig.axes)
     2
     """
-    bins = _as_bins(bins_or_results, n_bins=n_bins, task=task)
+    bins = _pooled(_as_bins(bins_or_results, n_bins=n_bins, task=task))
     if ax is None:
         fig = Figure(figsize=(4.2, 5.0), layout="constrained")
         ax, count_ax = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
@@ -186,7 +203,8 @@ def plot_reliability(
     Parameters
     ----------
     methods : dict of str to bins dict or (logits, labels)
-        One diagram per entry, in order; values as in :func:`reliability_diagram`.
+        One diagram per entry, in order; values as in :func:`reliability_diagram`
+        (multi-label results are pooled over tasks).
     path : str or Path, optional
         Where to write the figure; the format follows the suffix (``.png``, ``.svg`` or
         ``.pdf``). Parent folders are created. ``None`` only returns the figure.
@@ -215,7 +233,7 @@ def plot_reliability(
     fig = Figure(figsize=(3.6 * m, 4.6), layout="constrained")
     axes = fig.subplots(2, m, sharex=True, sharey="row", height_ratios=(3, 1), squeeze=False)
     for j, (name, res) in enumerate(methods.items()):
-        bins = _as_bins(res, n_bins=n_bins, task=task)
+        bins = _pooled(_as_bins(res, n_bins=n_bins, task=task))
         _draw(axes[0, j], axes[1, j], bins, title=str(name), label=None, color=_BAR)
         if j:
             axes[0, j].set_ylabel("")

@@ -402,7 +402,8 @@ def runtime_table(runs: pd.DataFrame) -> Table | None:
                 _cell(int((grp["copied_from"].astype(str).str.len() > 0).sum()) if "copied_from" in grp else 0),
             ]
         )
-    rows.sort(key=lambda row: (row[0].text, row[1].text, _method_order([x[2].text for x in rows]).index(row[2].text)))
+    order = _method_order([row[2].text for row in rows])
+    rows.sort(key=lambda row: (row[0].text, row[1].text, order.index(row[2].text)))
     header = ["Dataset", "Protocol", "Method", "Runs", "Train s (mean ± std)", "Total s", "Reused"]
     notes = [
         "Seconds per run in its worker process (training stages and post-hoc fit; total adds "

@@ -13,13 +13,65 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
+from cogcal import _io
 from cogcal.metrics import StreamingMetrics
 
-__all__ = ["CalibrationModule", "FrozenBodyHead", "LearningRateFloor"]
+__all__ = [
+    "CalibrationModule",
+    "FrozenBodyHead",
+    "LearningRateFloor",
+    "AtomicCheckpointIO",
+    "NonFiniteLossError",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the run stops before saving that state."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written atomically (temporary file, then rename) and read with
+    ``torch.load(weights_only=True)``: a crash never leaves a truncated checkpoint, and a
+    checkpoint cannot execute code when loaded."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
+        _io.save_torch(path, checkpoint)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        return load_checkpoint(path)
+
+
+def load_checkpoint(path: Any) -> dict[str, Any]:
+    """Load a checkpoint safely; a missing, truncated or foreign file raises ``ValueError``."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {path} does not exist.") from None
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
+        raise ValueError(
+            f"checkpoint {path} is corrupt or not a cogcal checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}); delete it (and resume from another) or start "
+            "over with --overwrite."
+        ) from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ValueError(f"checkpoint {path} has no 'state_dict': not a cogcal checkpoint.")
+    return ckpt
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The global RNG seed of one epoch, so that a resumed run repeats it exactly."""
+    return int(np.random.SeedSequence([seed, epoch, 7]).generate_state(1)[0])
+
 
 LR_FLOOR = 1e-8  # below this every update is negligible: a run may stop (SPEC §1)
 
@@ -97,12 +149,16 @@ class CalibrationModule(L.LightningModule):
         self._loss_count = 0
         self._stopped_at_floor = False
         self._epoch_lrs: dict[str, float] = {}
+        self.seed = 0  # set by the runner; with the epoch it seeds the global RNG
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
     # -- training -----------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
+        # dropout and V-TST sampling draw from the global RNG: reseed per epoch so a run
+        # resumed from a checkpoint repeats the uninterrupted run exactly
+        torch.manual_seed(epoch_seed(self.seed, self.current_epoch))
         self._loss_sum = torch.zeros((), device=self.device)
         self._loss_count = 0
         groups = self.trainer.optimizers[0].param_groups
@@ -125,14 +181,19 @@ class CalibrationModule(L.LightningModule):
             self.log("train_loss", mean, on_epoch=True, sync_dist=True)
         for key, lr in self._epoch_lrs.items():  # the rates this epoch trained with
             self.log(key, lr, on_epoch=True)
-        if not torch.isfinite(self._loss_sum):
-            raise FloatingPointError(
+
+    def _check_finite_loss(self) -> None:
+        """Stop before this epoch's weights reach a checkpoint if the loss diverged."""
+        if self._loss_count and not bool(torch.isfinite(self._loss_sum)):
+            raise NonFiniteLossError(
                 f"the training loss became {float(self._loss_sum)} in epoch {self.current_epoch}; "
-                "the run stops here (the last good checkpoint is kept). Lower --lr."
+                "the run stopped before saving that state, so checkpoints/last.ckpt and "
+                "best.ckpt hold the last good epoch. Lower --lr (or --calibrator-lr) and retry."
             )
 
     # -- validation ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
+        self._check_finite_loss()
         self.val_metrics.reset()
         self.val_metrics.to(self.device)
 

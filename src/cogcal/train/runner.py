@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import math
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -48,7 +49,13 @@ from cogcal.metrics import evaluate
 from cogcal.models import create_model
 from cogcal.train.config import TrainConfig
 from cogcal.train.methods import Method, get_method, loss_function
-from cogcal.train.module import CalibrationModule, FrozenBodyHead, LearningRateFloor
+from cogcal.train.module import (
+    AtomicCheckpointIO,
+    CalibrationModule,
+    FrozenBodyHead,
+    LearningRateFloor,
+    load_checkpoint,
+)
 
 __all__ = ["run", "tune", "predict_logits", "is_complete", "STAGE2_LR"]
 
@@ -94,8 +101,24 @@ def _fit(
     ckpt_dir: Path,
     log_name: str,
     device: torch.device,
+    resume: bool,
 ) -> dict[str, Any]:
-    """Train ``module`` with Lightning; load the best-validation-Brier weights back into it."""
+    """Train ``module`` with Lightning; load the best-validation-Brier weights back into it.
+
+    With ``resume``, a stage that already finished (``ckpt_dir/done.json``) is not trained
+    again, and an interrupted one continues from ``ckpt_dir/last.ckpt``.
+    """
+    done = ckpt_dir / "done.json"
+    last = ckpt_dir / "last.ckpt"
+    module.seed = config.seed
+    if resume and done.is_file():
+        summary = json.loads(done.read_text())
+        module.load_state_dict(load_checkpoint(ckpt_dir / "best.ckpt")["state_dict"])
+        return {**summary, "resumed": "finished earlier"}
+    ckpt_path = str(last) if resume and last.is_file() else None
+    if ckpt_path is not None:
+        load_checkpoint(ckpt_path)  # fail early and clearly on a corrupt checkpoint
+
     loader_device = device if device.type == "cuda" else None
     train_loader = data.loader("train", config.batch_size, seed=config.seed, device=loader_device)
     val_loader = data.loader("val", EVAL_BATCH, device=loader_device)
@@ -118,7 +141,10 @@ def _fit(
         devices=config.devices,
         deterministic=True,
         callbacks=callbacks,
-        logger=CSVLogger(save_dir=str(config.out), name="logs", version=log_name),
+        plugins=[AtomicCheckpointIO()],
+        logger=CSVLogger(
+            save_dir=str(config.out), name="logs", version=_log_version(config, log_name)
+        ),
         enable_progress_bar=config.progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -132,21 +158,36 @@ def _fit(
         warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
         # TST/V-TST stage 2 keeps the frozen body in eval mode on purpose
         warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
-        warnings.filterwarnings("ignore", ".*`IterableDataset` has `__len__` defined.*")
-        trainer.fit(module, train_dataloaders=train_loader, val_dataloaders=val_loader)
-    seconds = time.perf_counter() - start
+        trainer.fit(
+            module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=ckpt_path
+        )
     best = checkpoint.best_model_path
     if not best or not Path(best).is_file():
         raise RuntimeError(f"training produced no checkpoint in {ckpt_dir}.")
-    state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
-    module.load_state_dict(state)
-    return {
-        "seconds": seconds,
+    best_ckpt = load_checkpoint(best)
+    module.load_state_dict(best_ckpt["state_dict"])
+    summary = {
+        "seconds": time.perf_counter() - start,
         "epochs_run": trainer.current_epoch,
-        "best_epoch": int(torch.load(best, map_location="cpu", weights_only=True)["epoch"]),
+        "best_epoch": int(best_ckpt["epoch"]),
         "best_val_brier": float(checkpoint.best_model_score),
         "stopped_at_lr_floor": floor.stopped_epoch,
     }
+    if ckpt_path is not None:
+        summary["resumed_from"] = ckpt_path
+    _io.write_json(done, summary)
+    return summary
+
+
+def _log_version(config: TrainConfig, name: str) -> str:
+    """A fresh CSV log directory per attempt, so resuming never deletes earlier logs."""
+    logs = Path(config.out) / "logs"
+    if not (logs / name).exists():
+        return name
+    k = 1
+    while (logs / f"{name}-resume{k}").exists():
+        k += 1
+    return f"{name}-resume{k}"
 
 
 @torch.no_grad()
@@ -191,8 +232,51 @@ def _stage1_groups(
     return lambda: [{"params": params, "lr": lr, "name": "network"}]
 
 
-def run(config: TrainConfig) -> dict[str, Any]:
+def _prepare_out(out: Path, resolved: dict[str, Any], *, resume: bool, overwrite: bool) -> None:
+    """Protect what ``out`` already holds: never silently clobber a run."""
+    has_state = (
+        any((out / "checkpoints").rglob("*.ckpt")) if (out / "checkpoints").is_dir() else False
+    )
+    if overwrite:
+        for name in ("checkpoints", "logs"):
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+        for name in ("metrics.json", "val_logits.npz", "test_logits.npz", "calibrator.pt"):
+            (out / name).unlink(missing_ok=True)
+        return
+    if is_complete(out):
+        raise ValueError(
+            f"--out {out} already holds a finished run (metrics.json); choose another --out or "
+            "pass --overwrite to replace it."
+        )
+    if has_state and not resume:
+        raise ValueError(
+            f"--out {out} holds an unfinished run (checkpoints/); pass --resume to continue it "
+            "or --overwrite to start over."
+        )
+    saved = out / "config.json"
+    if resume and has_state and saved.is_file():
+        before = json.loads(saved.read_text())
+        ignore = {"out", "progress", "data", "extra"}
+        diff = [
+            f"{k}: {before.get(k)!r} -> {v!r}"
+            for k, v in resolved.items()
+            if k not in ignore and before.get(k) != v
+        ]
+        if diff:
+            raise ValueError(
+                f"--resume: the run in {out} was started with other settings ({'; '.join(diff)}); "
+                "resume with the same flags, or use another --out."
+            )
+
+
+def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train, calibrate and evaluate one run; write everything into ``config.out``.
+
+    ``resume`` continues an interrupted run in ``config.out`` from its last checkpoint (the
+    settings must match); ``overwrite`` deletes a previous run there first. Without either,
+    a directory holding a finished or unfinished run is refused, so nothing is lost by
+    mistake.
 
     Returns the content of ``metrics.json``: ``{"config", "val", "test", "timing",
     "status"}``. Files written: ``config.json``, ``checkpoints/{best,last}.ckpt`` (stage-1
@@ -216,6 +300,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         config.model_name, num_classes=data.num_classes, input_shape=data.input_shape
     )
     resolved = {**config.resolved(), "task": data.task, "data": data.info}
+    _prepare_out(out, resolved, resume=resume, overwrite=overwrite)
     _io.write_json(out / "config.json", resolved)
 
     timing: dict[str, Any] = {}
@@ -236,6 +321,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         ckpt_dir=out / "checkpoints" / ("stage1" if method.stage2 else ""),
         log_name="stage1",
         device=device,
+        resume=resume,
     )
     final: nn.Module = model
 
@@ -261,6 +347,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
             ckpt_dir=out / "checkpoints",
             log_name="stage2",
             device=device,
+            resume=resume,
         )
 
     # -- predictions, post-hoc calibration on validation only ---------------------------
@@ -320,7 +407,7 @@ def tune(config: TrainConfig, grid: list[dict[str, Any]], out: str | Path) -> di
         if is_complete(run_dir):
             result = json.loads((run_dir / "metrics.json").read_text())
         else:
-            result = run(cfg)
+            result = run(cfg, resume=True)
         val = result["val"]
         rows.append(
             {
