@@ -210,7 +210,7 @@ def _attr_line(i: int, values: list[str] | None = None) -> str:
         ("list_attr_celeba.txt", 1, "six", "line 1: expected the number"),
         ("list_attr_celeba.txt", 3, _attr_line(1, ["0"] * 40), "line 3: attribute values"),
         ("list_attr_celeba.txt", 4, _attr_line(2, ["1"] * 39), "line 4: expected a file name"),
-        ("list_attr_celeba.txt", 8, _attr_line(7), "no partition line for '000007.jpg'"),
+        ("list_eval_partition.txt", 6, "", "no partition line for '000006.jpg'"),
         ("list_eval_partition.txt", 3, "000003.jpg 3", "line 3: partition must be"),
         ("list_eval_partition.txt", 2, "000001.jpg 0", "line 2: '000001.jpg' already listed"),
         ("list_eval_partition.txt", 6, "000099.jpg 0", "no attribute line for '000099.jpg'"),

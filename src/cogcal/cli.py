@@ -208,8 +208,86 @@ def _register_tune(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_tune)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cogcal.bench import run_bench
+
+    protocols = None
+    if args.protocol is not None:
+        protocols = ("paper", "fair") if args.protocol == "both" else (args.protocol,)
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}.")
+    if args.seeds is not None and args.seeds < 1:
+        raise UserError(f"--seeds must be an integer >= 1, got {args.seeds}.")
+    out = Path(args.out or f"results/{Path(args.suite).stem}")
+    run_bench(
+        args.suite,
+        out=out,
+        jobs=args.jobs,
+        data_root=Path(args.data_root),
+        protocols=protocols,
+        seeds=args.seeds,
+        progress=not args.quiet,
+    )
+    if not args.quiet:
+        print(f"wrote {out}/results.csv, {out}/report.md and {out}/report.html")
+    return 0
+
+
+def _register_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark suite and write results.csv and a report (the main job)",
+        description="Run a suite of training runs (default: the quick CPU suite), skipping "
+        "runs that already finished in --out, then write results.csv, report.md, "
+        "report.html and figures/.",
+    )
+    p.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
+    p.add_argument("--out", default=None, help="output directory (default: results/SUITE)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: 1)")
+    p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
+    p.add_argument(
+        "--protocol", choices=("paper", "fair", "both"), default=None,
+        help="which protocol(s) to run (default: the suite's)",
+    )  # fmt: skip
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: suite's)")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cogcal.report.build import build_report
+
+    directory = Path(args.directory)
+    if not (directory / "results.csv").is_file():
+        raise UserError(
+            f"{directory} has no results.csv; run `cogcal bench --out {directory}` first."
+        )
+    html = build_report(directory)
+    print(f"wrote {directory}/report.md and {html}")
+    return 0
+
+
+def _register_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="rebuild report.md/report.html from a results directory",
+        description="Rebuild the report of a `cogcal bench` output directory from its results.csv.",
+    )
+    p.add_argument("directory", help="a directory written by `cogcal bench`")
+    p.set_defaults(func=_cmd_report)
+
+
 #: Subcommand registrars: each adds its parser and sets ``func``.
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_register_train, _register_tune]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _register_bench,
+    _register_train,
+    _register_tune,
+    _register_report,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

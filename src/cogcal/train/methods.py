@@ -89,6 +89,12 @@ class Method:
         return self.posthoc is not None
 
     @property
+    def supports_multilabel(self) -> bool:
+        """Whether the method has a multi-task form (SPEC §4: per-task temperature/affine)."""
+        kind = self.cog or self.posthoc or self.stage2
+        return self.loss in ("ce", "ls") and kind in (None, "fc", "ts", "ms")
+
+    @property
     def extra_hyperparameters(self) -> tuple[str, ...]:
         extra: list[str] = []
         if self.cog:

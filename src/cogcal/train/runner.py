@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
@@ -45,10 +46,10 @@ from cogcal.calibrators import (
 )
 from cogcal.cog import CalibratedModel
 from cogcal.data import BatchLoader, Dataset, load_dataset
-from cogcal.metrics import evaluate
+from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.config import TrainConfig
-from cogcal.train.methods import Method, get_method, loss_function
+from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.module import (
     AtomicCheckpointIO,
     CalibrationModule,
@@ -192,17 +193,72 @@ def _log_version(config: TrainConfig, name: str) -> str:
 
 @torch.no_grad()
 def predict_logits(
-    model: nn.Module, data: Dataset, split: str, *, device: torch.device, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float32 logits and labels of one split, in order, without augmentation, on the CPU."""
+    model: nn.Module,
+    data: Dataset,
+    split: str | torch.Tensor,
+    *,
+    device: torch.device,
+    seed: int = 0,
+    labels: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Float32 logits (on the CPU, in order, no augmentation) of a split of ``data`` or of
+    raw inputs in ``data``'s stored format (normalised with ``data``'s statistics)."""
     model.eval().to(device)
     torch.manual_seed(seed)  # V-TST draws its Monte Carlo samples from the global RNG
-    loader = data.loader(split, EVAL_BATCH, shuffle=False, train=False)
-    outs, labels = [], []
-    for x, y in loader:
-        outs.append(model(x.to(device)).float().cpu())
-        labels.append(y)
-    return torch.cat(outs), torch.cat(labels)
+    if isinstance(split, str):
+        s = data.split(split)
+        x, labels = s.x, s.y
+    else:
+        x = split
+    loader = BatchLoader(
+        x, x.new_zeros(len(x)), batch_size=EVAL_BATCH, shuffle=False, transform=data.transform
+    )
+    outs = [model(xb.to(device)).float().cpu() for xb, _ in loader]
+    return torch.cat(outs), labels
+
+
+def _robustness(
+    predict: Callable[[torch.Tensor], torch.Tensor],
+    data: Dataset,
+    test_logits: torch.Tensor,
+    config: TrainConfig,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """OOD detection and covariate-shift metrics of the final (calibrated) model.
+
+    Returns ``(ood, shift, unavailable)``: ``ood[set] = {"auroc", "fpr95"}`` plus
+    ``"pooled"``; ``shift[condition][severity] = {metric: value}`` plus ``"mean"`` over
+    conditions per severity; ``unavailable`` names the sets that could not be loaded.
+    """
+    from cogcal.data import ood_sets, shift_sets
+
+    ood_inputs, ood_missing = ood_sets(data, root=config.data_root)
+    ood_result: dict[str, Any] = {}
+    pooled = []
+    for name, x in ood_inputs.items():
+        logits = predict(x)
+        pooled.append(logits)
+        ood_result[name] = ood(test_logits, logits, task=data.task)
+    if len(pooled) > 1:
+        ood_result["pooled"] = ood(test_logits, torch.cat(pooled), task=data.task)
+
+    conditions, shift_missing = shift_sets(data, root=config.data_root)
+    names = data.class_names if data.task == "multilabel" else None
+    shift: dict[str, Any] = {}
+    for condition, severities in conditions.items():
+        shift[condition] = {
+            str(sev): evaluate(predict(split.x), split.y, task=data.task, task_names=names)
+            for sev, split in sorted(severities.items())
+        }
+    if len(shift) > 1:
+        sevs = sorted({s for c in shift.values() for s in c}, key=int)
+        shift["mean"] = {
+            s: {
+                k: float(np.mean([c[s][k] for c in shift.values() if s in c]))
+                for k in next(c[s] for c in shift.values() if s in c)
+            }
+            for s in sevs
+        }
+    return ood_result, shift, {"ood": ood_missing, "shift": shift_missing}
 
 
 def _posthoc_calibrator(kind: str, task: str) -> nn.Module:
@@ -295,6 +351,12 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
         logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
     data = load_dataset(config.dataset, root=config.data_root)
+    if data.task == "multilabel" and not method.supports_multilabel:
+        usable = [m for m, spec in METHODS.items() if spec.supports_multilabel]
+        raise ValueError(
+            f"--method {method.name} has no multi-task form; on the multi-label dataset "
+            f"{config.dataset!r} use one of: {', '.join(usable)}."
+        )
     L.seed_everything(config.seed, workers=False, verbose=False)
     backbone = create_model(
         config.model_name, num_classes=data.num_classes, input_shape=data.input_shape
@@ -352,20 +414,33 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
 
     # -- predictions, post-hoc calibration on validation only ---------------------------
     val_logits, val_labels = predict_logits(final, data, "val", device=device, seed=config.seed)
-    test_logits, test_labels = predict_logits(final, data, "test", device=device, seed=config.seed)
+    calibrator: nn.Module = nn.Identity()
     if method.posthoc:
         start = time.perf_counter()
         calibrator = _posthoc_calibrator(method.posthoc, data.task).fit(val_logits, val_labels)
         timing["posthoc_seconds"] = time.perf_counter() - start
         _io.save_torch(out / "calibrator.pt", calibrator.state_dict())
+
+    def predict(x: str | torch.Tensor) -> torch.Tensor:
+        logits, _ = predict_logits(final, data, x, device=device, seed=config.seed)
         with torch.no_grad():
-            val_logits, test_logits = calibrator(val_logits), calibrator(test_logits)
+            return calibrator(logits)
+
+    with torch.no_grad():
+        val_logits = calibrator(val_logits)
+    test_logits, test_labels = predict("test"), data.test.y
+    start = time.perf_counter()
+    ood_result, shift, unavailable = _robustness(predict, data, test_logits, config)
+    timing["robustness_seconds"] = time.perf_counter() - start
 
     names = data.class_names if data.task == "multilabel" else None
     result = {
         "config": resolved,
         "val": evaluate(val_logits, val_labels, task=data.task, task_names=names),
         "test": evaluate(test_logits, test_labels, task=data.task, task_names=names),
+        "ood": ood_result,
+        "shift": shift,
+        "unavailable": unavailable,
         "timing": {**timing, "total_seconds": time.perf_counter() - started},
         "status": "complete",
     }
