@@ -78,9 +78,8 @@ def _run(args: list[str], timeout: int = 90) -> subprocess.CompletedProcess:
 
 def _synthetic(where: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_report_render import make_bench_dir  # a small synthetic bench folder
-
     from cogcal.report.build import build_report
+    from test_report_render import make_bench_dir  # a small synthetic bench folder
 
     out = make_bench_dir(where / "bench")
     build_report(out)

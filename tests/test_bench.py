@@ -59,7 +59,9 @@ def fake_run(config: dict) -> dict:
     nll = 0.3 + 0.1 * abs(np.log10(lr) + 3.0) + 0.02 * h
     metrics = {"acc": 0.9 - 0.05 * abs(np.log10(lr) + 3.0) + 0.01 * h, "nll": nll, "brier": nll / 2}
     for b in (5, 10, 15, 20, 50, 100):
-        metrics[f"ece_{b}"] = 0.02 + 0.001 * b * (1 + h) + (0.0 if method.startswith("cog") else 0.01)
+        metrics[f"ece_{b}"] = (
+            0.02 + 0.001 * b * (1 + h) + (0.0 if method.startswith("cog") else 0.01)
+        )
         metrics[f"rmsce_{b}"] = metrics[f"ece_{b}"] * 1.2
         metrics[f"mce_{b}"] = metrics[f"ece_{b}"] * 3
     (out / "config.json").write_text(json.dumps(config))
@@ -104,7 +106,7 @@ def _bench(tmp_path: Path, out: Path, **kwargs) -> Path:
     return run_bench(
         _write_suite(tmp_path),
         out=out,
-        jobs=kwargs.pop("jobs", 2),
+        jobs=kwargs.pop("jobs", 1),
         data_root=tmp_path / "data",
         progress=False,
         runner=RUNNER,
@@ -150,7 +152,16 @@ def test_shipped_suites_load():
     quick = load_suite("quick")
     assert quick.protocols == ("paper", "fair") and len(quick.seeds) == 3
     assert set(quick.methods) == {
-        "ce", "ls", "ts", "ms", "tst", "vtst", "cog-fc", "cog-ts", "cog-ms", "cog-ls"
+        "ce",
+        "ls",
+        "ts",
+        "ms",
+        "tst",
+        "vtst",
+        "cog-fc",
+        "cog-ts",
+        "cog-ms",
+        "cog-ls",
     }
     vit = load_suite("paper-vit")
     assert vit.train["patience"] == 50 and vit.cog_grid == ()
@@ -257,7 +268,10 @@ def test_metrics_rows_shapes():
     }
     rows = metrics_rows(m, "d", "ce", "paper", 3)
     assert all(set(r) == set(COLUMNS) for r in rows)
-    key = {(r["split"], r["metric"], r["task"], r["condition"], r["severity"]): r["value"] for r in rows}
+    key = {
+        (r["split"], r["metric"], r["task"], r["condition"], r["severity"]): r["value"]
+        for r in rows
+    }
     assert key[("val", "acc", "", "", "")] == 0.5
     assert np.isnan(key[("val", "nll", "", "", "")])
     assert key[("test", "acc", "mean", "", "")] == 0.7
@@ -275,7 +289,7 @@ def test_metrics_rows_shapes():
 def test_bench_end_to_end_resume_and_failures(tmp_path, monkeypatch):
     out = tmp_path / "out"
     monkeypatch.setenv("FAKE_FAIL", "ts/seed1")
-    _bench(tmp_path, out, report=True)
+    _bench(tmp_path, out, report=True, jobs=2)
     results = _read_csv(out / "results.csv")
     assert list(results[0]) == list(COLUMNS)
     assert {r["protocol"] for r in results} == {"paper", "fair"}
@@ -317,7 +331,9 @@ def test_bench_end_to_end_resume_and_failures(tmp_path, monkeypatch):
     counts = json.loads((out / "bench.json").read_text())["sessions"][-1]["counts"]
     assert counts["failed"] == 0 and counts["trained"] + counts["copied"] == 2
     assert not (out / "failed.txt").exists()
-    assert len({(r["protocol"], r["method"], r["seed"]) for r in _read_csv(out / "results.csv")}) == 16
+    assert (
+        len({(r["protocol"], r["method"], r["seed"]) for r in _read_csv(out / "results.csv")}) == 16
+    )
 
     # a half-written run (no metrics.json, debris) is cleared and redone; the rest kept
     victim = out / "runs" / "fair" / "digits" / "cog-fc" / "seed1"
@@ -404,7 +420,7 @@ def test_real_trainer_smoke(tmp_path):
     run_bench(
         _write_suite(tmp_path, suite),
         out=out,
-        jobs=2,
+        jobs=1,
         data_root=tmp_path / "data",
         progress=False,
     )

@@ -479,7 +479,7 @@ def test_batchloader_shards(n: int, shuffle: bool) -> None:
     joined = torch.cat(parts)
     assert len(joined) == n and sorted(joined.tolist()) == list(range(n))
     if not shuffle:
-        assert torch.equal(joined, y)  # rank order restores data order
+        assert torch.equal(torch.stack([p[:25] for p in parts], 1).reshape(-1), y[:100])
     # training: padded to equal shard sizes, every sample seen
     loaders = [
         BatchLoader(x, y, batch_size=8, shuffle=shuffle, num_replicas=4, rank=r, pad=True)
@@ -491,6 +491,10 @@ def test_batchloader_shards(n: int, shuffle: bool) -> None:
     assert set(torch.cat(parts).tolist()) == set(range(n))
     if n == 100:  # divisible: disjoint
         assert len(torch.cat(parts).unique()) == n
+    # each step's union over replicas is the one-process batch of 4 x 8 samples
+    single = _collect(BatchLoader(x, y, batch_size=32, shuffle=shuffle, pad=True))
+    per_step = torch.stack([p[:24] for p in parts], 1).reshape(-1)
+    assert torch.equal(per_step, single[:96])
 
 
 def test_batchloader_device_and_dataset_loader(mnist1d_root: Path) -> None:

@@ -47,20 +47,36 @@ def make_bench_dir(out: Path, *, logits: bool = True) -> Path:
                 for split in ("val", "test"):
                     for metric, v in vals.items():
                         rows.append(
-                            [ "mnist1d", method, protocol, seed, split, metric, v, "", "", ""]
+                            ["mnist1d", method, protocol, seed, split, metric, v, "", "", ""]
                         )
-                rows.append(["mnist1d", method, protocol, seed, "shift", "acc", acc - 0.1, "", "noise", 2])
+                rows.append(
+                    ["mnist1d", method, protocol, seed, "shift", "acc", acc - 0.1, "", "noise", 2]
+                )
                 run_dir = out / "runs" / protocol / "mnist1d" / method / f"seed{seed}"
                 run_dir.mkdir(parents=True)
                 if logits:
                     labels = rng.integers(0, 10, 300)
                     z = rng.normal(size=(300, 10)) + (2 + i / 3) * np.eye(10)[labels]
-                    np.savez(run_dir / "test_logits.npz", logits=z.astype(np.float32), labels=labels)
+                    np.savez(
+                        run_dir / "test_logits.npz", logits=z.astype(np.float32), labels=labels
+                    )
                 runs.append(
-                    {"dataset": "mnist1d", "method": method, "protocol": protocol, "seed": seed,
-                     "status": "complete", "model": "cnn1d", "epochs": 20, "lr": 1e-3,
-                     "calibrator_lr": "", "train_seconds": 10 + i, "total_seconds": 11 + i,
-                     "copied_from": "", "run_dir": str(run_dir.relative_to(out)), "log": ""}
+                    {
+                        "dataset": "mnist1d",
+                        "method": method,
+                        "protocol": protocol,
+                        "seed": seed,
+                        "status": "complete",
+                        "model": "cnn1d",
+                        "epochs": 20,
+                        "lr": 1e-3,
+                        "calibrator_lr": "",
+                        "train_seconds": 10 + i,
+                        "total_seconds": 11 + i,
+                        "copied_from": "",
+                        "run_dir": str(run_dir.relative_to(out)),
+                        "log": "",
+                    }
                 )
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -69,17 +85,32 @@ def make_bench_dir(out: Path, *, logits: bool = True) -> Path:
     pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
     tune = out / "tune" / "fair" / "mnist1d" / "ce"
     tune.mkdir(parents=True)
-    (tune / "tune.json").write_text(json.dumps({
-        "protocol": "fair", "dataset": "mnist1d", "method": "ce", "used_by": ["ce", "ts", "ms"],
-        "best": {"lr": 1e-3},
-        "table": [{"lr": 1e-4, "val_nll": 0.9}, {"lr": 1e-3, "val_nll": 0.7}],
-    }))
-    (out / "bench.json").write_text(json.dumps({
-        "suite": {"name": "synthetic", "description": "test data", "train": {"epochs": 20}},
-        "datasets": {"mnist1d": {"task": "multiclass", "num_classes": 10, "feature_dim": 64}},
-        "sessions": [{"wall_seconds": 12.0, "jobs": 2, "counts": {}}],
-    }))
-    (out / "failed.txt").write_text("# run\terror\tlog\npaper/mnist1d/ls/seed1\tboom\truns/x/run.log\n")
+    (tune / "tune.json").write_text(
+        json.dumps(
+            {
+                "protocol": "fair",
+                "dataset": "mnist1d",
+                "method": "ce",
+                "used_by": ["ce", "ts", "ms"],
+                "best": {"lr": 1e-3},
+                "table": [{"lr": 1e-4, "val_nll": 0.9}, {"lr": 1e-3, "val_nll": 0.7}],
+            }
+        )
+    )
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "suite": {"name": "synthetic", "description": "test data", "train": {"epochs": 20}},
+                "datasets": {
+                    "mnist1d": {"task": "multiclass", "num_classes": 10, "feature_dim": 64}
+                },
+                "sessions": [{"wall_seconds": 12.0, "jobs": 2, "counts": {}}],
+            }
+        )
+    )
+    (out / "failed.txt").write_text(
+        "# run\terror\tlog\npaper/mnist1d/ls/seed1\tboom\truns/x/run.log\n"
+    )
     return out
 
 
@@ -115,8 +146,15 @@ def test_report_is_self_contained(tmp_path):
     for src in parser.imgs:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
-    for section in ("Complexity", "Where COG loses", "Run times", "Selected learning rates",
-                    "Failed runs", "Reliability diagrams", "Accuracy against calibration"):
+    for section in (
+        "Complexity",
+        "Where COG loses",
+        "Run times",
+        "Selected learning rates",
+        "Failed runs",
+        "Reliability diagrams",
+        "Accuracy against calibration",
+    ):
         assert section in page
     md = (out / "report.md").read_text()
     assert "| Method |" in md and "](figures/reliability_paper_mnist1d_ts_vs_cog-ts.png)" in md
@@ -148,9 +186,7 @@ def test_tables_content(tmp_path):
         assert sum(r[j].bold for r in t.rows) >= 1
     acc_col = header.index("Acc ↑")
     best_acc = max(t.rows, key=lambda r: float(r[acc_col].text.split(" ± ")[0]))
-    assert best_acc[acc_col].bold and not any(
-        r[acc_col].bold for r in t.rows if r is not best_acc
-    )
+    assert best_acc[acc_col].bold and not any(r[acc_col].bold for r in t.rows if r is not best_acc)
     p = pairwise_calibration_table(df, "mnist1d", "fair", "mce")
     assert [r[0].text for r in p.rows] == ["ce", "cog-fc", "ts", "cog-ts", "ms", "cog-ms"]
     assert p.header[1:7] == [f"B={b}" for b in (5, 10, 15, 20, 50, 100)]

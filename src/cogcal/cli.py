@@ -60,7 +60,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-size", type=int, default=10, help="COG StepLR period in epochs")
     p.add_argument("--patience", type=int, default=None, help="early stopping patience (epochs)")
     p.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "auto"))
-    p.add_argument("--devices", type=int, default=1, help="number of devices (default: 1)")
+    p.add_argument("--devices", type=int, default=1, help="devices per node (default: 1)")
+    p.add_argument("--num-nodes", type=int, default=1, help="number of nodes (default: 1)")
+    p.add_argument(
+        "--strategy", default="auto", choices=("auto", "ddp"),
+        help="Lightning strategy for several devices (default: auto)",
+    )  # fmt: skip
     p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
 
@@ -83,6 +88,8 @@ def _config_from_args(args: argparse.Namespace, out: str):
         patience=args.patience,
         accelerator=args.accelerator,
         devices=args.devices,
+        num_nodes=args.num_nodes,
+        strategy=args.strategy,
         data_root=args.data_root,
         out=out,
         progress=not args.no_progress,
@@ -117,6 +124,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise UserError("--resume and --overwrite contradict each other; pass one of them.")
     result = run(config, resume=args.resume, overwrite=args.overwrite)
+    if result.get("status") != "complete":
+        return 0  # another process of a multi-device run: rank 0 reports
     from cogcal.report.diagrams import plot_reliability
 
     test = Path(out) / "test_logits.npz"

@@ -169,6 +169,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) used by finished child processes (the workers)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return 0.0
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -250,6 +260,7 @@ def _run_locked(
     runner: str,
 ) -> Path:
     started_at, t0 = _now(), time.monotonic()
+    cpu0 = _children_cpu()
     meta_path = out / "bench.json"
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -283,9 +294,7 @@ def _run_locked(
     scheduler.add(plan.initial)
     scheduler.run()
 
-    failures = [
-        f"{job.label}\t{job.error}\t{job.out / 'run.log'}" for job in scheduler.failures
-    ]
+    failures = [f"{job.label}\t{job.error}\t{job.out / 'run.log'}" for job in scheduler.failures]
     for group, dependents in blocked:
         for job in dependents:
             failures.append(f"{job.label}\t{group.error}\t{group.folder / 'tune.json'}")
@@ -304,6 +313,7 @@ def _run_locked(
             "started": started_at,
             "finished": _now(),
             "wall_seconds": round(time.monotonic() - t0, 2),
+            "worker_cpu_seconds": round(_children_cpu() - cpu0, 2),
             "jobs": jobs,
             "counts": counts,
         }

@@ -22,6 +22,7 @@ source under ``"copied_from"``.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import heapq
 import importlib
 import itertools
@@ -196,14 +197,10 @@ def _init_worker(threads: int, runner: str, warm: tuple[str, ...]) -> None:
 
     torch.set_num_threads(max(1, threads))
     for module in warm:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(module)
-        except ImportError:
-            pass
-    try:
-        _resolve(runner)
-    except (ImportError, AttributeError, ValueError):
-        pass  # reported per job
+    with contextlib.suppress(ImportError, AttributeError, ValueError):
+        _resolve(runner)  # errors are reported per job
 
 
 def _execute(runner: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -200,9 +200,7 @@ def build_plan(
                         cfg = base_config(suite, di, tuned, protocol)
                         cfg.update(point)
                         run_dir = folder / point_label(point)
-                        cfg.update(
-                            seed=suite.tune_seed, data_root=str(data_root), out=str(run_dir)
-                        )
+                        cfg.update(seed=suite.tune_seed, data_root=str(data_root), out=str(run_dir))
                         group.points.append(
                             Job(cfg, f"tune {group.label} {point_label(point)}", priority=0)
                         )

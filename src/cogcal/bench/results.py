@@ -184,7 +184,9 @@ def _seconds(timing: Any) -> tuple[float | None, float | None]:
         train = _num(timing["fit_seconds"])
     else:
         parts = [
-            _num(v.get("seconds")) for v in timing.values() if isinstance(v, dict) and "seconds" in v
+            _num(v.get("seconds"))
+            for v in timing.values()
+            if isinstance(v, dict) and "seconds" in v
         ]
         parts.append(_num(timing.get("posthoc_seconds", 0.0)))
         parts = [p for p in parts if p is not None and math.isfinite(p)]

@@ -26,6 +26,7 @@ from cogcal.data.base import (
     stratified_split,
 )
 from cogcal.data.loader import BatchLoader
+from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images, shift_sets
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
 from cogcal.data.transforms import augment_crop_flip, normalize
 
@@ -45,4 +46,9 @@ __all__ = [
     "normalize",
     "register_dataset",
     "stratified_split",
+    "CORRUPTIONS",
+    "corrupt",
+    "ood_sets",
+    "rotate_images",
+    "shift_sets",
 ]

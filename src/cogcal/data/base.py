@@ -37,7 +37,7 @@ SPLIT_SEED = 20240917
 TASKS = ("multiclass", "multilabel")
 
 #: Augmentations :meth:`Dataset.transform` knows.
-AUGMENTATIONS = (None, "crop_flip")
+AUGMENTATIONS = (None, "crop_flip", "flip")
 
 
 class DatasetNotFoundError(ValueError):
@@ -97,7 +97,8 @@ class Dataset:
         Per-channel statistics used by :meth:`transform` (one value for inputs without a
         channel axis). For ``uint8`` images they refer to pixel values scaled to [0, 1].
     augment : str or None
-        Training augmentation applied by ``transform(..., train=True)``: ``"crop_flip"``
+        Training augmentation applied by ``transform(..., train=True)``: ``"flip"`` (random
+        horizontal flip only, CelebA), ``"crop_flip"``
         (random 32x32 crop of the 4-pixel zero-padded image, random horizontal flip) or
         ``None``.
     info : dict
@@ -161,6 +162,8 @@ class Dataset:
         """
         if train and self.augment == "crop_flip":
             x = augment_crop_flip(x, padding=4, generator=generator)
+        elif train and self.augment == "flip":  # CelebA: horizontal flip only
+            x = augment_crop_flip(x, padding=0, generator=generator)
         return normalize(x, self.mean, self.std)
 
     def loader(

@@ -472,7 +472,10 @@ def rotate_images(x: torch.Tensor, degrees: float, *, chunk: int = 4096) -> torc
     angle = math.radians(float(degrees))
     c, s = math.cos(angle), math.sin(angle)
     # Snap the exact multiples of 90 degrees so that they permute pixels exactly.
-    c, s = (round(c) if abs(c - round(c)) < 1e-12 else c), (round(s) if abs(s - round(s)) < 1e-12 else s)
+    c, s = (
+        (round(c) if abs(c - round(c)) < 1e-12 else c),
+        (round(s) if abs(s - round(s)) < 1e-12 else s),
+    )
     h, w = x.shape[2], x.shape[3]
     # Output pixel (u, v) (normalised coords, y down) samples input R^-1 (u, v), with
     # the aspect ratio accounted for so that the rotation is rigid in pixel units.

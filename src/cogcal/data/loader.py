@@ -67,10 +67,11 @@ class BatchLoader:
 
     Notes
     -----
-    Every replica uses the same permutation of the epoch and takes one contiguous block
-    of it, so the shards are disjoint; without shuffling, rank ``r``'s block is a
-    contiguous range of the data, and concatenating the ranks' outputs in rank order
-    restores the data order.
+    Every replica uses the same permutation of the epoch and takes every
+    ``num_replicas``-th sample of it, starting at its rank (as ``DistributedSampler``), so
+    the shards are disjoint and, at every step, the union of the replicas' batches is
+    exactly the batch that one process with ``num_replicas`` times the batch size would
+    see: multi-process training follows the single-process trajectory.
 
     Each ``iter(loader)`` uses the current epoch and then advances it by one;
     :meth:`set_epoch` sets the epoch the next iteration uses (call it every epoch, or
@@ -162,34 +163,25 @@ class BatchLoader:
         self.epoch = epoch
 
     # ------------------------------------------------------------------ indices
-    def _shard_bounds(self, n: int) -> tuple[int, int]:
-        r, k = self.num_replicas, self.rank
-        if self.pad:
-            size = math.ceil(n / r)
-            return k * size, (k + 1) * size
-        base, extra = divmod(n, r)
-        start = k * base + min(k, extra)
-        return start, start + base + (1 if k < extra else 0)
-
     def indices(self, epoch: int | None = None) -> torch.Tensor | slice:
         """Indices of the samples this replica visits in ``epoch``, in order.
 
-        Returns a :class:`slice` when they form a contiguous range (no shuffling, no
-        padding wrap-around), else an ``int64`` tensor on the data's device.
+        Returns a :class:`slice` when no gather is needed (no shuffling, no padding
+        wrap-around), else an ``int64`` tensor on the data's device.
         """
         epoch = self.epoch if epoch is None else epoch
-        n = int(self.x.shape[0])
-        start, stop = self._shard_bounds(n)
-        if not self.shuffle and stop <= n:
-            return slice(start, stop)
+        n, r, k = int(self.x.shape[0]), self.num_replicas, self.rank
+        total = math.ceil(n / r) * r if self.pad else n
+        if not self.shuffle and total <= n:
+            return slice(k, n, r)
         if self.shuffle:
             g = torch.Generator().manual_seed(_derived_seed(self.seed, epoch, _PERM_STREAM))
             order = torch.randperm(n, generator=g)
         else:
             order = torch.arange(n)
-        if stop > n:  # padding: wrap around to the start of the epoch's order
-            order = order.repeat(math.ceil(stop / n)) if n else order
-        return order[start:stop].to(self.x.device)
+        if total > n:  # padding: wrap around to the start of the epoch's order
+            order = torch.cat([order, order[: total - n]]) if n else order
+        return order[k:total:r].to(self.x.device)
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -204,15 +196,15 @@ class BatchLoader:
             gen_device = self.x.device if self.x.device.type == "cuda" else "cpu"
             generator = torch.Generator(device=gen_device)
             generator.manual_seed(_derived_seed(self.seed, epoch, _AUG_STREAM, self.rank))
-        if isinstance(idx, slice):
-            lo, total = idx.start, idx.stop - idx.start
-        else:
-            lo, total = 0, int(idx.shape[0])
+        step = idx.step if isinstance(idx, slice) else 1
+        total = self.num_samples
         for b in range(len(self)):
             s = b * self.batch_size
             e = min(s + self.batch_size, total)
-            if isinstance(idx, slice):
-                xb, yb = self.x[lo + s : lo + e], self.y[lo + s : lo + e]
+            if isinstance(idx, slice):  # views, no copy (strided when sharded)
+                lo = idx.start + s * step
+                hi = idx.start + e * step
+                xb, yb = self.x[lo:hi:step], self.y[lo:hi:step]
             else:
                 sel = idx[s:e]
                 xb, yb = self.x[sel], self.y[sel]

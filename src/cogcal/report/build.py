@@ -9,6 +9,7 @@ report says which of them it did not find.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -50,8 +51,16 @@ def load_results(results_dir: Path) -> pd.DataFrame:
         )
     df = pd.read_csv(
         path,
-        dtype={"dataset": str, "method": str, "protocol": str, "split": str, "metric": str,
-               "task": str, "condition": str, "severity": str},
+        dtype={
+            "dataset": str,
+            "method": str,
+            "protocol": str,
+            "split": str,
+            "metric": str,
+            "task": str,
+            "condition": str,
+            "severity": str,
+        },
         keep_default_na=False,
         na_values={"value": ["nan", "NaN", ""]},
     )
@@ -122,8 +131,13 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
             capsize=2,
             lw=0.8,
         )
-        ax.annotate(str(method), (row[("mean", "ece_15")], row[("mean", "acc")]),
-                    textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.annotate(
+            str(method),
+            (row[("mean", "ece_15")], row[("mean", "acc")]),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize=8,
+        )
     if not front.empty:
         ax.plot(front["ece_15"], front["acc"], "--", color="0.4", lw=1, label="Pareto front")
     ax.plot([], [], "o", color="tab:red", label="COG")
@@ -147,8 +161,11 @@ def _reliability_figure(
         if not base.is_dir():
             return None
         seeds.append(
-            {int(p.name[4:]) for p in base.glob("seed*") if (p / "test_logits.npz").is_file()
-             and p.name[4:].isdigit()}
+            {
+                int(p.name[4:])
+                for p in base.glob("seed*")
+                if (p / "test_logits.npz").is_file() and p.name[4:].isdigit()
+            }
         )
     common = sorted(set.intersection(*seeds)) if seeds else []
     if not common:
@@ -183,11 +200,13 @@ def _overview(df: pd.DataFrame, meta: Any, found: dict[str, bool]) -> Section:
         if sessions:
             wall = sum(float(s.get("wall_seconds", 0)) for s in sessions)
             last = sessions[-1]
+            cpu = sum(float(s.get("worker_cpu_seconds", 0) or 0) for s in sessions)
             items.append(
                 f"Wall time: {wall:.0f} s over {len(sessions)} invocation(s) of cogcal bench "
                 f"(last: {last.get('wall_seconds', 0):.0f} s, {last.get('jobs', '?')} worker(s), "
                 f"{meta.get('cpu_count', '?')} CPUs, {meta.get('threads_per_worker', '?')} "
                 f"thread(s) per worker; counts {last.get('counts', {})})."
+                + (f" Worker CPU time: {cpu:.0f} s." if cpu else "")
             )
         items.append(
             f"Software: cogcal {meta.get('cogcal', '?')}, torch {meta.get('torch', '?')}, "
@@ -196,7 +215,9 @@ def _overview(df: pd.DataFrame, meta: Any, found: dict[str, bool]) -> Section:
     datasets = sorted(df["dataset"].unique())
     protocols = [p for p in ("paper", "fair") if p in set(df["protocol"])]
     seeds = sorted(int(s) for s in df["seed"].dropna().unique())
-    items.append(f"Datasets: {', '.join(datasets)}; methods: {df['method'].nunique()}; seeds: {seeds}.")
+    items.append(
+        f"Datasets: {', '.join(datasets)}; methods: {df['method'].nunique()}; seeds: {seeds}."
+    )
     for p in protocols:
         items.append(f"Protocol '{p}': {_PROTOCOL_TEXT[p]}.")
     items.append(
@@ -243,7 +264,8 @@ def build_report(results_dir: Path) -> Path:
     failed_lines = []
     if (root / "failed.txt").is_file():
         failed_lines = [
-            ln for ln in (root / "failed.txt").read_text(encoding="utf-8").splitlines()
+            ln
+            for ln in (root / "failed.txt").read_text(encoding="utf-8").splitlines()
             if ln.strip() and not ln.startswith("#")
         ]
     has_logits = any(root.glob("runs/*/*/*/seed*/test_logits.npz"))
@@ -267,10 +289,10 @@ def build_report(results_dir: Path) -> Path:
         if runs is not None and not runs.empty:
             methods += [m for m in runs["method"].unique() if m not in methods]
         info = (meta or {}).get("datasets") or {}
-        try:
-            sections.append(Section("Complexity", [T.complexity_table(methods, info)], "complexity"))
-        except ImportError:
-            pass
+        with contextlib.suppress(ImportError):  # the registry needs cogcal.train
+            sections.append(
+                Section("Complexity", [T.complexity_table(methods, info)], "complexity")
+            )
 
         comp = Section("Comparison of all methods", key="comparison")
         for p in protocols:
@@ -301,9 +323,11 @@ def build_report(results_dir: Path) -> Path:
                         )
                         if made:
                             rel.blocks.append(
-                                Figure(f"figures/{name}",
-                                       f"{ds}, {p}: {base} (left) vs {cog} (right), test split, "
-                                       f"seed {made[1]}, 15 bins")
+                                Figure(
+                                    f"figures/{name}",
+                                    f"{ds}, {p}: {base} (left) vs {cog} (right), test split, "
+                                    f"seed {made[1]}, 15 bins",
+                                )
                             )
                 ranks = summary_rank(df[(df["dataset"] == ds) & (df["protocol"] == p)])
                 if not ranks.empty and "cog-fc" in present:
@@ -311,17 +335,25 @@ def build_report(results_dir: Path) -> Path:
                     if top != "cog-fc":
                         name = f"reliability_{p}_{ds}_top_{top}_vs_cog-fc.png"
                         made = _reliability_figure(
-                            root, ds, p, [top, "cog-fc"], figdir / name,
+                            root,
+                            ds,
+                            p,
+                            [top, "cog-fc"],
+                            figdir / name,
                             f"top ranked {top} vs cog-fc",
                         )
                         if made:
                             rel.blocks.append(
-                                Figure(f"figures/{name}",
-                                       f"{ds}, {p}: top-ranked {top} vs cog-fc (Fig. 3 style), "
-                                       f"seed {made[1]}")
+                                Figure(
+                                    f"figures/{name}",
+                                    f"{ds}, {p}: top-ranked {top} vs cog-fc (Fig. 3 style), "
+                                    f"seed {made[1]}",
+                                )
                             )
         if not rel.blocks:
-            rel.blocks.append(Paragraph("No test logits found next to results.csv: diagrams skipped."))
+            rel.blocks.append(
+                Paragraph("No test logits found next to results.csv: diagrams skipped.")
+            )
         sections.append(rel)
 
         par = Section("Accuracy against calibration", key="pareto")
@@ -330,9 +362,11 @@ def build_report(results_dir: Path) -> Path:
                 name = f"pareto_{p}_{ds}.png"
                 if _pareto_figure(df, ds, p, figdir / name):
                     par.blocks.append(
-                        Figure(f"figures/{name}",
-                               f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; "
-                               "dashed: Pareto front")
+                        Figure(
+                            f"figures/{name}",
+                            f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; "
+                            "dashed: Pareto front",
+                        )
                     )
         sections.append(par)
 
@@ -359,9 +393,15 @@ def build_report(results_dir: Path) -> Path:
         for ln in failed_lines:
             parts = (ln.split("\t") + ["", "", ""])[:3]
             rows.append([T.Cell(x) for x in parts])
-        fail.blocks.append(Table(f"{len(rows)} failed run(s)", ["Run", "Error", "Log"], rows, [
-            "Failed runs are missing from every table; re-run cogcal bench to retry them."
-        ], "failed"))
+        fail.blocks.append(
+            Table(
+                f"{len(rows)} failed run(s)",
+                ["Run", "Error", "Log"],
+                rows,
+                ["Failed runs are missing from every table; re-run cogcal bench to retry them."],
+                "failed",
+            )
+        )
     else:
         fail.blocks.append(Paragraph("None."))
     sections.append(fail)

@@ -109,7 +109,10 @@ def _esc(text: str) -> str:
 
 
 def _html_table(t: Table) -> str:
-    out = [f'<div class="tablewrap"><table id="{_esc(t.key)}">', f"<caption>{_esc(t.title)}</caption>"]
+    out = [
+        f'<div class="tablewrap"><table id="{_esc(t.key)}">',
+        f"<caption>{_esc(t.title)}</caption>",
+    ]
     out.append("<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in t.header) + "</tr></thead>")
     out.append("<tbody>")
     for row in t.rows:
@@ -162,7 +165,7 @@ def render_html(title: str, sections: list[Section], root: Path) -> str:
     )
     body = "\n".join(_html_block(s, 2, Path(root)) for s in sections)
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_esc(title)}</title><style>{_CSS}</style></head>\n<body>\n"
         f"<h1>{_esc(title)}</h1>\n<nav><ul>{toc}</ul></nav>\n{body}\n</body></html>\n"

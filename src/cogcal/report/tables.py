@@ -164,8 +164,9 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
         for info in sized.values():
             try:
                 n = m.extra_parameters(
-                    int(info["num_classes"]), int(info["feature_dim"]), task=info.get("task")
-                    or "multiclass"
+                    int(info["num_classes"]),
+                    int(info["feature_dim"]),
+                    task=info.get("task") or "multiclass",
                 )
                 row.append(_cell(f"{n:,}" if isinstance(n, int) else n))
             except (TypeError, ValueError):
@@ -211,7 +212,9 @@ def comparison_table(
     stats = mean_std(d, by=("method", "metric"))
     ranks = summary_rank(d, split=None)
     rank_of = dict(zip(ranks["method"], ranks["rank"], strict=True))
-    methods = list(ranks["method"]) + [m for m in _method_order(d["method"].unique()) if m not in set(ranks["method"])]
+    methods = list(ranks["method"]) + [
+        m for m in _method_order(d["method"].unique()) if m not in set(ranks["method"])
+    ]
     best: dict[str, float] = {}
     for metric in metrics:
         s = stats[stats["metric"] == metric]["mean"].dropna()
@@ -229,7 +232,9 @@ def comparison_table(
                 row.append(_cell("—"))
                 continue
             mean, std = float(s["mean"].iloc[0]), float(s["std"].iloc[0])
-            row.append(_cell(fmt(mean, std), bold=metric in best and np.isclose(mean, best[metric])))
+            row.append(
+                _cell(fmt(mean, std), bold=metric in best and np.isclose(mean, best[metric]))
+            )
         r = rank_of.get(method, np.nan)
         row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", bold=not pd.isna(r) and r == best_rank))
         rows.append(row)
@@ -275,13 +280,17 @@ def pairwise_calibration_table(
         return None
     metrics = [f"{family}_{b}" for b in bins]
     methods = [m for pair in pairs for m in (pair[1], pair[0])]
-    stats = mean_std(d[d["method"].isin(methods) & d["metric"].isin(metrics)], by=("method", "metric"))
+    stats = mean_std(
+        d[d["method"].isin(methods) & d["metric"].isin(metrics)], by=("method", "metric")
+    )
     table: dict[tuple[str, str], tuple[float, float]] = {
         (r.method, r.metric): (r.mean, r.std) for r in stats.itertuples()
     }
     ranks: dict[tuple[str, str], float] = {}
     for metric in metrics:
-        vals = pd.Series({m: table.get((m, metric), (np.nan, np.nan))[0] for m in dict.fromkeys(methods)})
+        vals = pd.Series(
+            {m: table.get((m, metric), (np.nan, np.nan))[0] for m in dict.fromkeys(methods)}
+        )
         for m, r in vals.rank(method="min").items():
             ranks[(m, metric)] = r
     header = ["Method", *[f"B={b}" for b in bins], "COG lower in"]
@@ -397,9 +406,19 @@ def runtime_table(runs: pd.DataFrame) -> Table | None:
                 _cell(protocol),
                 _cell(method),
                 _cell(len(grp)),
-                _cell(fmt(grp["train_seconds"].mean(), grp["train_seconds"].std(ddof=1) if len(grp) > 1 else None, 1)),
+                _cell(
+                    fmt(
+                        grp["train_seconds"].mean(),
+                        grp["train_seconds"].std(ddof=1) if len(grp) > 1 else None,
+                        1,
+                    )
+                ),
                 _cell(fmt(grp["total_seconds"].mean(), None, 1)),
-                _cell(int((grp["copied_from"].astype(str).str.len() > 0).sum()) if "copied_from" in grp else 0),
+                _cell(
+                    int((grp["copied_from"].astype(str).str.len() > 0).sum())
+                    if "copied_from" in grp
+                    else 0
+                ),
             ]
         )
     order = _method_order([row[2].text for row in rows])
@@ -419,15 +438,22 @@ def tuning_table(tunes: list[dict[str, Any]]) -> Table | None:
     if not tunes:
         return None
     rows = []
-    for t in sorted(tunes, key=lambda t: (t.get("dataset", ""), t.get("protocol", ""), t.get("method", ""))):
+    for t in sorted(
+        tunes, key=lambda t: (t.get("dataset", ""), t.get("protocol", ""), t.get("method", ""))
+    ):
         best = t.get("best") or {}
         table = t.get("table") or []
-        chosen = next(
-            (r for r in table if all(r.get(k) == v for k, v in best.items())), {}
-        )
         tried = "; ".join(
-            ", ".join(f"{k} {r[k]:g}" for k in ("lr", "calibrator_lr") if isinstance(r.get(k), int | float))
-            + (f" → {r['val_nll']:.3f}" if isinstance(r.get("val_nll"), int | float) else " → failed")
+            ", ".join(
+                f"{k} {r[k]:g}"
+                for k in ("lr", "calibrator_lr")
+                if isinstance(r.get(k), int | float)
+            )
+            + (
+                f" → {r['val_nll']:.3f}"
+                if isinstance(r.get("val_nll"), int | float)
+                else " → failed"
+            )
             for r in table
         )
         rows.append(
@@ -459,7 +485,9 @@ def shift_ood_table(df: pd.DataFrame, split: str, dataset: str, protocol: str) -
         return None
     per_seed = d.groupby(["method", "metric", "seed"], as_index=False)["value"].mean()
     stats = mean_std(per_seed, by=("method", "metric"))
-    metrics = [m for m in ("acc", "nll", "brier", "ece_15", "auroc", "fpr95") if m in set(stats["metric"])]
+    metrics = [
+        m for m in ("acc", "nll", "brier", "ece_15", "auroc", "fpr95") if m in set(stats["metric"])
+    ]
     if not metrics:
         return None
     header = ["Method", *[_LABELS.get(m, m) for m in metrics]]
@@ -468,10 +496,18 @@ def shift_ood_table(df: pd.DataFrame, split: str, dataset: str, protocol: str) -
         row = [_cell(method)]
         for metric in metrics:
             s = stats[(stats["method"] == method) & (stats["metric"] == metric)]
-            row.append(_cell(fmt(float(s["mean"].iloc[0]), float(s["std"].iloc[0])) if not s.empty else "—"))
+            row.append(
+                _cell(
+                    fmt(float(s["mean"].iloc[0]), float(s["std"].iloc[0])) if not s.empty else "—"
+                )
+            )
         rows.append(row)
     conds = sorted(map(str, d["condition"].dropna().unique()))
-    what = "covariate shift (mean over conditions and severities)" if split == "shift" else "OOD detection (mean over OOD sets)"
+    what = (
+        "covariate shift (mean over conditions and severities)"
+        if split == "shift"
+        else "OOD detection (mean over OOD sets)"
+    )
     return Table(
         f"{dataset} — {protocol}: {what}",
         header,

@@ -16,8 +16,12 @@ DEFAULT_MODELS = {
     "cifar10": "resnet18",
     "cifar100": "resnet18",
     "svhn": "resnet18",
+    "mnist1d-mtl": "mlp",
+    "digits-mtl": "cnn",
+    "celeba": "resnet18",
 }
 ACCELERATORS = ("cpu", "gpu", "auto")
+STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 
 
 @dataclass
@@ -41,7 +45,9 @@ class TrainConfig:
     step_size: int = 10  # StepLR: divide COG learning rates by 10 every this many epochs
     patience: int | None = None  # early stopping on validation Brier, in validation checks
     accelerator: str = "cpu"
-    devices: int = 1
+    devices: int = 1  # devices per node
+    num_nodes: int = 1
+    strategy: str = "auto"  # Lightning strategy: "auto", "ddp", ...
     data_root: str = "data"
     out: str = "runs/default"
     progress: bool = True  # progress bar and end-of-run summary
@@ -94,6 +100,17 @@ class TrainConfig:
         _check_int("--batch-size", self.batch_size, minimum=1)
         _check_int("--step-size", self.step_size, minimum=1)
         _check_int("--devices", self.devices, minimum=1)
+        _check_int("--num-nodes", self.num_nodes, minimum=1)
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}."
+            )
+        world = self.devices * self.num_nodes
+        if self.batch_size % world:
+            raise ValueError(
+                f"--batch-size {self.batch_size} (the global batch) must be divisible by the "
+                f"{world} processes (--devices x --num-nodes)."
+            )
         if self.patience is not None:
             _check_int("--patience", self.patience, minimum=1)
         if self.accelerator not in ACCELERATORS:

@@ -136,8 +136,12 @@ class CalibrationModule(L.LightningModule):
         step_size: int | None,
         task: str = "multiclass",
         variational: bool = False,
+        loaders: Callable[[int, int], tuple[Any, Any]] | None = None,
     ) -> None:
         super().__init__()
+        self._loaders = loaders
+        self._train_loader: Any = None
+        self._val_loader: Any = None
         self.model = model
         self.loss_fn = loss_fn
         self._param_groups = param_groups
@@ -154,11 +158,29 @@ class CalibrationModule(L.LightningModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    # -- data: built once the process knows its rank (multi-device training) -------------
+    def _build_loaders(self) -> None:
+        if self._train_loader is None:
+            if self._loaders is None:
+                raise RuntimeError("CalibrationModule was built without `loaders`.")
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+            self._train_loader, self._val_loader = self._loaders(world, rank)
+
+    def train_dataloader(self) -> Any:
+        self._build_loaders()
+        return self._train_loader
+
+    def val_dataloader(self) -> Any:
+        self._build_loaders()
+        return self._val_loader
+
     # -- training -----------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
         # dropout and V-TST sampling draw from the global RNG: reseed per epoch so a run
         # resumed from a checkpoint repeats the uninterrupted run exactly
         torch.manual_seed(epoch_seed(self.seed, self.current_epoch))
+        if self._train_loader is not None:  # shuffling and augmentation seeded by the epoch
+            self._train_loader.set_epoch(self.current_epoch)
         self._loss_sum = torch.zeros((), device=self.device)
         self._loss_count = 0
         groups = self.trainer.optimizers[0].param_groups

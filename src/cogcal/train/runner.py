@@ -83,16 +83,6 @@ def _device(config: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class _SetLoaderEpoch(L.Callback):
-    """Seed the training loader's shuffling and augmentation with the epoch (resumable)."""
-
-    def __init__(self, loader: BatchLoader) -> None:
-        self.loader = loader
-
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.loader.set_epoch(trainer.current_epoch)
-
-
 def _fit(
     module: CalibrationModule,
     data: Dataset,
@@ -121,8 +111,16 @@ def _fit(
         load_checkpoint(ckpt_path)  # fail early and clearly on a corrupt checkpoint
 
     loader_device = device if device.type == "cuda" else None
-    train_loader = data.loader("train", config.batch_size, seed=config.seed, device=loader_device)
-    val_loader = data.loader("val", EVAL_BATCH, device=loader_device)
+
+    def loaders(world: int, rank: int) -> tuple[BatchLoader, BatchLoader]:
+        # the global batch is split across processes; validation is sharded without
+        # padding, so every sample is counted once when the metric states are summed
+        shard = dict(num_replicas=world, rank=rank, device=loader_device)
+        train = data.loader("train", config.batch_size // world, seed=config.seed, **shard)
+        return train, data.loader("val", EVAL_BATCH, pad=False, **shard)
+
+    module._loaders = loaders
+    steps_per_epoch = -(-len(data.train) // config.batch_size)
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
         filename="best",
@@ -133,13 +131,15 @@ def _fit(
         enable_version_counter=False,
     )
     floor = LearningRateFloor()
-    callbacks: list[L.Callback] = [checkpoint, floor, _SetLoaderEpoch(train_loader)]
+    callbacks: list[L.Callback] = [checkpoint, floor]
     if config.patience is not None:
         callbacks.append(EarlyStopping(monitor="val_brier", mode="min", patience=config.patience))
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=config.devices,
+        num_nodes=config.num_nodes,
+        strategy=config.strategy,
         deterministic=True,
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
@@ -149,7 +149,7 @@ def _fit(
         enable_progress_bar=config.progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        log_every_n_steps=max(1, len(train_loader)),
+        log_every_n_steps=max(1, steps_per_epoch),
         default_root_dir=str(config.out),
     )
     start = time.perf_counter()
@@ -159,9 +159,7 @@ def _fit(
         warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
         # TST/V-TST stage 2 keeps the frozen body in eval mode on purpose
         warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
-        trainer.fit(
-            module, train_dataloaders=train_loader, val_dataloaders=val_loader, ckpt_path=ckpt_path
-        )
+        trainer.fit(module, ckpt_path=ckpt_path)
     best = checkpoint.best_model_path
     if not best or not Path(best).is_file():
         raise RuntimeError(f"training produced no checkpoint in {ckpt_dir}.")
@@ -176,8 +174,9 @@ def _fit(
     }
     if ckpt_path is not None:
         summary["resumed_from"] = ckpt_path
-    _io.write_json(done, summary)
-    return summary
+    if trainer.global_rank == 0:
+        _io.write_json(done, summary)
+    return {**summary, "rank": trainer.global_rank}
 
 
 def _log_version(config: TrainConfig, name: str) -> str:
@@ -411,6 +410,10 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
             device=device,
             resume=resume,
         )
+
+    ranks = {stage.pop("rank", 0) for stage in timing.values()}
+    if ranks != {0}:
+        return {"status": "worker"}  # other processes of a multi-device run: rank 0 reports
 
     # -- predictions, post-hoc calibration on validation only ---------------------------
     val_logits, val_labels = predict_logits(final, data, "val", device=device, seed=config.seed)
