@@ -67,6 +67,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="Lightning strategy for several devices (default: auto)",
     )  # fmt: skip
     p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
+    p.add_argument(
+        "--precision", default="32", choices=("32", "bf16-mixed", "16-mixed"),
+        help="numeric precision (bf16-mixed: autocast on GPUs; default: 32)",
+    )  # fmt: skip
+    p.add_argument("--channels-last", action="store_true", help="NHWC layout for image models")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
 
 
@@ -91,6 +97,9 @@ def _config_from_args(args: argparse.Namespace, out: str):
         num_nodes=args.num_nodes,
         strategy=args.strategy,
         data_root=args.data_root,
+        precision=args.precision,
+        channels_last=args.channels_last,
+        compile=args.compile,
         out=out,
         progress=not args.no_progress,
     )

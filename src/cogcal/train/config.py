@@ -21,6 +21,7 @@ DEFAULT_MODELS = {
     "celeba": "resnet18",
 }
 ACCELERATORS = ("cpu", "gpu", "auto")
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 
 
@@ -48,6 +49,9 @@ class TrainConfig:
     devices: int = 1  # devices per node
     num_nodes: int = 1
     strategy: str = "auto"  # Lightning strategy: "auto", "ddp", ...
+    precision: str = "32"  # Lightning precision: "32", "bf16-mixed", "16-mixed"
+    channels_last: bool = False  # NHWC memory format for image models (faster on GPUs)
+    compile: bool = False  # torch.compile the model (nn.Module.compile, keys unchanged)
     data_root: str = "data"
     out: str = "runs/default"
     progress: bool = True  # progress bar and end-of-run summary
@@ -113,6 +117,10 @@ class TrainConfig:
             )
         if self.patience is not None:
             _check_int("--patience", self.patience, minimum=1)
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}."
+            )
         if self.accelerator not in ACCELERATORS:
             raise ValueError(
                 f"--accelerator must be one of {', '.join(ACCELERATORS)}, got {self.accelerator!r}."

@@ -137,9 +137,11 @@ class CalibrationModule(L.LightningModule):
         task: str = "multiclass",
         variational: bool = False,
         loaders: Callable[[int, int], tuple[Any, Any]] | None = None,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self._loaders = loaders
+        self.channels_last = channels_last
         self._train_loader: Any = None
         self._val_loader: Any = None
         self.model = model
@@ -186,8 +188,14 @@ class CalibrationModule(L.LightningModule):
         groups = self.trainer.optimizers[0].param_groups
         self._epoch_lrs = {f"lr_{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)}
 
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last and x.ndim == 4:
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         x, y = batch
+        x = self._input(x)
         if self.variational:
             logits, kl = self.model.forward_with_kl(x)
             loss = self.loss_fn(logits, y) + kl
@@ -221,7 +229,7 @@ class CalibrationModule(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        self.val_metrics.update(self.model(x).float(), y)
+        self.val_metrics.update(self.model(self._input(x)).float(), y)
 
     def on_validation_epoch_end(self) -> None:
         state = self.val_metrics.state_dict()

@@ -120,6 +120,7 @@ def _fit(
         return train, data.loader("val", EVAL_BATCH, pad=False, **shard)
 
     module._loaders = loaders
+    module.channels_last = config.channels_last
     steps_per_epoch = -(-len(data.train) // config.batch_size)
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
@@ -140,7 +141,8 @@ def _fit(
         devices=config.devices,
         num_nodes=config.num_nodes,
         strategy=config.strategy,
-        deterministic=True,
+        precision=config.precision,
+        deterministic=device.type == "cpu",  # CPU runs repeat exactly; GPU runs favour speed
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         logger=CSVLogger(
@@ -360,6 +362,10 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
     backbone = create_model(
         config.model_name, num_classes=data.num_classes, input_shape=data.input_shape
     )
+    if config.channels_last:
+        backbone = backbone.to(memory_format=torch.channels_last)
+    if config.compile:
+        backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
     resolved = {**config.resolved(), "task": data.task, "data": data.info}
     _prepare_out(out, resolved, resume=resume, overwrite=overwrite)
     _io.write_json(out / "config.json", resolved)
