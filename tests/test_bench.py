@@ -394,9 +394,13 @@ def test_killed_bench_resumes_without_redoing(tmp_path):
     done_before = _mtimes(out)
     assert 4 <= len(done_before) < 16
     assert not (out / "results.csv").exists()
-    # the orphaned workers notice their parent is gone and exit
-    time.sleep(1.5)
-    ps = subprocess.run(["ps", "-o", "pid=", "-g", str(proc.pid)], capture_output=True, text=True)
+    # the orphaned workers notice that their parent is gone and exit
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ps = subprocess.run(["ps", "-o", "pid=", "-g", str(proc.pid)], capture_output=True, text=True)
+        if not ps.stdout.split():
+            break
+        time.sleep(0.2)
     assert ps.stdout.split() == []
     _bench(tmp_path, out)
     after = _mtimes(out)

@@ -34,7 +34,7 @@ def _config(data_root, out, **kw) -> TrainConfig:
 def _check_run_dir(out: Path, result: dict) -> None:
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["status"] == "complete"
-    assert set(saved) >= {"config", "val", "test", "timing"}
+    assert set(saved) >= {"config", "val", "test", "timing", "ood", "shift"}
     for split in ("val", "test"):
         assert set(saved[split]) >= SPEC_KEYS, split
         assert all(isinstance(v, float) for v in saved[split].values())
@@ -48,6 +48,12 @@ def _check_run_dir(out: Path, result: dict) -> None:
         recomputed = evaluate(torch.from_numpy(f["logits"]), torch.from_numpy(f["labels"]))
     assert recomputed["brier"] == pytest.approx(saved["test"]["brier"], rel=1e-6)
     assert result["test"]["acc"] == saved["test"]["acc"]
+    # robustness sections (mnist1d: structure-destroyed OOD sets, generator-graded shift)
+    assert set(saved["ood"]) >= {"mnist1d-shuffled", "noise", "pooled"}
+    assert all(0 <= v["auroc"] <= 1 and 0 <= v["fpr95"] <= 1 for v in saved["ood"].values())
+    assert set(saved["shift"]) >= {"iid_noise", "shear", "mean"}
+    assert set(saved["shift"]["mean"]) == {"1", "2", "3", "4", "5"}
+    assert set(saved["shift"]["shear"]["3"]) >= SPEC_KEYS
 
 
 @pytest.mark.slow
@@ -78,6 +84,41 @@ def test_methods_run_on_digits_through_the_cli(method, data_root, tmp_path, caps
     assert (out / "reliability.png").stat().st_size > 1000
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["config"]["dataset"] == "digits" and saved["config"]["model"] == "cnn"
+
+
+MULTILABEL_METHODS = ["ce", "ls", "ts", "ms", "cog-fc", "cog-ts", "cog-ms", "cog-ls"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", MULTILABEL_METHODS)
+def test_multitask_methods_run_through_the_cli(method, data_root, tmp_path):
+    from cogcal.data import load_dataset as load
+
+    out = tmp_path / method
+    argv = ["train", "--dataset", "mnist1d-mtl", "--method", method, "--epochs", "1"]
+    assert main([*argv, "--data-root", str(data_root), "--out", str(out), "--no-progress"]) == 0
+    saved = json.loads((out / "metrics.json").read_text())
+    names = load("mnist1d-mtl", root=data_root).class_names
+    assert saved["config"]["task"] == "multilabel"
+    with np.load(out / "test_logits.npz", allow_pickle=False) as f:
+        logits, labels = torch.from_numpy(f["logits"]), torch.from_numpy(f["labels"])
+    assert logits.shape == (len(labels), len(names))
+    for j, name in enumerate(names):  # per-task values are the binary metrics of that task
+        alone = evaluate(logits[:, j], labels[:, j], task="binary")
+        for key in ("acc", "nll", "brier", "ece_15"):
+            assert saved["test"][f"{key}/{name}"] == pytest.approx(alone[key], rel=1e-6)
+    for key in ("acc", "brier"):  # the plain keys are unweighted means over tasks
+        mean = np.mean([saved["test"][f"{key}/{n}"] for n in names])
+        assert saved["test"][key] == pytest.approx(mean, rel=1e-9)
+    if method in ("ts", "ms"):
+        state = torch.load(out / "calibrator.pt", weights_only=True)
+        assert all(v.shape == (len(names),) for v in state.values())  # one map per task
+
+
+def test_multitask_rejects_methods_without_a_multitask_form(data_root, tmp_path, capsys):
+    argv = ["train", "--dataset", "mnist1d-mtl", "--method", "tst", "--out", str(tmp_path)]
+    assert main([*argv, "--data-root", str(data_root)]) == 2
+    assert "no multi-task form" in capsys.readouterr().err
 
 
 def _row_keys(x: torch.Tensor) -> set[bytes]:

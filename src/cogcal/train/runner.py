@@ -231,7 +231,11 @@ def _robustness(
     conditions per severity; ``unavailable`` names the sets that could not be loaded.
     """
     from cogcal.data import ood_sets, shift_sets
+    from cogcal.data.robustness import ROBUSTNESS_DATASETS, shift_conditions
 
+    if data.name not in ROBUSTNESS_DATASETS:
+        reason = f"no OOD or shift sets are defined for {data.name!r}"
+        return {}, {}, {"ood": {"all": reason}, "shift": {"all": reason}}
     ood_inputs, ood_missing = ood_sets(data, root=config.data_root)
     ood_result: dict[str, Any] = {}
     pooled = []
@@ -242,14 +246,17 @@ def _robustness(
     if len(pooled) > 1:
         ood_result["pooled"] = ood(test_logits, torch.cat(pooled), task=data.task)
 
-    conditions, shift_missing = shift_sets(data, root=config.data_root)
     names = data.class_names if data.task == "multilabel" else None
     shift: dict[str, Any] = {}
-    for condition, severities in conditions.items():
-        shift[condition] = {
-            str(sev): evaluate(predict(split.x), split.y, task=data.task, task_names=names)
-            for sev, split in sorted(severities.items())
-        }
+    shift_missing: dict[str, str] = {}
+    for condition in shift_conditions(data.name):  # one at a time: CIFAR-C is 150 MB each
+        loaded, missing = shift_sets(data, root=config.data_root, conditions=[condition])
+        shift_missing.update(missing)
+        for cond, severities in loaded.items():
+            shift[cond] = {
+                str(sev): evaluate(predict(split.x), split.y, task=data.task, task_names=names)
+                for sev, split in sorted(severities.items())
+            }
     if len(shift) > 1:
         sevs = sorted({s for c in shift.values() for s in c}, key=int)
         shift["mean"] = {
