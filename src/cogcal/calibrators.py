@@ -236,7 +236,22 @@ class _LazyWidth(Calibrator):
         raise NotImplementedError
 
 
-class VectorScaling(_LazyWidth):
+class _ElementwiseAffine(_LazyWidth):
+    """``w * z + b`` with one weight and one bias per output, starting at the identity."""
+
+    def _init_params(self, k: int) -> None:
+        self.weight = nn.Parameter(torch.ones(k))
+        self.bias = nn.Parameter(torch.zeros(k))
+
+    def _deviations(self):
+        return [(self.weight, 1.0), (self.bias, 0.0)]
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        self._require_built()
+        return logits * self.weight.to(logits.dtype) + self.bias.to(logits.dtype)
+
+
+class VectorScaling(_ElementwiseAffine):
     """Vector scaling: ``w * z + b`` with one weight and one bias per class (2K parameters).
 
     Starts at the identity (``w = 1``, ``b = 0``). ``num_classes=None`` defers creating the
@@ -254,17 +269,6 @@ class VectorScaling(_LazyWidth):
 
     def __init__(self, num_classes: int | None = None, *, max_iter: int = 500, l2: float = 0.0):
         super().__init__(num_classes, max_iter=max_iter, l2=l2, name="num_classes")
-
-    def _init_params(self, k: int) -> None:
-        self.weight = nn.Parameter(torch.ones(k))
-        self.bias = nn.Parameter(torch.zeros(k))
-
-    def _deviations(self):
-        return [(self.weight, 1.0), (self.bias, 0.0)]
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        self._require_built()
-        return logits * self.weight.to(logits.dtype) + self.bias.to(logits.dtype)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
@@ -341,7 +345,7 @@ class TaskTemperature(_LazyWidth):
         return f"num_tasks={self.num_outputs}"
 
 
-class TaskAffine(_LazyWidth):
+class TaskAffine(_ElementwiseAffine):
     """One affine map per binary task, ``a_t * z_t + b_t`` (Platt scaling in logit form).
 
     This is the multi-label form of vector and matrix scaling (SPEC §4): each task's
@@ -352,17 +356,6 @@ class TaskAffine(_LazyWidth):
 
     def __init__(self, num_tasks: int | None = None, *, max_iter: int = 500, l2: float = 0.0):
         super().__init__(num_tasks, max_iter=max_iter, l2=l2, name="num_tasks")
-
-    def _init_params(self, k: int) -> None:
-        self.weight = nn.Parameter(torch.ones(k))
-        self.bias = nn.Parameter(torch.zeros(k))
-
-    def _deviations(self):
-        return [(self.weight, 1.0), (self.bias, 0.0)]
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        self._require_built()
-        return logits * self.weight.to(logits.dtype) + self.bias.to(logits.dtype)
 
     def extra_repr(self) -> str:
         return f"num_tasks={self.num_outputs}"

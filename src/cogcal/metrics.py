@@ -218,38 +218,55 @@ def _work_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _multiclass_stats(
+def _multiclass_chunk(
     z: torch.Tensor, y: torch.Tensor, is_prob: bool, want_probs: bool
-) -> tuple[torch.Tensor, ...]:
-    """Per-sample (conf, correct, nll, brier[, probs]) for one chunk of (n, K) scores."""
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Per-sample raw statistics of one chunk of (n, K) scores, and its (n, 1, K) probs.
+
+    Only the operations on the (n, K) chunk happen here (one fused softmax, a max, a norm
+    and gathers); the element-wise arithmetic on the per-sample vectors is left to
+    :func:`_multiclass_final`, which runs once on the whole batch.
+    """
     z = z.to(_work_dtype(z))
     if is_prob:
         p = z
         conf, pred = p.max(1)
         p_y = p.gather(1, y[:, None])[:, 0].double()
-        nll = -torch.log(p_y)
-        brier = (p.double().square().sum(1)) - 2.0 * p_y + 1.0
+        raw = {
+            "conf": conf,
+            "correct": pred == y,
+            "nll": -torch.log(p_y),
+            "brier": (p.double().square().sum(1)) - 2.0 * p_y + 1.0,
+        }
     else:
-        # one fused softmax; every other quantity is a gather or a row reduction of it
         p = torch.softmax(z, dim=1)
         conf, pred = p.max(1)
-        p_y = p.gather(1, y[:, None])[:, 0].double()
-        z_gap = (z.gather(1, pred[:, None]).double() - z.gather(1, y[:, None]).double())[:, 0]
+        raw = {
+            "conf": conf,
+            "correct": pred == y,
+            "z_pred_y": z.gather(1, torch.stack([pred, y], dim=1)),
+            "p_y": p.gather(1, y[:, None])[:, 0],
+            "norm": torch.linalg.vector_norm(p, dim=1),
+        }
+    return raw, (p[:, None, :] if want_probs else None)
+
+
+def _multiclass_final(raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """(conf, correct, nll, brier), each of shape (n, 1), from the raw statistics."""
+    if "nll" not in raw:
+        zz = raw["z_pred_y"].double()
         # log-sum-exp = z_j - log p_j for the arg-max j, so -log p_y = z_j - z_y - log p_j
-        nll = z_gap - torch.log(conf.double())
-        sq = torch.linalg.vector_norm(p, dim=1).double().square()
-        brier = sq - 2.0 * p_y + 1.0
-    correct = pred == y
-    out = (conf[:, None], correct[:, None], nll[:, None], brier[:, None])
-    if want_probs:
-        out = out + (p[:, None, :],)
-    return out
+        raw["nll"] = zz[:, 0] - zz[:, 1] - torch.log(raw["conf"].double())
+        # sum_k (p_k - 1[k = y])^2 = sum_k p_k^2 - 2 p_y + 1
+        raw["brier"] = raw["norm"].double().square() - 2.0 * raw["p_y"].double() + 1.0
+    return tuple(raw[k][:, None] for k in ("conf", "correct", "nll", "brier"))
 
 
-def _binary_stats(
+def _binary_chunk(
     z: torch.Tensor, y: torch.Tensor, is_prob: bool, want_probs: bool
-) -> tuple[torch.Tensor, ...]:
-    """Per-sample, per-task (conf, correct, nll, brier[, probs]) for (n, T) binary scores."""
+) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """Per-sample, per-task (conf, correct, nll, brier) of (n, T) binary scores, and the
+    (n, T, 2) class probabilities ``(1 - p, p)``."""
     z = z.to(_work_dtype(z))
     yf = y.to(z.dtype)
     if is_prob:
@@ -265,12 +282,17 @@ def _binary_stats(
         zd = z.double()
         # log(1 + e^z) - y z, written without overflow or cancellation
         nll = zd.clamp(min=0) + torch.log1p(torch.exp(-zd.abs())) - y.double() * zd
-    correct = pred == (y == 1)
-    brier = (p.double() - yf.double()).square()
-    out = (conf, correct, nll, brier)
-    if want_probs:
-        out = out + (torch.stack([1.0 - p, p], dim=-1),)
-    return out
+    raw = {
+        "conf": conf,
+        "correct": pred == (y == 1),
+        "nll": nll,
+        "brier": (p.double() - yf.double()).square(),
+    }
+    return raw, (torch.stack([1.0 - p, p], dim=-1) if want_probs else None)
+
+
+def _binary_final(raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return tuple(raw[k] for k in ("conf", "correct", "nll", "brier"))
 
 
 # --------------------------------------------------------------------------------------
@@ -434,30 +456,35 @@ def _update(
     s = state.tensors
     dev = s["n"].device
     want_probs = state.classwise or return_probs
-    stats_fn = _multiclass_stats if state.task == "multiclass" else _binary_stats
+    if state.task == "multiclass":
+        chunk_fn, final_fn = _multiclass_chunk, _multiclass_final
+    else:
+        chunk_fn, final_fn = _binary_chunk, _binary_final
     with torch.no_grad():
         # chunks bound the (rows x K) temporaries; the per-sample vectors of this batch
         # are concatenated and reduced / binned once, with few large operations
         rows = max(1, _CHUNK_ELEMS // max(1, scores.shape[1]))
-        parts: list[tuple[torch.Tensor, ...]] = []
+        parts: list[dict[str, torch.Tensor]] = []
         prob_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for start in range(0, scores.shape[0], rows):
             z = scores[start : start + rows].to(dev)
             y = labels[start : start + rows].to(dev)
-            conf, correct, nll, brier, *rest = stats_fn(z, y, is_prob, want_probs)
-            parts.append((conf, correct, nll, brier))
+            raw, probs = chunk_fn(z, y, is_prob, want_probs)
+            parts.append(raw)
             if state.classwise and state.n_bins:
                 for b, (cnt, psum, ysum) in _classwise_sums(
-                    rest[0], y, state.n_bins, state.task
+                    probs, y, state.n_bins, state.task
                 ).items():
                     s[f"cw_count_{b}"] += cnt
                     s[f"cw_prob_{b}"] += psum
                     s[f"cw_label_{b}"] += ysum
             if return_probs:
-                prob_parts.append((rest[0].double(), y))
-        conf, correct, nll, brier = (
-            torch.cat(v) if len(parts) > 1 else v[0] for v in zip(*parts, strict=True)
-        )
+                prob_parts.append((probs.double(), y))
+        if len(parts) == 1:
+            raw = parts[0]
+        else:
+            raw = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+        conf, correct, nll, brier = final_fn(raw)
         s["n"] += conf.shape[0]
         s["correct"] += correct.sum(0)
         s["nll"] += nll.sum(0)

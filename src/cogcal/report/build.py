@@ -139,7 +139,11 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
             fontsize=8,
         )
     if not front.empty:
-        ax.plot(front["ece_15"], front["acc"], "--", color="0.4", lw=1, label="Pareto front")
+        ax.plot(front["ece_15"], front["acc"], "--", color="0.4", lw=1)
+        ax.scatter(
+            front["ece_15"], front["acc"], s=160, facecolors="none", edgecolors="0.2",
+            lw=1.2, label="Pareto front", zorder=3,
+        )  # fmt: skip
     ax.plot([], [], "o", color="tab:red", label="COG")
     ax.plot([], [], "s", color="tab:blue", label="other")
     ax.set_xlabel("ECE (15 bins), test — lower is better")

@@ -55,9 +55,9 @@ class Method:
 
     @property
     def is_cog(self) -> bool:
+        """Whether a calibrator is trained jointly on the slower learning rate."""
         return self.cog is not None
 
-    # `cog` doubles as a boolean in conditions: ``if method.cog``.
     @property
     def family(self) -> str:
         if self.cog:
