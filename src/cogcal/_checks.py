@@ -61,7 +61,16 @@ def as_float_tensor(x: Any, name: str, ndim: int | tuple[int, ...]) -> torch.Ten
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
-    """Raise ``ValueError`` naming how many entries of ``t`` are NaN or infinite."""
+    """Raise ``ValueError`` naming how many entries of ``t`` are NaN or infinite.
+
+    One ``torch.aminmax`` pass (no temporary) decides; the exact count is only computed
+    when something is wrong.
+    """
+    if t.numel() == 0:
+        return
+    lo, hi = torch.aminmax(t)
+    if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
+        return
     bad = ~torch.isfinite(t)
     if bool(bad.any()):
         n_nan = int(torch.isnan(t).sum())
@@ -110,7 +119,8 @@ def check_multiclass(
             f"`{logits_name}` has {z.shape[0]} rows but `{labels_name}` has {y.shape[0]} entries; "
             "they must describe the same samples."
         )
-    lo, hi = int(y.min()), int(y.max())
+    ylo, yhi = torch.aminmax(y)
+    lo, hi = int(ylo), int(yhi)
     if lo < 0 or hi >= z.shape[1]:
         raise ValueError(
             f"`{labels_name}` must lie in [0, {z.shape[1] - 1}] for {z.shape[1]} classes, "

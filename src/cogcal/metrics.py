@@ -30,11 +30,9 @@ import numpy as np
 import torch
 
 from cogcal._checks import (
-    _to_tensor,
     as_float_tensor,
-    as_label_tensor,
     check_binary,
-    check_finite,
+    check_multiclass,
     check_multilabel,
     check_task,
 )
@@ -127,50 +125,6 @@ def _check_prob_range(p: torch.Tensor) -> None:
         )
 
 
-def _check_multiclass(x: Any, labels: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """As ``_checks.check_multiclass`` (same messages), with a one-pass finiteness test.
-
-    ``torch.aminmax`` reads the scores once without a temporary; only when it finds a
-    non-finite value is the exact count computed (by ``_checks.check_finite``).
-    """
-    z = _to_tensor(x, name)
-    if z.ndim != 2:
-        raise ValueError(f"`{name}` must be 2-D, got shape {tuple(z.shape)}.")
-    if not z.is_floating_point():
-        raise ValueError(
-            f"`{name}` must be a floating tensor (float16/bfloat16/float32/float64), "
-            f"got dtype {z.dtype}; pass real-valued scores, e.g. `{name}.float()`."
-        )
-    if z.numel() == 0:
-        raise ValueError(f"`{name}` is empty (shape {tuple(z.shape)}); pass at least one sample.")
-    lo, hi = torch.aminmax(z)
-    if not (bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))):
-        check_finite(z, name)
-    if z.shape[1] < 2:
-        raise ValueError(
-            f"`{name}` has {z.shape[1]} column(s); a multiclass problem needs K >= 2 "
-            "columns. For one logit per sample use task='binary'."
-        )
-    y = as_label_tensor(labels, "labels")
-    if y.ndim != 1:
-        raise ValueError(
-            f"`labels` must be 1-D class indices of shape (N,), got shape {tuple(y.shape)}; "
-            "for one-hot labels pass `labels.argmax(1)`."
-        )
-    if y.shape[0] != z.shape[0]:
-        raise ValueError(
-            f"`{name}` has {z.shape[0]} rows but `labels` has {y.shape[0]} entries; "
-            "they must describe the same samples."
-        )
-    ylo, yhi = torch.aminmax(y)
-    if int(ylo) < 0 or int(yhi) >= z.shape[1]:
-        raise ValueError(
-            f"`labels` must lie in [0, {z.shape[1] - 1}] for {z.shape[1]} classes, "
-            f"got values in [{int(ylo)}, {int(yhi)}]."
-        )
-    return z, y.to(z.device)
-
-
 def _check_tensors(
     logits: Any, labels: Any, probs: Any, task: str
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -188,7 +142,7 @@ def _check_tensors(
     x = probs if is_prob else logits
     name = "probs" if is_prob else "logits"
     if task == "multiclass":
-        z, y = _check_multiclass(x, labels, name)
+        z, y = check_multiclass(x, labels, logits_name=name)
     elif task == "binary":
         z, y = check_binary(x, labels, logits_name=name)
         z, y = z[:, None], y[:, None]

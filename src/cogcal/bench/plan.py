@@ -41,8 +41,12 @@ def is_cog(method: str) -> bool:
 
 
 def point_label(point: dict[str, float]) -> str:
-    """Folder name of a grid point, e.g. ``lr=0.001_calibrator_lr=0.0001``."""
-    return "_".join(f"{k}={v:g}" for k, v in point.items())
+    """Folder name of a grid point, e.g. ``lr0.001_calibrator_lr0.0001``.
+
+    The same names as :func:`cogcal.train.tune`, so ``cogcal tune --out`` on a bench's
+    ``tune/<protocol>/<dataset>/<method>`` folder finds (and skips) the bench's runs.
+    """
+    return "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in point.items())
 
 
 def base_config(suite: Suite, dataset_index: int, method: str, protocol: str) -> dict[str, Any]:
