@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cogcal.report.tables import Table
+from cogcal.report.tables import Cell, Table
 
 __all__ = ["Figure", "Paragraph", "Section", "render_html", "render_markdown"]
 
@@ -92,7 +93,7 @@ max-width:1200px;padding:0 1em;color:#1a1a1a;line-height:1.45}
 h1{border-bottom:2px solid #333}h2{border-bottom:1px solid #bbb;margin-top:2em}
 table{border-collapse:collapse;margin:.6em 0 .3em;font-size:.88em}
 th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right;white-space:nowrap}
-th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+th{background:#f0f0f0}td.t{text-align:left;white-space:normal}td:first-child,th:first-child{text-align:left}
 caption{caption-side:top;text-align:left;font-weight:600;padding:.3em 0}
 tr:nth-child(even) td{background:#fafafa}
 .note{font-size:.85em;color:#444;margin:.2em 0 1.2em}
@@ -108,6 +109,17 @@ def _esc(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
+_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*$")
+
+
+def _html_cell(c: Cell) -> str:
+    text = _esc(c.text)
+    if c.bold and c.text:
+        text = f"<b>{text}</b>"
+    cls = "" if _NUMERIC.match(c.text) else ' class="t"'
+    return f"<td{cls}>{text}</td>"
+
+
 def _html_table(t: Table) -> str:
     out = [
         f'<div class="tablewrap"><table id="{_esc(t.key)}">',
@@ -116,10 +128,7 @@ def _html_table(t: Table) -> str:
     out.append("<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in t.header) + "</tr></thead>")
     out.append("<tbody>")
     for row in t.rows:
-        cells = "".join(
-            f"<td><b>{_esc(c.text)}</b></td>" if c.bold and c.text else f"<td>{_esc(c.text)}</td>"
-            for c in row
-        )
+        cells = "".join(_html_cell(c) for c in row)
         out.append(f"<tr>{cells}</tr>")
     out.append("</tbody></table></div>")
     out += [f'<p class="note">{_esc(n)}</p>' for n in t.notes]

@@ -481,6 +481,9 @@ def shift_ood_table(df: pd.DataFrame, split: str, dataset: str, protocol: str) -
     d = df[(df["split"] == split) & (df["dataset"] == dataset) & (df["protocol"] == protocol)]
     if "task" in d.columns:
         d = d[d["task"].isna() | d["task"].astype(str).isin(["", "mean"])]
+    # "mean" (shift, per severity) and "pooled" (OOD) are summaries the runner adds:
+    # average the individual conditions only, so nothing is counted twice.
+    d = d[~d["condition"].astype(str).isin(["mean", "pooled"])]
     if d.empty:
         return None
     per_seed = d.groupby(["method", "metric", "seed"], as_index=False)["value"].mean()
