@@ -7,6 +7,7 @@ and exit with status 2; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -234,19 +235,28 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     protocols = None
     if args.protocol is not None:
         protocols = ("paper", "fair") if args.protocol == "both" else (args.protocol,)
-    if args.jobs < 1:
-        raise UserError(f"--jobs must be an integer >= 1, got {args.jobs}.")
+    if args.list:
+        from cogcal.bench.suites import list_suites, suite_description
+
+        for name in list_suites():
+            print(f"{name:16s} {suite_description(name)}")
+        return 0
+    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise UserError(f"--jobs must be an integer >= 1, got {jobs}.")
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds must be an integer >= 1, got {args.seeds}.")
     out = Path(args.out or f"results/{Path(args.suite).stem}")
     run_bench(
         args.suite,
         out=out,
-        jobs=args.jobs,
+        jobs=jobs,
         data_root=Path(args.data_root),
         protocols=protocols,
         seeds=args.seeds,
         progress=not args.quiet,
+        executor=args.executor,
+        address=args.address,
     )
     if not args.quiet:
         print(f"wrote {out}/results.csv, {out}/report.md and {out}/report.html")
@@ -263,7 +273,15 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
     p.add_argument("--out", default=None, help="output directory (default: results/SUITE)")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default: 1)")
+    p.add_argument(
+        "--jobs", type=int, default=None, help="runs trained at once (default: the CPU count)"
+    )
+    p.add_argument(
+        "--executor", choices=("local", "ray"), default="local",
+        help="local process pool (default) or a Ray cluster",
+    )  # fmt: skip
+    p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
+    p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
     p.add_argument(
         "--protocol", choices=("paper", "fair", "both"), default=None,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler
+from cogcal.bench.executor import DEFAULT_RUNNER, EXECUTORS, Job, Scheduler
 from cogcal.bench.plan import TuneGroup, build_plan
 from cogcal.bench.results import write_results
 from cogcal.bench.suites import PROTOCOLS, Suite, list_suites, load_suite
@@ -194,6 +194,8 @@ def run_bench(
     progress: bool = True,
     report: bool = True,
     runner: str = DEFAULT_RUNNER,
+    executor: str = "local",
+    address: str | None = None,
 ) -> Path:
     """Run a benchmark suite into ``out`` and write ``results.csv`` and the report.
 
@@ -217,6 +219,11 @@ def run_bench(
         Build ``report.md`` / ``report.html`` at the end.
     runner : str
         ``module:function`` run in the workers with each config dict (for tests).
+    executor : {"local", "ray"}
+        Run the jobs on a local process pool (default) or as tasks on a Ray cluster; both
+        give the same results.
+    address : str, optional
+        Ray cluster address for ``executor="ray"`` (default: start a local Ray).
 
     Returns
     -------
@@ -237,6 +244,10 @@ def run_bench(
         loaded = loaded.replace(seeds=seeds)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+    if executor not in EXECUTORS:
+        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+    if address is not None and executor != "ray":
+        raise ValueError("--address applies to --executor ray only.")
     out = Path(out).expanduser()
     data_root = Path(data_root).expanduser()
     say: Callable[[str], None] | None = _stderr if progress else None
@@ -246,7 +257,9 @@ def run_bench(
     info = check_requirements(loaded, data_root, check_train=runner == DEFAULT_RUNNER)
     out.mkdir(parents=True, exist_ok=True)
     with _lock(out):
-        return _run_locked(loaded, out, jobs, data_root, info, say, report, runner)
+        return _run_locked(
+            loaded, out, jobs, data_root, info, say, report, runner, executor, address
+        )
 
 
 def _run_locked(
@@ -258,6 +271,8 @@ def _run_locked(
     say: Callable[[str], None] | None,
     report: bool,
     runner: str,
+    executor: str = "local",
+    address: str | None = None,
 ) -> Path:
     started_at, t0 = _now(), time.monotonic()
     cpu0 = _children_cpu()
@@ -276,6 +291,8 @@ def _run_locked(
         reuse=suite.reuse,
         progress=say,
         warm=("cogcal.train",) if runner == DEFAULT_RUNNER else (),
+        executor=executor,
+        address=address,
     )
     blocked: list[tuple[TuneGroup, list[Job]]] = []
 

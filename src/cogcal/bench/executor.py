@@ -44,6 +44,8 @@ from cogcal import _io
 
 __all__ = [
     "DEFAULT_RUNNER",
+    "EXECUTORS",
+    "RayPool",
     "Job",
     "Scheduler",
     "clear_run_dir",
@@ -54,6 +56,9 @@ __all__ = [
 
 #: ``module:function`` called in the worker with the run's config dict.
 DEFAULT_RUNNER = "cogcal.bench.executor:train_run"
+
+#: Where jobs run: a local process pool (the default) or a Ray cluster.
+EXECUTORS = ("local", "ray")
 
 #: Config keys that do not change what a run computes (ignored when comparing configs).
 _IGNORED_KEYS = frozenset({"out", "progress", "data_root", "extra"})
@@ -234,6 +239,76 @@ def _execute(runner: str, config: dict[str, Any]) -> dict[str, Any]:
     return {"ok": ok, "error": error, "seconds": time.perf_counter() - started}
 
 
+def _ray_execute(threads: int, runner: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A Ray task: the same job as in a local worker, with the thread count set per task."""
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    return _execute(runner, config)
+
+
+class RayPool:
+    """The part of ``concurrent.futures.Executor`` the scheduler uses, on a Ray cluster.
+
+    Each job becomes one Ray task reserving ``threads`` CPUs; its result comes back as a
+    ``concurrent.futures.Future``. Run folders and the data root must be on a file system
+    that every node of the cluster sees (the tasks write their runs there).
+
+    Parameters
+    ----------
+    address : str, optional
+        Ray cluster address (``"auto"``, ``"ray://host:10001"``, ...); ``None`` starts a
+        local Ray instance with this machine's CPUs.
+    threads : int
+        CPUs (and torch threads) per job.
+    """
+
+    def __init__(self, *, address: str | None, threads: int) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ValueError(
+                "--executor ray needs Ray, which is an optional extra: "
+                "pip install -e '.[ray]' (or pip install 'ray>=2.9')."
+            ) from None
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+            except ConnectionError as err:
+                raise ValueError(
+                    f"could not connect to the Ray cluster at --address {address!r}: {err}"
+                ) from None
+        self.threads = threads
+        self._task = ray.remote(num_cpus=threads, max_retries=0)(_ray_execute)
+        self._refs: list[Any] = []
+
+    def submit(self, fn: Callable[..., Any], runner: str, config: dict[str, Any]) -> cf.Future:
+        if fn is not _execute:
+            raise ValueError("RayPool runs cogcal bench jobs only.")
+        ref = self._task.remote(self.threads, runner, config)
+        self._refs.append(ref)
+        return ref.future()
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            for ref in self._refs:
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+        elif wait and self._refs:
+            with contextlib.suppress(Exception):
+                self._ray.wait(self._refs, num_returns=len(self._refs))
+        self._refs = []
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
 # --------------------------------------------------------------------------- scheduling
 
 
@@ -288,6 +363,11 @@ class Scheduler:
         Called with one status line whenever something changes.
     expected_total : int
         Jobs expected in all (for the progress line; grows if more are added).
+    executor : {"local", "ray"}
+        ``"local"``: a process pool on this machine; ``"ray"``: tasks on a Ray cluster
+        (:class:`RayPool`).
+    address : str, optional
+        Ray cluster address (``executor="ray"`` only); ``None`` starts a local Ray.
     """
 
     def __init__(
@@ -299,9 +379,17 @@ class Scheduler:
         progress: Callable[[str], None] | None = None,
         expected_total: int = 0,
         warm: tuple[str, ...] = ("cogcal.train",),
+        executor: str = "local",
+        address: str | None = None,
     ) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+        if executor not in EXECUTORS:
+            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+        if address is not None and executor != "ray":
+            raise ValueError("--address applies to --executor ray only.")
+        self.executor = executor
+        self.address = address
         self.jobs = jobs
         self.runner = runner
         self.reuse = reuse
@@ -315,7 +403,7 @@ class Scheduler:
         self.failures: list[Job] = []
         self._running: dict[cf.Future[dict[str, Any]], Job] = {}
         self._future_pool: dict[cf.Future[dict[str, Any]], cf.ProcessPoolExecutor] = {}
-        self._pool: cf.ProcessPoolExecutor | None = None
+        self._pool: cf.ProcessPoolExecutor | RayPool | None = None
         self._started = time.monotonic()
         self._last_state: tuple[Any, ...] = ()
         self._last_time = 0.0
@@ -377,9 +465,12 @@ class Scheduler:
         return c
 
     # -- internals -----------------------------------------------------------------------
-    def _ensure_pool(self) -> cf.ProcessPoolExecutor:
+    def _ensure_pool(self) -> cf.ProcessPoolExecutor | RayPool:
         if self._pool is None:
             threads = max(1, (os.cpu_count() or 1) // self.jobs)
+            if self.executor == "ray":
+                self._pool = RayPool(address=self.address, threads=threads)
+                return self._pool
             self._pool = cf.ProcessPoolExecutor(
                 max_workers=self.jobs,
                 mp_context=multiprocessing.get_context("spawn"),
