@@ -80,6 +80,10 @@ SPEC_METHODS: tuple[str, ...] = (
     "cog-focal",
 )
 
+#: Multi-label (multi-task) datasets (SPEC section 4): only methods with a multi-task form
+#: (``cogcal.train.METHODS[m].supports_multilabel``) can run on them.
+MULTILABEL_DATASETS: tuple[str, ...] = ("celeba", "mnist1d-mtl", "digits-mtl")
+
 #: Post-hoc methods whose base network is a plain cross-entropy network.
 POST_HOC_ON_CE: tuple[str, ...] = ("ts", "vs", "ms")
 
@@ -366,6 +370,25 @@ def train_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 
+def _check_multilabel(datasets: Sequence[DatasetEntry], methods: Sequence[str], where: str) -> None:
+    """Refuse methods without a multi-task form on the multi-label datasets."""
+    multi = [e.name for e in datasets if e.name in MULTILABEL_DATASETS]
+    if not multi:
+        return
+    try:
+        from cogcal.train.methods import METHODS
+    except ImportError:
+        return
+    bad = [m for m in methods if m in METHODS and not METHODS[m].supports_multilabel]
+    if bad:
+        ok = [m for m, spec in METHODS.items() if spec.supports_multilabel]
+        raise ValueError(
+            f"{where}: the multi-label dataset(s) {', '.join(multi)} need methods with a "
+            f"multi-task form; {', '.join(bad)} have none. Use some of: {', '.join(ok)} "
+            "(or move the others to a suite of single-task datasets)."
+        )
+
+
 def _check_train(value: Any, where: str) -> dict[str, Any]:
     d = _mapping(value, where)
     allowed = [f for f in train_fields() if f not in _BENCH_OWNED]
@@ -492,6 +515,8 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
         if m in methods:
             raise ValueError(f"{where}: method {m!r} is listed twice.")
         methods.append(str(m))
+
+    _check_multilabel(datasets, methods, where)
 
     seeds = _check_seeds(d.get("seeds", 3), f"{where}: seeds")
     protocols = _check_protocols(d.get("protocols", list(PROTOCOLS)))

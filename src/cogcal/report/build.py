@@ -4,7 +4,10 @@
 from ``DIR/results.csv``; when present, ``bench.json`` (suite, dataset sizes),
 ``runs.csv`` (run times), ``tune/**/tune.json`` (chosen learning rates), ``failed.txt``
 and the runs' ``test_logits.npz`` (reliability diagrams) add their sections, and the
-report says which of them it did not find.
+report says which of them it did not find. Multi-task rows (``task`` set) add the
+multi-task section (:mod:`cogcal.report.multitask`), OOD / shift rows the robustness
+section (:mod:`cogcal.report.robustness`; the runs' ``metrics.json`` add the sets they
+could not evaluate).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import pandas as pd
 from cogcal import _io
 from cogcal.report import tables as T
 from cogcal.report.aggregate import mean_std, pareto_front, summary_rank
+from cogcal.report.multitask import multitask_section
 from cogcal.report.render import Figure, Paragraph, Section, render_html, render_markdown
+from cogcal.report.robustness import robustness_section
 from cogcal.report.tables import Table, cog_pairs
 
 __all__ = ["build_report", "load_results"]
@@ -182,10 +187,16 @@ def _reliability_figure(
             return None
         data[m] = loaded
     if any(v[0].ndim != 2 for v in data.values()):
-        return None  # multi-label runs: per-task diagrams are not drawn here
-    fig = plot_reliability(
-        data, None, n_bins=15, title=f"{dataset}, {protocol}, seed {seed}: {note}"
-    )
+        return None
+    # Multi-label runs store (N, T) 0/1 labels: their diagrams pool every (sample, task).
+    kinds = {"multilabel" if v[1].ndim == 2 else "multiclass" for v in data.values()}
+    if len(kinds) != 1:
+        return None
+    task = kinds.pop()
+    title = f"{dataset}, {protocol}, seed {seed}: {note}"
+    if task == "multilabel":
+        title += " (pooled over tasks)"
+    fig = plot_reliability(data, None, n_bins=15, title=title, task=task)
     return _save_figure(fig, path), seed
 
 
@@ -236,8 +247,12 @@ def _overview(df: pd.DataFrame, meta: Any, found: dict[str, bool]) -> Section:
 
 
 def _add(blocks: list, table: Table | None) -> None:
-    if table is not None:
-        blocks.append(table)
+    if table is None:
+        return
+    if not table.rows:  # a table without rows renders badly: say it in words
+        blocks.append(Paragraph(f"{table.title}: " + " ".join(table.notes)))
+        return
+    blocks.append(table)
 
 
 def build_report(results_dir: Path) -> Path:
@@ -374,13 +389,13 @@ def build_report(results_dir: Path) -> Path:
                     )
         sections.append(par)
 
-        extra = Section("Covariate shift and OOD detection", key="shift")
-        for split in ("shift", "ood"):
-            for p in protocols:
-                for ds in datasets:
-                    _add(extra.blocks, T.shift_ood_table(df, split, ds, p))
-        if extra.blocks:
-            sections.append(extra)
+        mtl = multitask_section(df, figdir)
+        if mtl is not None:
+            sections.append(mtl)
+
+        rob = robustness_section(df, root, figdir)
+        if rob is not None:
+            sections.append(rob)
 
     tune_sec = Section("Selected learning rates", key="tuning")
     _add(tune_sec.blocks, T.tuning_table(tunes))

@@ -223,7 +223,8 @@ def comparison_table(
     n_seeds = int(stats["n"].max()) if not stats.empty else 0
     header = ["Method", *[_LABELS.get(m, m) for m in metrics], "Rank ↓"]
     rows = []
-    best_rank = np.nanmin(list(rank_of.values())) if rank_of else np.nan
+    finite_ranks = [r for r in rank_of.values() if not pd.isna(r)]
+    best_rank = min(finite_ranks) if finite_ranks else np.nan
     for method in methods:
         row = [_cell(method)]
         for metric in metrics:

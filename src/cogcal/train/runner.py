@@ -30,7 +30,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
@@ -133,6 +133,8 @@ def _fit(
     )
     floor = LearningRateFloor()
     callbacks: list[L.Callback] = [checkpoint, floor]
+    if config.progress:  # about 20 refreshes an epoch: per-step redraws cost more than small steps
+        callbacks.append(TQDMProgressBar(refresh_rate=max(1, steps_per_epoch // 20)))
     if config.patience is not None:
         callbacks.append(EarlyStopping(monitor="val_brier", mode="min", patience=config.patience))
     trainer = L.Trainer(

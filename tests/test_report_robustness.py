@@ -1,0 +1,260 @@
+"""Tests of the robustness report sections (OOD detection, covariate shift; Tab. 3/4).
+
+Tables are checked on a hand-made tidy table with known values; one end-to-end test runs
+a tiny real bench on mnist1d (1 seed, 1 epoch, 2 methods) and checks the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cogcal.bench.results import COLUMNS
+from cogcal.report.build import build_report, load_results
+from cogcal.report.robustness import (
+    has_robustness,
+    ood_table,
+    robustness_losses_table,
+    robustness_section,
+    severity_figure,
+    shift_severity_table,
+    shift_table,
+    unavailable_sets,
+)
+
+METHODS = ("ce", "ts", "cog-fc", "cog-ts")
+# OOD AUROC per (method, set) for seeds 0, 1, 2. cog-fc is clearly worse than ce on the
+# pooled AUROC (beyond the seed spread); cog-ts is the best everywhere.
+AUROC = {
+    ("ce", "a"): [0.70, 0.80, 0.90],
+    ("ts", "a"): [0.60, 0.60, 0.60],
+    ("cog-fc", "a"): [0.75, 0.75, 0.75],
+    ("cog-ts", "a"): [0.95, 0.95, 0.95],
+    ("ce", "b"): [0.50, 0.50, 0.50],
+    ("ts", "b"): [0.55, 0.55, 0.55],
+    ("cog-fc", "b"): [0.52, 0.52, 0.52],
+    ("cog-ts", "b"): [0.60, 0.61, 0.62],
+    ("ce", "pooled"): [0.80, 0.81, 0.82],
+    ("ts", "pooled"): [0.70, 0.70, 0.70],
+    ("cog-fc", "pooled"): [0.60, 0.61, 0.62],
+    ("cog-ts", "pooled"): [0.90, 0.90, 0.90],
+}
+# Shift accuracy = base - 0.1 * severity - cond_offset (+ seed noise); ECE grows.
+SHIFT_BASE = {"ce": 0.80, "ts": 0.80, "cog-fc": 0.85, "cog-ts": 0.83}
+COND_OFFSET = {"c1": 0.0, "c2": 0.04}
+
+
+def _row(method, seed, split, metric, value, condition="", severity="", task=""):
+    return {
+        "dataset": "d",
+        "method": method,
+        "protocol": "paper",
+        "seed": seed,
+        "split": split,
+        "metric": metric,
+        "value": value,
+        "task": task,
+        "condition": condition,
+        "severity": severity,
+    }
+
+
+def make_df(*, severities=(1, 2, 3)) -> pd.DataFrame:
+    rows = []
+    for method in METHODS:
+        for seed in range(3):
+            noise = 0.001 * seed
+            for metric, v in {"acc": SHIFT_BASE[method] + 0.1, "nll": 0.3, "brier": 0.2}.items():
+                rows.append(_row(method, seed, "test", metric, v + noise))
+            rows.append(_row(method, seed, "test", "ece_15", 0.02 + noise))
+            for s in ("a", "b", "pooled"):
+                rows.append(_row(method, seed, "ood", "auroc", AUROC[(method, s)][seed], s))
+                rows.append(_row(method, seed, "ood", "fpr95", 1 - AUROC[(method, s)][seed] / 2, s))
+            for cond, off in COND_OFFSET.items():
+                for sev in severities:
+                    acc = SHIFT_BASE[method] - 0.1 * sev - off + noise
+                    vals = {
+                        "acc": acc,
+                        "nll": 1 - acc,
+                        "brier": (1 - acc) / 2,
+                        "ece_15": 0.05 * sev,
+                    }
+                    if method == "cog-ts":
+                        vals["ece_15"] += 0.2  # COG loses on shift ECE: must show
+                    for metric, v in vals.items():
+                        rows.append(_row(method, seed, "shift", metric, v, cond, str(sev)))
+            for sev in severities:  # the runner's summary condition: must not be counted
+                for metric in ("acc", "nll", "brier", "ece_15"):
+                    rows.append(_row(method, seed, "shift", metric, 99.0, "mean", str(sev)))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _col(t, name):
+    return t.header.index(name)
+
+
+def _row_of(t, method, first=0):
+    return next(r for r in t.rows if r[first].text == method)
+
+
+def test_ood_table_values_and_bold():
+    t = ood_table(make_df(), "d", "paper")
+    assert t is not None and t.header[0] == "Method" and t.header[-1] == "Rank ↓"
+    # individual sets first (sorted), pooled last, AUROC then FPR95 for each
+    assert t.header[1:7] == [
+        "a AUROC ↑",
+        "a FPR95 ↓",
+        "b AUROC ↑",
+        "b FPR95 ↓",
+        "pooled AUROC ↑",
+        "pooled FPR95 ↓",
+    ]
+    assert [r[0].text for r in t.rows] == list(METHODS)  # registry order
+    ce = _row_of(t, "ce")
+    assert ce[_col(t, "a AUROC ↑")].text == "0.800 ± 0.100"  # mean ± sample std
+    for col in range(1, 7):
+        bold = [r[0].text for r in t.rows if r[col].bold]
+        assert bold == ["cog-ts"], (t.header[col], bold)  # best AUROC and lowest FPR95
+    assert _row_of(t, "cog-ts")[-1].text == "1.00" and _row_of(t, "cog-ts")[-1].bold
+    assert ood_table(make_df(), "d", "fair") is None
+    assert ood_table(make_df(), "other", "paper") is None
+
+
+def test_shift_tables_average_conditions_and_severities():
+    df = make_df()
+    t = shift_table(df, "d", "paper")
+    assert t.header == ["Method", "Acc ↑", "NLL ↓", "Brier ↓", "ECE-15 ↓", "Rank ↓"]
+    # hand count: mean over c1, c2 and severities 1..3 of base - 0.1 s - off, seeds 0..2
+    for method, base in SHIFT_BASE.items():
+        expect = base - 0.2 - 0.02 + 0.001
+        cell = _row_of(t, method)[1]
+        assert cell.text == f"{expect:.3f} ± 0.001", method
+    acc_bold = [r[0].text for r in t.rows if r[1].bold]
+    assert acc_bold == ["cog-fc"]
+    ece_bold = {r[0].text for r in t.rows if r[4].bold}
+    assert ece_bold == {"ce", "ts", "cog-fc"}  # ties share the bold
+    assert "99" not in " ".join(c.text for r in t.rows for c in r)  # 'mean' not counted
+    ranks = [float(r[-1].text) for r in t.rows]
+    assert ranks == sorted(ranks) and t.rows[0][0].text == "cog-fc"
+
+    s = shift_severity_table(df, "d", "paper")
+    assert s.header[:2] == ["Severity", "Method"]
+    assert [r[0].text for r in s.rows] == ["1"] * 4 + ["2"] * 4 + ["3"] * 4
+    sev3_cogfc = next(r for r in s.rows if r[0].text == "3" and r[1].text == "cog-fc")
+    assert sev3_cogfc[2].text == f"{0.85 - 0.3 - 0.02 + 0.001:.3f} ± 0.001"
+    assert sev3_cogfc[2].bold
+    for sev in ("1", "2", "3"):
+        assert sum(r[2].bold for r in s.rows if r[0].text == sev) == 1
+
+
+def test_losses_table_shows_where_cog_loses():
+    t = robustness_losses_table(make_df())
+    text = [[c.text for c in r] for r in t.rows]
+    auroc = [r for r in t.rows if r[3].text == "AUROC ↑" and r[4].text.startswith("cog-fc vs ce")]
+    assert len(auroc) == 1
+    row = auroc[0]
+    assert row[2].text == "OOD pooled"
+    assert row[5].text == "0.610 ± 0.010" and row[6].text == "0.810 ± 0.010"
+    assert row[-1].text == "no" and row[-1].bold  # beyond the seed spread
+    assert any(r[3] == "ECE-15 ↓" and r[4].startswith("cog-ts vs ts") for r in text)
+    assert not any(r[4].startswith("cog-ts") and r[3] == "AUROC ↑" for r in text)
+
+
+def test_severity_figure(tmp_path):
+    df = make_df()
+    path = severity_figure(df, "d", "paper", tmp_path / "f" / "sev.png")
+    assert path.is_file() and path.stat().st_size > 5000
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    one = make_df(severities=(2,))
+    assert severity_figure(one, "d", "paper", tmp_path / "one.png") is None  # no line
+    assert not (tmp_path / "one.png").exists()
+
+
+def test_section_absent_without_rows_and_errors(tmp_path):
+    df = make_df()
+    plain = df[df["split"].isin(["val", "test"])]
+    assert not has_robustness(plain)
+    assert robustness_section(plain, None, tmp_path) is None
+    with pytest.raises(ValueError, match="lacks the column"):
+        ood_table(df.drop(columns=["condition"]), "d", "paper")
+    with pytest.raises(ValueError, match="DataFrame"):
+        has_robustness([1, 2])
+
+
+def _write_bench(out: Path, df: pd.DataFrame, unavailable: dict | None = None) -> Path:
+    out.mkdir(parents=True)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        w.writeheader()
+        w.writerows(df.to_dict("records"))
+    if unavailable is not None:
+        run = out / "runs" / "paper" / "d" / "ce" / "seed0"
+        run.mkdir(parents=True)
+        (run / "metrics.json").write_text(json.dumps({"unavailable": unavailable}))
+    return out
+
+
+def test_report_sections_and_self_contained(tmp_path):
+    un = {"ood": {"svhn": "missing file svhn/test_32x32.mat"}, "shift": {}}
+    out = _write_bench(tmp_path / "b", make_df(), un)
+    assert unavailable_sets(out, "d")["ood"] == {"svhn": "missing file svhn/test_32x32.mat"}
+    page = build_report(out).read_text()
+    md = (out / "report.md").read_text()
+    for text in (
+        "Robustness: OOD detection and covariate shift",
+        "OOD detection (Tab. 3 style)",
+        "Covariate shift (Tab. 4 style)",
+        "Where COG loses under shift / OOD",
+        "'svhn' not evaluated",
+    ):
+        assert text in md and text.replace("'", "&#x27;") in page, text
+    assert (out / "figures" / "shift_severity_paper_d.png").is_file()
+    assert "](figures/shift_severity_paper_d.png)" in md
+    assert not re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', page)  # self-contained
+    imgs = re.findall(r'<img src="data:image/png;base64,([^"]+)"', page)
+    assert imgs and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in imgs)
+    assert "<script" not in page
+
+    plain = _write_bench(tmp_path / "p", make_df().query("split in ['val', 'test']"))
+    build_report(plain)
+    assert "Robustness" not in (plain / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_tiny_real_bench_has_robustness_sections(tmp_path):
+    """A 1-seed, 1-epoch, 2-method mnist1d suite through the real trainer and report."""
+    import yaml
+
+    from cogcal.bench import run_bench
+
+    suite = {
+        "name": "tiny-robust",
+        "datasets": {"mnist1d": {"model": "mlp"}},
+        "methods": ["ce", "cog-fc"],
+        "seeds": 1,
+        "protocols": ["paper"],
+        "train": {"epochs": 1},
+        "tune": {"cog": [{"lr": 1e-3, "calibrator_lr": 1e-4}]},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    out = tmp_path / "out"
+    run_bench(path, out=out, jobs=1, data_root=tmp_path / "data", progress=False)
+    df = load_results(out)
+    assert {"ood", "shift"} <= set(df["split"])
+    md = (out / "report.md").read_text()
+    assert "OOD detection (Tab. 3 style)" in md and "Covariate shift (Tab. 4 style)" in md
+    assert (out / "figures" / "shift_severity_paper_mnist1d.png").is_file()
+    t = ood_table(df, "mnist1d", "paper")
+    assert {r[0].text for r in t.rows} == {"ce", "cog-fc"}
+    assert "pooled AUROC ↑" in t.header and "mnist1d-shuffled AUROC ↑" in t.header
+    shown = float(_row_of(t, "ce")[t.header.index("pooled AUROC ↑")].text.split(" ± ")[0])
+    raw = df.query("split == 'ood' and method == 'ce' and condition == 'pooled'")
+    assert np.isclose(shown, raw.query("metric == 'auroc'")["value"].iloc[0], atol=5e-4)
