@@ -533,3 +533,17 @@ def test_data_layer_imports_no_heavy_deps() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_batchloader_reads_the_epoch_when_iteration_starts() -> None:
+    # Lightning makes iterators ahead of time (e.g. when resuming); they must follow the
+    # set_epoch() that precedes their first batch, not the epoch when they were made.
+    x, y = torch.zeros(50, 1), torch.arange(50)
+    loader = BatchLoader(x, y, batch_size=50, shuffle=True, seed=3)
+    early = iter(loader)
+    iter(loader)  # made and dropped: changes nothing
+    loader.set_epoch(7)
+    (_, first), *_ = early
+    reference = BatchLoader(x, y, batch_size=50, shuffle=True, seed=3)
+    reference.set_epoch(7)
+    assert torch.equal(first, next(iter(reference))[1])

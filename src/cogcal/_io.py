@@ -22,8 +22,13 @@ __all__ = ["atomic_write", "write_bytes", "write_text", "write_json", "save_npz"
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``path``; on success move it onto ``path``."""
+def atomic_write(path: str | Path, mode: str = "wb", *, fsync: bool = True) -> Iterator[IO[Any]]:
+    """Open a temporary file beside ``path``; on success move it onto ``path``.
+
+    ``fsync=False`` skips flushing the data to the disk before the rename: the file is still
+    never seen half-written after a crash of the process (the rename is atomic), but a power
+    loss may lose it. Used for checkpoints that are rewritten every epoch.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -31,15 +36,18 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO[Any]]:
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _write(path: str | Path, mode: str, writer: Callable[[IO[Any]], Any]) -> Path:
-    with atomic_write(path, mode) as f:
+def _write(
+    path: str | Path, mode: str, writer: Callable[[IO[Any]], Any], *, fsync: bool = True
+) -> Path:
+    with atomic_write(path, mode, fsync=fsync) as f:
         writer(f)
     return Path(path)
 
@@ -65,6 +73,6 @@ def save_npz(path: str | Path, **arrays: np.ndarray) -> Path:
     return _write(path, "wb", lambda f: np.savez(f, **arrays))
 
 
-def save_torch(path: str | Path, obj: Any) -> Path:
+def save_torch(path: str | Path, obj: Any, *, fsync: bool = True) -> Path:
     """``torch.save`` atomically (load with ``torch.load(..., weights_only=True)``)."""
-    return _write(path, "wb", lambda f: torch.save(obj, f))
+    return _write(path, "wb", lambda f: torch.save(obj, f), fsync=fsync)

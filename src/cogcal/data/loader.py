@@ -73,7 +73,8 @@ class BatchLoader:
     exactly the batch that one process with ``num_replicas`` times the batch size would
     see: multi-process training follows the single-process trajectory.
 
-    Each ``iter(loader)`` uses the current epoch and then advances it by one;
+    Each iteration uses the current epoch (read when its first batch is drawn) and then
+    advances it by one;
     :meth:`set_epoch` sets the epoch the next iteration uses (call it every epoch, or
     once when resuming).
 
@@ -185,9 +186,15 @@ class BatchLoader:
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._next_epoch()
+
+    def _next_epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A generator: the epoch is read when the first batch is requested, not when the
+        # iterator is made, so iterators that a trainer creates ahead of time (Lightning
+        # does, e.g. when resuming) follow the latest set_epoch().
         epoch = self.epoch
         self.epoch += 1
-        return self._iterate(epoch)
+        yield from self._iterate(epoch)
 
     def _iterate(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         idx = self.indices(epoch)

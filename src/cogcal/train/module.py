@@ -16,6 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
@@ -28,6 +29,7 @@ __all__ = [
     "LearningRateFloor",
     "AtomicCheckpointIO",
     "NonFiniteLossError",
+    "TrainingBar",
 ]
 
 
@@ -43,7 +45,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
     ) -> None:
-        _io.save_torch(path, checkpoint)
+        # atomic (rename) but not fsynced: rewritten every epoch, a flush each time would
+        # cost more than a small model's epoch
+        _io.save_torch(path, checkpoint, fsync=False)
 
     def load_checkpoint(
         self, path: Any, map_location: Any = None, weights_only: bool | None = None
@@ -255,6 +259,24 @@ class CalibrationModule(L.LightningModule):
         if self._stopped_at_floor:
             return -1  # skip the rest of the epoch: updates below the floor change nothing
         return None
+
+
+class TrainingBar(TQDMProgressBar):
+    """Lightning's progress bar for the training epochs only; the short validation pass of
+    each epoch shows its metrics on the training bar instead of opening a bar of its own."""
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass
+
+    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._train_progress_bar is not None and trainer.state.fn == "fit":
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
 class LearningRateFloor(L.Callback):
