@@ -191,6 +191,22 @@ def test_cog_learning_rates_follow_the_step_schedule(data_root, tmp_path):
 
 
 @pytest.mark.slow
+def test_early_stopping_on_validation_brier(data_root, tmp_path, monkeypatch):
+    from cogcal.metrics import StreamingMetrics
+
+    real = StreamingMetrics.compute
+
+    def flat(self):  # a validation Brier that never improves after the first epoch
+        return {**real(self), "brier": 0.5}
+
+    monkeypatch.setattr("cogcal.train.module.StreamingMetrics.compute", flat)
+    cfg = _config(data_root, tmp_path / "run", method="ce", epochs=10, patience=2)
+    result = run(cfg)
+    assert result["timing"]["stage1"]["epochs_run"] == 3  # epoch 0, then 2 without progress
+    assert result["timing"]["stage1"]["best_epoch"] == 0
+
+
+@pytest.mark.slow
 def test_tune_chooses_by_validation_nll_and_resumes(data_root, tmp_path, monkeypatch):
     grid = [{"lr": 1e-3, "calibrator_lr": 1e-4}, {"lr": 1e-2, "calibrator_lr": 1e-3}]
     summary = tune(_config(data_root, tmp_path / "x", method="cog-fc"), grid, tmp_path / "tune")
@@ -212,6 +228,7 @@ def test_config_validation_names_the_flag(data_root):
         (dict(epochs=0), "--epochs must be an integer >= 1"),
         (dict(batch_size=0), "--batch-size"),
         (dict(lr=-1.0), "--lr must be a positive"),
+        (dict(lr=1e-12), "--lr 1e-12 is below 1e-08"),
         (dict(lr=1e-3, calibrator_lr=1e-3), "--calibrator-lr .* must be smaller"),
         (dict(method="ce", calibrator_lr=1e-5), "COG methods only"),
         (dict(accelerator="tpu"), "--accelerator"),

@@ -22,6 +22,7 @@ DEFAULT_MODELS = {
 }
 ACCELERATORS = ("cpu", "gpu", "auto")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+LR_FLOOR = 1e-8  # every learning rate below this: a run stops (SPEC §1)
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 
 
@@ -132,6 +133,11 @@ class TrainConfig:
                 or not 0 < value < float("inf")
             ):
                 raise ValueError(f"{flag} must be a positive finite number, got {value!r}.")
+        if self.lr is not None and self.lr < LR_FLOOR:
+            raise ValueError(
+                f"--lr {self.lr:g} is below {LR_FLOOR:g}, where training stops at once (no "
+                "update that small changes the result); use a larger --lr."
+            )
         if self.calibrator_lr is not None and not method.cog:
             raise ValueError(
                 f"--calibrator-lr applies to COG methods only; method {self.method!r} trains "

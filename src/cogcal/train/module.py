@@ -16,12 +16,12 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from cogcal import _io
 from cogcal.metrics import StreamingMetrics
+from cogcal.train.config import LR_FLOOR
 
 __all__ = [
     "CalibrationModule",
@@ -29,7 +29,6 @@ __all__ = [
     "LearningRateFloor",
     "AtomicCheckpointIO",
     "NonFiniteLossError",
-    "TrainingBar",
 ]
 
 
@@ -75,9 +74,6 @@ def load_checkpoint(path: Any) -> dict[str, Any]:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The global RNG seed of one epoch, so that a resumed run repeats it exactly."""
     return int(np.random.SeedSequence([seed, epoch, 7]).generate_state(1)[0])
-
-
-LR_FLOOR = 1e-8  # below this every update is negligible: a run may stop (SPEC §1)
 
 
 class FrozenBodyHead(nn.Module):
@@ -159,6 +155,7 @@ class CalibrationModule(L.LightningModule):
         self._loss_count = 0
         self._stopped_at_floor = False
         self._epoch_lrs: dict[str, float] = {}
+        self._val_extra: dict[str, float] = {}
         self.seed = 0  # set by the runner; with the epoch it seeds the global RNG
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -175,10 +172,6 @@ class CalibrationModule(L.LightningModule):
     def train_dataloader(self) -> Any:
         self._build_loaders()
         return self._train_loader
-
-    def val_dataloader(self) -> Any:
-        self._build_loaders()
-        return self._val_loader
 
     # -- training -----------------------------------------------------------------------
     def on_train_epoch_start(self) -> None:
@@ -210,11 +203,19 @@ class CalibrationModule(L.LightningModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
+        self._check_finite_loss()  # before validation, and before any checkpoint is saved
+        self._validate()
+        # One row for the CSV log, written straight to the logger: only the monitored and
+        # displayed values go through self.log, whose bookkeeping costs ~1 ms a value.
+        row: dict[str, float] = {"epoch": float(self.current_epoch), **self._epoch_lrs}
         if self._loss_count:
-            mean = self._loss_sum / self._loss_count
-            self.log("train_loss", mean, on_epoch=True, sync_dist=True)
-        for key, lr in self._epoch_lrs.items():  # the rates this epoch trained with
-            self.log(key, lr, on_epoch=True)
+            loss = self._loss_sum / self._loss_count
+            if self.trainer.world_size > 1:
+                loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+            row["train_loss"] = float(loss)
+        row.update(self._val_extra)
+        if self.logger is not None and self.trainer.is_global_zero:
+            self.logger.log_metrics(row, step=self.global_step)
 
     def _check_finite_loss(self) -> None:
         """Stop before this epoch's weights reach a checkpoint if the loss diverged."""
@@ -226,23 +227,32 @@ class CalibrationModule(L.LightningModule):
             )
 
     # -- validation ---------------------------------------------------------------------
-    def on_validation_epoch_start(self) -> None:
-        self._check_finite_loss()
+    @torch.no_grad()
+    def _validate(self) -> None:
+        """The validation pass of the epoch, in streaming form (memory O(bins x classes)).
+
+        It runs at the end of every training epoch, before the checkpoint callbacks (which
+        monitor ``val_brier``); each process streams its shard and the sums are all-reduced,
+        so every validation sample counts once. Done here rather than in Lightning's
+        evaluation loop, whose fixed cost per epoch exceeds a small model's whole pass.
+        """
+        self._build_loaders()
+        was_training = self.model.training
+        self.model.eval()
         self.val_metrics.reset()
         self.val_metrics.to(self.device)
-
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
-        self.val_metrics.update(self.model(self._input(x)).float(), y)
-
-    def on_validation_epoch_end(self) -> None:
+        for x, y in self._val_loader:
+            x, y = x.to(self.device), y.to(self.device)
+            self.val_metrics.update(self.model(self._input(x)).float(), y)
+        self.model.train(was_training)
         state = self.val_metrics.state_dict()
         if self.trainer.world_size > 1:  # sums over processes: merge by all-reduce
             state = {k: self.trainer.strategy.reduce(v, reduce_op="sum") for k, v in state.items()}
             self.val_metrics.load_state_dict(state)
         m = self.val_metrics.compute()
-        for key in ("brier", "nll", "acc", "ece_15"):
-            self.log(f"val_{key}", m[key], prog_bar=key in ("brier", "acc"))
+        self.log("val_brier", m["brier"], prog_bar=True)  # monitored: checkpoints, early stop
+        self.log("val_acc", m["acc"], prog_bar=True)
+        self._val_extra = {f"val_{k}": m[k] for k in ("brier", "acc", "nll", "ece_15")}
 
     # -- optimisation ---------------------------------------------------------------------
     def configure_optimizers(self):
@@ -259,24 +269,6 @@ class CalibrationModule(L.LightningModule):
         if self._stopped_at_floor:
             return -1  # skip the rest of the epoch: updates below the floor change nothing
         return None
-
-
-class TrainingBar(TQDMProgressBar):
-    """Lightning's progress bar for the training epochs only; the short validation pass of
-    each epoch shows its metrics on the training bar instead of opening a bar of its own."""
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pass
-
-    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._train_progress_bar is not None and trainer.state.fn == "fit":
-            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
 
 
 class LearningRateFloor(L.Callback):

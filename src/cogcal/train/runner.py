@@ -30,7 +30,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
@@ -55,7 +55,6 @@ from cogcal.train.module import (
     CalibrationModule,
     FrozenBodyHead,
     LearningRateFloor,
-    TrainingBar,
     load_checkpoint,
 )
 
@@ -129,15 +128,23 @@ def _fit(
         monitor="val_brier",
         mode="min",
         save_last=True,
+        save_on_train_epoch_end=True,  # validation runs at the end of the training epoch
         auto_insert_metric_name=False,
         enable_version_counter=False,
     )
     floor = LearningRateFloor()
     callbacks: list[L.Callback] = [checkpoint, floor]
     if config.progress:  # about 10 redraws an epoch: a redraw costs as much as a small step
-        callbacks.append(TrainingBar(refresh_rate=max(1, steps_per_epoch // 10)))
+        callbacks.append(TQDMProgressBar(refresh_rate=max(1, steps_per_epoch // 10)))
     if config.patience is not None:
-        callbacks.append(EarlyStopping(monitor="val_brier", mode="min", patience=config.patience))
+        callbacks.append(
+            EarlyStopping(
+                monitor="val_brier",
+                mode="min",
+                patience=config.patience,
+                check_on_train_epoch_end=True,
+            )
+        )
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator="gpu" if device.type == "cuda" else "cpu",
@@ -145,8 +152,8 @@ def _fit(
         num_nodes=config.num_nodes,
         strategy=config.strategy,
         precision=config.precision,
-        # exact repeats and resumes on the CPU need torch's deterministic kernels (they cost
-        # ~5% on mnist1d's cnn1d); GPU runs favour speed
+        # deterministic kernels on the CPU, so that runs repeat and resume exactly (tested);
+        # GPU runs favour speed
         deterministic=device.type == "cpu",
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
@@ -156,6 +163,7 @@ def _fit(
         enable_progress_bar=config.progress,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        limit_val_batches=0,  # the module validates itself at each epoch's end
         log_every_n_steps=max(1, steps_per_epoch),
         default_root_dir=str(config.out),
     )
