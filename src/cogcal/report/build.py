@@ -109,7 +109,7 @@ def _load_logits(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
     from matplotlib.figure import Figure as MplFigure
 
-    from cogcal.bench.plan import is_cog
+    from cogcal.report._common import is_cog
 
     d = T._aggregate(df, "test")
     d = d[(d["dataset"] == dataset) & (d["protocol"] == protocol)]

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cogcal.report._common import check_results_frame, is_cog
 from cogcal.report.aggregate import HIGHER_IS_BETTER, mean_std, summary_rank
 from cogcal.report.render import Figure, Paragraph, Section
 from cogcal.report.tables import _LABELS, Table, _cell, _method_order, cog_pairs, fmt
@@ -46,22 +47,11 @@ _REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value"
 
 
 def _is_cog(method: str) -> bool:
-    try:
-        from cogcal.bench.plan import is_cog
-    except ImportError:  # pragma: no cover - the bench ships with the report
-        return method.startswith("cog-")
     return is_cog(method)
 
 
 def _check(df: pd.DataFrame) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"expected the tidy results.csv DataFrame, got {type(df).__name__}.")
-    missing = [c for c in _REQUIRED if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"the results table lacks the column(s) {missing}; pass the tidy results.csv "
-            f"table (columns {list(_REQUIRED)} at least; SPEC §6)."
-        )
+    check_results_frame(df, _REQUIRED)
 
 
 def _blank(s: pd.Series) -> pd.Series:
