@@ -32,6 +32,7 @@ def atomic_write(path: str | Path, mode: str = "wb", *, fsync: bool = True) -> I
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files: give them the usual mode
     try:
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
             yield f
@@ -42,6 +43,12 @@ def atomic_write(path: str | Path, mode: str = "wb", *, fsync: bool = True) -> I
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _write(

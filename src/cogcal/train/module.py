@@ -140,6 +140,7 @@ class CalibrationModule(L.LightningModule):
         channels_last: bool = False,
     ) -> None:
         super().__init__()
+        self.automatic_optimization = False  # see training_step
         self._loaders = loaders
         self.channels_last = channels_last
         self._train_loader: Any = None
@@ -174,6 +175,9 @@ class CalibrationModule(L.LightningModule):
         return self._train_loader
 
     # -- training -----------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        self._optimizer = self.optimizers()  # looked up once, not at every step
+
     def on_train_epoch_start(self) -> None:
         # dropout and V-TST sampling draw from the global RNG: reseed per epoch so a run
         # resumed from a checkpoint repeats the uninterrupted run exactly
@@ -190,7 +194,10 @@ class CalibrationModule(L.LightningModule):
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        # The recipe in four lines: one forward, one backward, one step of every parameter
+        # group (COG: network on λ_f, calibrator on λ_c). Written out (Lightning's manual
+        # optimisation) because the automatic closure costs more than a small model's step.
         x, y = batch
         x = self._input(x)
         if self.variational:
@@ -198,13 +205,19 @@ class CalibrationModule(L.LightningModule):
             loss = self.loss_fn(logits, y) + kl
         else:
             loss = self.loss_fn(self.model(x), y)
+        optimizer = self._optimizer
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        optimizer.step()
         self._loss_sum += loss.detach()
         self._loss_count += 1
-        return loss
 
     def on_train_epoch_end(self) -> None:
         self._check_finite_loss()  # before validation, and before any checkpoint is saved
         self._validate()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:  # StepLR counts epochs; saved with the checkpoint
+            scheduler.step()
         # One row for the CSV log, written straight to the logger: only the monitored and
         # displayed values go through self.log, whose bookkeeping costs ~1 ms a value.
         row: dict[str, float] = {"epoch": float(self.current_epoch), **self._epoch_lrs}

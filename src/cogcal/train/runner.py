@@ -134,8 +134,8 @@ def _fit(
     )
     floor = LearningRateFloor()
     callbacks: list[L.Callback] = [checkpoint, floor]
-    if config.progress:  # about 10 redraws an epoch: a redraw costs as much as a small step
-        callbacks.append(TQDMProgressBar(refresh_rate=max(1, steps_per_epoch // 10)))
+    if config.progress:  # a few redraws an epoch: a redraw costs a good part of a small step
+        callbacks.append(TQDMProgressBar(refresh_rate=max(1, steps_per_epoch // 5)))
     if config.patience is not None:
         callbacks.append(
             EarlyStopping(
