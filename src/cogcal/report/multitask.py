@@ -38,14 +38,6 @@ MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
 _REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "task")
 
 
-def _is_cog(method: str) -> bool:
-    return is_cog(method)
-
-
-def _check(df: pd.DataFrame) -> None:
-    check_results_frame(df, _REQUIRED)
-
-
 def _task_mask(df: pd.DataFrame) -> pd.Series:
     """Rows of an individual task (``task`` neither empty nor ``mean``)."""
     t = df["task"].astype(str).str.strip()
@@ -62,7 +54,7 @@ def _no_condition(df: pd.DataFrame) -> pd.Series:
 
 def multitask_datasets(df: pd.DataFrame) -> list[str]:
     """Datasets with per-task rows, sorted."""
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     return sorted(map(str, df.loc[_task_mask(df), "dataset"].unique()))
 
 
@@ -70,7 +62,7 @@ def per_task_rows(
     df: pd.DataFrame, dataset: str, protocol: str, *, split: str = "test"
 ) -> pd.DataFrame:
     """The per-task rows of one dataset, protocol and split (no shift / OOD rows)."""
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     d = df[(df["dataset"] == dataset) & (df["protocol"] == protocol) & (df["split"] == split)]
     return d[_task_mask(d) & _no_condition(d)]
 
@@ -136,7 +128,7 @@ def multitask_table(
     Mean ± sample std over seeds, best in bold, summary rank (acc, NLL, Brier; ties share
     the best rank), sorted by rank. ``None`` when the dataset has no per-task rows.
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     tasks = per_task_rows(df, dataset, protocol, split=split)
     if tasks.empty:
         return None
@@ -237,7 +229,7 @@ def per_task_figure(
         for i, me in enumerate(methods):
             s = stats[(stats["method"] == me) & (stats["metric"] == metric)]
             s = s[s["task"].isin(pos)].sort_values("task", key=lambda c: c.map(pos))
-            cog = _is_cog(me)
+            cog = is_cog(me)
             ax.plot(
                 [pos[t] for t in s["task"]], s["mean"], "o-" if cog else "s--",
                 color=cmap(i % cmap.N), label=me, lw=1.5 if cog else 1.0, ms=4,
@@ -279,8 +271,8 @@ def wins_table(
     if d.empty:
         return None
     methods = _method_order(list(d["method"].unique()))
-    cogs = [m for m in methods if _is_cog(m)]
-    bases = [m for m in methods if not _is_cog(m)]
+    cogs = [m for m in methods if is_cog(m)]
+    bases = [m for m in methods if not is_cog(m)]
     if not cogs or not bases:
         return None
     rows, sentences = [], []
@@ -326,7 +318,7 @@ def multitask_section(df: pd.DataFrame, figdir: Path) -> Section | None:
     figdir : Path
         Where the per-task figures are written (``root/figures``).
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     datasets = multitask_datasets(df)
     if not datasets:
         return None

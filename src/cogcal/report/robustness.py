@@ -46,14 +46,6 @@ _SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the indivi
 _REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "condition")
 
 
-def _is_cog(method: str) -> bool:
-    return is_cog(method)
-
-
-def _check(df: pd.DataFrame) -> None:
-    check_results_frame(df, _REQUIRED)
-
-
 def _blank(s: pd.Series) -> pd.Series:
     return s.isna() | (s.astype(str).str.strip() == "")
 
@@ -71,7 +63,7 @@ def _rows(df: pd.DataFrame, split: str, dataset: str, protocol: str) -> pd.DataF
 
 def has_robustness(df: pd.DataFrame) -> bool:
     """Whether ``df`` holds any OOD or covariate-shift row."""
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     return bool(df["split"].isin(["ood", "shift"]).any())
 
 
@@ -119,7 +111,7 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
         ``AUROC ↑`` and an ``FPR95 ↓`` column, the best mean of each column in bold, and a
         rank column (mean of the per-column ranks, 1 = best). ``None`` without OOD rows.
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     d = _rows(df, "ood", dataset, protocol)
     d = d[d["metric"].isin(OOD_METRICS)]
     if d.empty:
@@ -205,7 +197,7 @@ def shift_table(
     Table or None
         ``None`` without shift rows for ``dataset`` and ``protocol``.
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     d = _rows(df, "shift", dataset, protocol)
     d, conds = _shift_rows(d[d["metric"].isin(list(metrics))])
     if d.empty:
@@ -273,7 +265,7 @@ def shift_severity_table(
     Rows are (severity, method); within each severity the best mean of each metric is
     bold. ``None`` without shift rows that carry a severity.
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
@@ -334,7 +326,7 @@ def severity_figure(
 
     from cogcal import _io
 
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
@@ -361,7 +353,7 @@ def severity_figure(
                 if not c.empty:
                     xs, ys = [0.0, *xs], [float(c["mean"].iloc[0]), *ys]
                     es = [float(c["std"].iloc[0]), *es]
-            cog = _is_cog(me)
+            cog = is_cog(me)
             ax.errorbar(
                 xs, ys, yerr=es, fmt="o-" if cog else "s--", color=cmap[i], label=me,
                 lw=1.6 if cog else 1.1, ms=4, capsize=2,
@@ -426,7 +418,7 @@ def robustness_losses_table(df: pd.DataFrame) -> Table | None:
     Table or None
         ``None`` when there is nothing to compare (no COG variant next to a baseline).
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     pairs = cog_pairs()
     rows = []
     compared = 0
@@ -435,8 +427,8 @@ def robustness_losses_table(df: pd.DataFrame) -> Table | None:
         for label, stats in _summaries(df, dataset, protocol).items():
             cell = {(r.method, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
             methods = _method_order(list(stats["method"].unique()))
-            cogs = [m for m in methods if _is_cog(m)]
-            bases = [m for m in methods if not _is_cog(m)]
+            cogs = [m for m in methods if is_cog(m)]
+            bases = [m for m in methods if not is_cog(m)]
             for metric in [*OOD_METRICS, *SHIFT_METRICS]:
                 vals = {m: cell[(m, metric)] for m in bases if (m, metric) in cell}
                 vals = {m: v for m, v in vals.items() if np.isfinite(v[0])}
@@ -541,7 +533,7 @@ def robustness_section(df: pd.DataFrame, root: Path | None, figdir: Path) -> Sec
     figdir : Path
         Where the severity figures are written (``root/figures``).
     """
-    _check(df)
+    check_results_frame(df, _REQUIRED)
     if not has_robustness(df):
         return None
     sec = Section("Robustness: OOD detection and covariate shift", key="robustness")
