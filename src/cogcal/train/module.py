@@ -163,6 +163,14 @@ class CalibrationModule(L.LightningModule):
         return self.model(x)
 
     # -- data: built once the process knows its rank (multi-device training) -------------
+    def attach_data(
+        self, loaders: Callable[[int, int], tuple[Any, Any]], *, channels_last: bool = False
+    ) -> None:
+        """Set the ``(world_size, rank) -> (train_loader, val_loader)`` factory and layout."""
+        self._loaders = loaders
+        self._train_loader = self._val_loader = None
+        self.channels_last = channels_last
+
     def _build_loaders(self) -> None:
         if self._train_loader is None:
             if self._loaders is None:

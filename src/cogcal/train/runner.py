@@ -119,8 +119,7 @@ def _fit(
         train = data.loader("train", config.batch_size // world, seed=config.seed, **shard)
         return train, data.loader("val", EVAL_BATCH, pad=False, **shard)
 
-    module._loaders = loaders
-    module.channels_last = config.channels_last
+    module.attach_data(loaders, channels_last=config.channels_last)
     steps_per_epoch = -(-len(data.train) // config.batch_size)
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
