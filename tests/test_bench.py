@@ -250,6 +250,7 @@ def test_is_finished_and_copy(tmp_path):
     assert is_finished(run, cfg)
     assert not is_finished(run, {**cfg, "lr": 1e-4})  # another configuration: redo
     assert is_finished(run, {**cfg, "out": "elsewhere", "data_root": "x"})
+    assert is_finished(run, {**cfg, "steps_per_call": 3})  # never changes results (tested)
     assert config_key(cfg) == config_key({**cfg, "out": "y", "progress": False})
     copy_run(run, tmp_path / "c")
     copied = json.loads((tmp_path / "c" / "metrics.json").read_text())

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tqdm import tqdm
 
 from cogcal.calibrators import MatrixScaling, Temperature, VectorScaling
 from cogcal.cli import main
@@ -134,9 +135,9 @@ def test_cog_never_gives_validation_data_to_the_optimizer(method, data_root, tmp
     seen: list[torch.Tensor] = []
     original = CalibrationModule.training_step
 
-    def spy(self, batch, batch_idx):
-        seen.append(batch[0].detach().clone())
-        return original(self, batch, batch_idx)
+    def spy(self, batches, batch_idx):
+        seen.extend(x.detach().clone() for x, _ in batches)
+        return original(self, batches, batch_idx)
 
     monkeypatch.setattr(CalibrationModule, "training_step", spy)
     run(_config(data_root, tmp_path / "run", method=method))
@@ -174,6 +175,34 @@ def test_same_seed_same_result_on_cpu(data_root, tmp_path):
     c = run(_config(data_root, tmp_path / "c", method="cog-ts", epochs=2, seed=1))
     assert a["test"] == b["test"]
     assert a["test"] != c["test"]
+    # deterministic kernels were on during training only: the caller's flags are restored
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["cog-ms", "vtst"])
+def test_steps_per_call_never_changes_the_result(method, data_root, tmp_path, capsys):
+    # 30 minibatches an epoch: groups of 1, of 7 (a short last group) and of 8 (default)
+    results, bars = [], []
+    for k in (1, 7, 8):
+        config = _config(
+            data_root, tmp_path / f"k{k}", method=method, epochs=2, steps_per_call=k, progress=True
+        )
+        results.append(run(config))
+        bars.append(capsys.readouterr().out)  # Lightning's bars write to stdout
+    for other in results[1:]:
+        assert other["val"] == results[0]["val"]
+        assert other["test"] == results[0]["test"]
+    stage = "stage2" if method == "vtst" else "stage1"
+    for k, bar in zip((1, 7, 8), bars, strict=True):
+        # the bar counts minibatches whatever the grouping, and its last redraw shows the
+        # last epoch's validation values
+        assert "30/30" in bar and "/4 " not in bar and "/5 " not in bar
+        log = (tmp_path / f"k{k}" / "logs" / stage / "metrics.csv").read_text().splitlines()
+        header = log[0].split(",")
+        last = [r.split(",") for r in log[1:]][-1][header.index("val_brier")]
+        assert f"val_brier={tqdm.format_num(float(last))}" in bar.split("30/30")[-1]
 
 
 @pytest.mark.slow
@@ -227,6 +256,7 @@ def test_config_validation_names_the_flag(data_root):
         (dict(model="resnet19"), "--model 'resnet19'"),
         (dict(epochs=0), "--epochs must be an integer >= 1"),
         (dict(batch_size=0), "--batch-size"),
+        (dict(steps_per_call=0), "--steps-per-call must be an integer >= 1"),
         (dict(lr=-1.0), "--lr must be a positive"),
         (dict(lr=1e-12), "--lr 1e-12 is below 1e-08"),
         (dict(lr=1e-3, calibrator_lr=1e-3), "--calibrator-lr .* must be smaller"),

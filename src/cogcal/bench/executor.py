@@ -61,7 +61,7 @@ DEFAULT_RUNNER = "cogcal.bench.executor:train_run"
 EXECUTORS = ("local", "ray")
 
 #: Config keys that do not change what a run computes (ignored when comparing configs).
-_IGNORED_KEYS = frozenset({"out", "progress", "data_root", "extra"})
+_IGNORED_KEYS = frozenset({"out", "progress", "data_root", "extra", "steps_per_call"})
 
 
 # --------------------------------------------------------------------------- run dirs
@@ -101,7 +101,8 @@ def is_finished(run_dir: Path, config: dict[str, Any] | None = None) -> bool:
         The run directory.
     config : dict, optional
         The planned configuration; every key of it (except ``out``, ``progress``,
-        ``data_root`` and ``extra``) must equal the value recorded in ``metrics.json``.
+        ``data_root``, ``extra`` and ``steps_per_call``) must equal the value recorded in
+        ``metrics.json``.
 
     Returns
     -------

@@ -41,6 +41,7 @@ class TrainConfig:
     epochs: int = 30  # stage-1 epochs (the paper: 300 single-task, 100 multi-task)
     stage2_epochs: int = 40  # TST / V-TST stage-2 epochs
     batch_size: int = 256  # global batch, split across devices
+    steps_per_call: int = 8  # minibatches per Lightning training_step; never changes results
     lr: float | None = None  # λ_f, network learning rate (Adam)
     calibrator_lr: float | None = None  # λ_c, calibrator learning rate (COG methods)
     allow_fast_calibrator: bool = False  # permit λ_c >= λ_f (breaks the Stackelberg hierarchy)
@@ -103,6 +104,7 @@ class TrainConfig:
         _check_int("--epochs", self.epochs, minimum=1)
         _check_int("--stage2-epochs", self.stage2_epochs, minimum=1)
         _check_int("--batch-size", self.batch_size, minimum=1)
+        _check_int("--steps-per-call", self.steps_per_call, minimum=1)
         _check_int("--step-size", self.step_size, minimum=1)
         _check_int("--devices", self.devices, minimum=1)
         _check_int("--num-nodes", self.num_nodes, minimum=1)

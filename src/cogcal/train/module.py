@@ -5,17 +5,26 @@ network on λ_f, calibrator on λ_c; baselines: one group), optional StepLR divi
 group's learning rate by 10 every ``step_size`` epochs, the training loss of the method on
 each minibatch, and validation Brier / NLL / accuracy computed in streaming form at the end
 of every epoch for checkpoint selection (best validation Brier).
+
+Each ``training_step`` call runs ``steps_per_call`` minibatches in a row (8 by default), as
+Keras' ``steps_per_execution`` does: the trainer's bookkeeping between calls (hooks, batch
+transfer, progress counters; about 0.4 ms on a CPU) is paid once per group instead of once
+per minibatch, which matters for small models. The optimizer still steps once per
+minibatch, in the same order, so the result does not depend on ``steps_per_call`` (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
@@ -27,6 +36,7 @@ __all__ = [
     "CalibrationModule",
     "FrozenBodyHead",
     "LearningRateFloor",
+    "ProgressBar",
     "AtomicCheckpointIO",
     "NonFiniteLossError",
 ]
@@ -74,6 +84,23 @@ def load_checkpoint(path: Any) -> dict[str, Any]:
 def epoch_seed(seed: int, epoch: int) -> int:
     """The global RNG seed of one epoch, so that a resumed run repeats it exactly."""
     return int(np.random.SeedSequence([seed, epoch, 7]).generate_state(1)[0])
+
+
+class MinibatchGroups:
+    """A train loader's minibatches in lists of ``k`` (the last list may be shorter): what
+    Lightning iterates, one ``training_step`` call per list."""
+
+    def __init__(self, loader: Any, k: int) -> None:
+        self.loader = loader
+        self.k = k
+
+    def __len__(self) -> int:
+        return -(-len(self.loader) // self.k)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        batches = iter(self.loader)  # at the first next(), like the loader's own epoch read
+        while group := list(itertools.islice(batches, self.k)):
+            yield group
 
 
 class FrozenBodyHead(nn.Module):
@@ -125,6 +152,9 @@ class CalibrationModule(L.LightningModule):
         ``"multiclass"`` or ``"multilabel"`` (validation metrics).
     variational : bool
         Train with ``model.forward_with_kl`` and add the KL term (V-TST stage 2).
+    steps_per_call : int
+        Minibatches per ``training_step`` call (see the module docstring); any value gives
+        the same result.
     """
 
     def __init__(
@@ -138,8 +168,14 @@ class CalibrationModule(L.LightningModule):
         variational: bool = False,
         loaders: Callable[[int, int], tuple[Any, Any]] | None = None,
         channels_last: bool = False,
+        steps_per_call: int = 1,
     ) -> None:
         super().__init__()
+        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, int):
+            raise TypeError(f"steps_per_call must be an int, got {steps_per_call!r}.")
+        if steps_per_call < 1:
+            raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}.")
+        self.steps_per_call = steps_per_call
         self.automatic_optimization = False  # see training_step
         self._loaders = loaders
         self.channels_last = channels_last
@@ -178,9 +214,24 @@ class CalibrationModule(L.LightningModule):
             world, rank = self.trainer.world_size, self.trainer.global_rank
             self._train_loader, self._val_loader = self._loaders(world, rank)
 
-    def train_dataloader(self) -> Any:
+    def train_dataloader(self) -> MinibatchGroups:
         self._build_loaders()
-        return self._train_loader
+        return MinibatchGroups(self._train_loader, self.steps_per_call)
+
+    @property
+    def train_batches(self) -> int:
+        """Minibatches per training epoch on this process (the progress bar's total)."""
+        self._build_loaders()
+        return len(self._train_loader)
+
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        # the loaders already place their tensors on the training device: skip Lightning's
+        # generic walk over the group unless something is elsewhere
+        if all(t.device == device for pair in batch for t in pair):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     # -- training -----------------------------------------------------------------------
     def on_train_start(self) -> None:
@@ -202,23 +253,25 @@ class CalibrationModule(L.LightningModule):
             return x.contiguous(memory_format=torch.channels_last)
         return x
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        # The recipe in four lines: one forward, one backward, one step of every parameter
+    def training_step(
+        self, batches: list[tuple[torch.Tensor, torch.Tensor]], batch_idx: int
+    ) -> None:
+        # The recipe, per minibatch: one forward, one backward, one step of every parameter
         # group (COG: network on λ_f, calibrator on λ_c). Written out (Lightning's manual
         # optimisation) because the automatic closure costs more than a small model's step.
-        x, y = batch
-        x = self._input(x)
-        if self.variational:
-            logits, kl = self.model.forward_with_kl(x)
-            loss = self.loss_fn(logits, y) + kl
-        else:
-            loss = self.loss_fn(self.model(x), y)
         optimizer = self._optimizer
-        optimizer.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        optimizer.step()
-        self._loss_sum += loss.detach()
-        self._loss_count += 1
+        for x, y in batches:
+            x = self._input(x)
+            if self.variational:
+                logits, kl = self.model.forward_with_kl(x)
+                loss = self.loss_fn(logits, y) + kl
+            else:
+                loss = self.loss_fn(self.model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            self.manual_backward(loss)
+            optimizer.step()
+            self._loss_sum += loss.detach()
+            self._loss_count += 1
 
     def on_train_epoch_end(self) -> None:
         self._check_finite_loss()  # before validation, and before any checkpoint is saved
@@ -317,3 +370,51 @@ class LearningRateFloor(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.stopped_epoch = state_dict.get("stopped_epoch")
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar, counting minibatches (not ``training_step`` calls) and redrawn at
+    most every ``interval`` seconds (and at the end of each epoch): a redraw costs about as
+    much as a small model's step, so a step-count refresh rate would slow tiny models down.
+
+    The validation values it shows are those of the last finished epoch; the module
+    validates after the bar's end-of-epoch redraw, so the bar is redrawn once more when
+    training ends, to show the final epoch's.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        super().__init__(refresh_rate=1)
+        self.interval = interval
+        self._last_draw = 0.0
+
+    @property
+    def total_train_batches(self) -> int | float:
+        module = self.trainer.lightning_module
+        if isinstance(module, CalibrationModule):
+            return module.train_batches
+        return super().total_train_batches
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        bar = self.train_progress_bar
+        if bar.disable:
+            return
+        n = (batch_idx + 1) * getattr(pl_module, "steps_per_call", 1)
+        if bar.total is not None:
+            n = min(n, bar.total)
+        now = time.monotonic()
+        if n == bar.total or now - self._last_draw >= self.interval:
+            self._last_draw = now
+            bar.n = n
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # redraws
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.train_progress_bar.disable:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+        super().on_train_end(trainer, pl_module)

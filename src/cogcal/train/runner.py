@@ -14,6 +14,7 @@ The test split is only ever evaluated, never used for fitting, tuning or selecti
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -22,7 +23,7 @@ import math
 import shutil
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
@@ -55,6 +56,7 @@ from cogcal.train.module import (
     CalibrationModule,
     FrozenBodyHead,
     LearningRateFloor,
+    ProgressBar,
     load_checkpoint,
 )
 
@@ -81,6 +83,42 @@ def _device(config: TrainConfig) -> torch.device:
             raise ValueError("--accelerator gpu was given but no CUDA GPU is available; use cpu.")
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _deterministic(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels inside the block (restored afterwards), without filling every
+    new tensor with NaN.
+
+    ``torch.use_deterministic_algorithms(True)`` also turns on
+    ``torch.utils.deterministic.fill_uninitialized_memory``, which writes NaN into every
+    ``torch.empty`` result: about 5% of a small CNN's CPU step (measured), to guard against
+    kernels that read memory they never wrote. Repeatability does not rest on it: runs
+    still repeat and resume bit for bit without it (tested). Lightning's
+    ``deterministic=True`` would also leave both flags set in the caller's process.
+    """
+    if not enabled:
+        yield
+        return
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning advertises its cloud services at every ``Trainer``; not our users' output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in record.getMessage()
 
 
 def _fit(
@@ -120,7 +158,7 @@ def _fit(
         return train, data.loader("val", EVAL_BATCH, pad=False, **shard)
 
     module.attach_data(loaders, channels_last=config.channels_last)
-    steps_per_epoch = -(-len(data.train) // config.batch_size)
+    calls_per_epoch = -(-len(data.train) // (config.batch_size * module.steps_per_call))
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
         filename="best",
@@ -133,8 +171,8 @@ def _fit(
     )
     floor = LearningRateFloor()
     callbacks: list[L.Callback] = [checkpoint, floor]
-    if config.progress:  # a few redraws an epoch: a redraw costs a good part of a small step
-        callbacks.append(TQDMProgressBar(refresh_rate=max(1, steps_per_epoch // 5)))
+    if config.progress:
+        callbacks.append(ProgressBar())
     if config.patience is not None:
         callbacks.append(
             EarlyStopping(
@@ -151,9 +189,7 @@ def _fit(
         num_nodes=config.num_nodes,
         strategy=config.strategy,
         precision=config.precision,
-        # deterministic kernels on the CPU, so that runs repeat and resume exactly (tested);
-        # GPU runs favour speed
-        deterministic=device.type == "cpu",
+        deterministic=None,  # left alone here: set by _deterministic() below, CPU only
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         logger=CSVLogger(
@@ -163,11 +199,13 @@ def _fit(
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,  # the module validates itself at each epoch's end
-        log_every_n_steps=max(1, steps_per_epoch),
+        log_every_n_steps=max(1, calls_per_epoch),
         default_root_dir=str(config.out),
     )
     start = time.perf_counter()
-    with warnings.catch_warnings():
+    # deterministic kernels on the CPU, so that runs repeat and resume exactly (tested);
+    # GPU runs favour speed
+    with warnings.catch_warnings(), _deterministic(device.type == "cpu"):
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
         warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
@@ -369,6 +407,9 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
     started = time.perf_counter()
     if not config.progress:
         logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    lightning_info = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropLightningTips) for f in lightning_info.filters):
+        lightning_info.addFilter(_DropLightningTips())
 
     data = load_dataset(config.dataset, root=config.data_root)
     if data.task == "multilabel" and not method.supports_multilabel:
@@ -398,6 +439,7 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
         param_groups=_stage1_groups(method, model, config),
         step_size=config.step_size if method.uses_step_schedule else None,
         task=data.task,
+        steps_per_call=config.steps_per_call,
     )
     timing["stage1"] = _fit(
         module,
@@ -424,6 +466,7 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
             step_size=None,
             task=data.task,
             variational=method.stage2 == "vtst",
+            steps_per_call=config.steps_per_call,
         )
         timing["stage2"] = _fit(
             module2,
