@@ -1,6 +1,6 @@
 """Training throughput of ``cogcal train``'s loop against a hand-written PyTorch loop.
 
-    python bench/train_throughput.py [--epochs 5] [--repeats 5]
+    python bench/train_throughput.py [--epochs 5] [--repeats 5] [--steps-per-call 8]
 
 Both train the same backbone on the same in-memory mnist1d data with the same batches
 (``BatchLoader``), Adam and per-epoch validation. The cogcal side is the real runner
@@ -62,11 +62,14 @@ def plain_loop(model_name: str, data, epochs: int, batch_size: int, seed: int) -
     return time.perf_counter() - start
 
 
-def cogcal_loop(model_name: str, root: str, epochs: int, batch_size: int, seed: int) -> float:
+def cogcal_loop(
+    model_name: str, root: str, epochs: int, batch_size: int, seed: int, steps_per_call: int
+) -> float:
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
             dataset="mnist1d", model=model_name, method="cog-fc", epochs=epochs,
             batch_size=batch_size, seed=seed, data_root=root, out=out, progress=True,
+            steps_per_call=steps_per_call,
         )  # fmt: skip
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             result = run(cfg)
@@ -79,19 +82,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--data-root", default="data")
+    parser.add_argument(
+        "--steps-per-call", type=int, default=TrainConfig.steps_per_call, help="cogcal's setting"
+    )
     args = parser.parse_args()
     data = load_dataset("mnist1d", root=args.data_root)
     n = len(data.train) * args.epochs
     print(f"# bench/train_throughput.py | {stamp()}")
     print(f"# mnist1d, {args.epochs} epochs x {len(data.train)} samples, batch {args.batch_size}, "
-          f"{args.repeats} interleaved repeats, median")  # fmt: skip
+          f"{args.repeats} interleaved repeats, median; cogcal --steps-per-call "
+          f"{args.steps_per_call}")  # fmt: skip
     print(f"{'model':8s} {'plain samples/s':>16s} {'cogcal samples/s':>17s} {'ratio':>7s}")
     for model_name in ("cnn1d", "mlp"):
-        cogcal_loop(model_name, args.data_root, 1, args.batch_size, 0)  # warm-up
+        k = args.steps_per_call
+        cogcal_loop(model_name, args.data_root, 1, args.batch_size, 0, k)  # warm-up
         plain, ours = [], []
         for r in range(args.repeats):
             plain.append(plain_loop(model_name, data, args.epochs, args.batch_size, r))
-            ours.append(cogcal_loop(model_name, args.data_root, args.epochs, args.batch_size, r))
+            ours.append(cogcal_loop(model_name, args.data_root, args.epochs, args.batch_size, r, k))
         p, c = n / statistics.median(plain), n / statistics.median(ours)
         target = "  (target >= 0.90)" if model_name == "cnn1d" else ""
         print(f"{model_name:8s} {p:16.0f} {c:17.0f} {c / p:7.3f}{target}")

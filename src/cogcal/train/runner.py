@@ -92,8 +92,8 @@ def _deterministic(enabled: bool) -> Iterator[None]:
 
     ``torch.use_deterministic_algorithms(True)`` also turns on
     ``torch.utils.deterministic.fill_uninitialized_memory``, which writes NaN into every
-    ``torch.empty`` result: about 5% of a small CNN's CPU step (measured), to guard against
-    kernels that read memory they never wrote. Repeatability does not rest on it: runs
+    ``torch.empty`` result (``aten::fill_`` in a profile: a visible share of a small CPU
+    step), to guard against kernels that read memory they never wrote. Repeatability does not rest on it: runs
     still repeat and resume bit for bit without it (tested). Lightning's
     ``deterministic=True`` would also leave both flags set in the caller's process.
     """
