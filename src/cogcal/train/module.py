@@ -8,8 +8,8 @@ of every epoch for checkpoint selection (best validation Brier).
 
 Each ``training_step`` call runs ``steps_per_call`` minibatches in a row (8 by default), as
 Keras' ``steps_per_execution`` does: the trainer's bookkeeping between calls (hooks, batch
-transfer, progress counters; about 0.4 ms on a CPU) is paid once per group instead of once
-per minibatch, which matters for small models. The optimizer still steps once per
+transfer, progress counters) is paid once per group instead of once per minibatch, which
+matters for small models (docs/performance.md). The optimizer still steps once per
 minibatch, in the same order, so the result does not depend on ``steps_per_call`` (tested).
 """
 
