@@ -1,0 +1,39 @@
+"""User-input errors that speak in Python arguments in Python and in flags on the CLI.
+
+A library call that gets bad input raises :class:`ArgumentError` (a ``ValueError``) whose
+``str()`` names the Python argument (``root=...``, ``lr``); the command line prints
+:attr:`ArgumentError.cli_message` instead, which names the flag (``--data-root``, ``--lr``).
+
+>>> err = ArgumentError("`lr` must be positive, got 0.", cli_message="--lr must be positive, got 0.")
+>>> str(err), err.cli_message
+('`lr` must be positive, got 0.', '--lr must be positive, got 0.')
+>>> isinstance(err, ValueError)
+True
+"""
+
+from __future__ import annotations
+
+__all__ = ["ArgumentError", "cli_message"]
+
+
+class ArgumentError(ValueError):
+    """Bad user input: ``str(err)`` names Python arguments, ``cli_message`` names flags.
+
+    Parameters
+    ----------
+    message : str
+        The message for Python callers (names arguments, e.g. ``root=``).
+    cli_message : str, optional
+        The same message for the command line (names flags, e.g. ``--data-root``);
+        defaults to ``message``.
+    """
+
+    def __init__(self, message: str, *, cli_message: str | None = None) -> None:
+        super().__init__(message)
+        self.cli_message = cli_message if cli_message is not None else message
+
+
+def cli_message(err: BaseException) -> str:
+    """The command-line form of ``err``: its ``cli_message`` if it has one, else ``str(err)``."""
+    text = getattr(err, "cli_message", None)
+    return text if isinstance(text, str) else str(err)
