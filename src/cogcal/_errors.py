@@ -13,7 +13,9 @@ True
 
 from __future__ import annotations
 
-__all__ = ["ArgumentError", "cli_message"]
+import signal
+
+__all__ = ["ArgumentError", "Interrupted", "cli_message"]
 
 
 class ArgumentError(ValueError):
@@ -37,3 +39,16 @@ def cli_message(err: BaseException) -> str:
     """The command-line form of ``err``: its ``cli_message`` if it has one, else ``str(err)``."""
     text = getattr(err, "cli_message", None)
     return text if isinstance(text, str) else str(err)
+
+
+class Interrupted(BaseException):
+    """The process received SIGTERM (or SIGINT): stop, keep what was saved, exit 128 + signal.
+
+    A ``BaseException`` like ``KeyboardInterrupt``, so that ``except Exception`` blocks
+    cannot swallow it and report success.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        self.signame = signal.Signals(self.signum).name
+        super().__init__(f"interrupted ({self.signame})")

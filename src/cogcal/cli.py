@@ -1,113 +1,57 @@
 """The ``cogcal`` command line: thin; it parses, validates and calls the layers below.
 
-User errors (bad flags, unknown names, missing files) print one line ``cogcal: error: ...``
-and exit with status 2; ``--debug`` shows the traceback instead.
+The training flags of ``train`` and ``tune`` are generated from
+:class:`cogcal.train.TrainConfig` (one source of configuration). Exit statuses:
+
+* 0: success;
+* 1: the environment failed (disk full, permissions, a diverged run, runs that failed in
+  a bench);
+* 2: a user error (bad flag, unknown name, missing file, a run folder that cannot be used),
+  printed as one line ``cogcal: error: ...``;
+* 130 / 143: interrupted by SIGINT (Ctrl-C) / SIGTERM; what was saved is kept and one
+  line says how to resume.
+
+``cogcal --debug ...`` shows the traceback instead of the one-line message.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
+import errno
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 import cogcal
+from cogcal._errors import ArgumentError, Interrupted, cli_message
+from cogcal.data import list_datasets
+from cogcal.models import list_models
+from cogcal.train.config import add_arguments, config_from_args
+from cogcal.train.methods import list_methods
 
 __all__ = ["main", "build_parser", "UserError"]
 
 
-class UserError(Exception):
+class UserError(ArgumentError):
     """An error caused by the user's input; reported as one line, without a traceback."""
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line (no usage dump) and exit 2."""
+    """An ArgumentParser whose usage errors are one line ``cogcal: error: ...`` (exit 2)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"cogcal: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by ``train`` and ``tune`` (SPEC §1 recipe; defaults from the method)."""
-    p.add_argument("--dataset", default="mnist1d", help="dataset name (default: mnist1d)")
-    p.add_argument("--model", default=None, help="backbone name (default: per dataset)")
-    p.add_argument("--method", default="cog-fc", help="method name (default: cog-fc)")
-    p.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
-    p.add_argument("--epochs", type=int, default=30, help="stage-1 epochs (default: 30)")
-    p.add_argument("--stage2-epochs", type=int, default=40, help="TST/V-TST stage-2 epochs")
-    p.add_argument("--batch-size", type=int, default=256, help="global batch size (default: 256)")
-    p.add_argument(
-        "--steps-per-call", type=int, default=8, help="minibatches per Lightning training_step "
-        "(amortises its per-call overhead; results do not depend on it; default: 8)"
-    )  # fmt: skip
-    p.add_argument(
-        "--lr", type=_positive_float, default=None, help="network learning rate λ_f "
-        "(default: 1e-3 for COG methods, 1e-4 for the others)"
-    )  # fmt: skip
-    p.add_argument(
-        "--calibrator-lr", type=_positive_float, default=None,
-        help="calibrator learning rate λ_c of COG methods (default: lr/10)",
-    )  # fmt: skip
-    p.add_argument(
-        "--allow-fast-calibrator", action="store_true", help="permit --calibrator-lr >= --lr"
-    )
-    p.add_argument("--step-size", type=int, default=10, help="COG StepLR period in epochs")
-    p.add_argument("--patience", type=int, default=None, help="early stopping patience (epochs)")
-    p.add_argument("--accelerator", default="cpu", choices=("cpu", "gpu", "auto"))
-    p.add_argument("--devices", type=int, default=1, help="devices per node (default: 1)")
-    p.add_argument("--num-nodes", type=int, default=1, help="number of nodes (default: 1)")
-    p.add_argument(
-        "--strategy", default="auto", choices=("auto", "ddp"),
-        help="Lightning strategy for several devices (default: auto)",
-    )  # fmt: skip
-    p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
-    p.add_argument(
-        "--precision", default="32", choices=("32", "bf16-mixed", "16-mixed"),
-        help="numeric precision (bf16-mixed: autocast on GPUs; default: 32)",
-    )  # fmt: skip
-    p.add_argument("--channels-last", action="store_true", help="NHWC layout for image models")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or summary")
-
-
-def _config_from_args(args: argparse.Namespace, out: str):
-    from cogcal.train import TrainConfig
-
-    return TrainConfig(
-        dataset=args.dataset,
-        model=args.model,
-        method=args.method,
-        seed=args.seed,
-        epochs=args.epochs,
-        stage2_epochs=args.stage2_epochs,
-        batch_size=args.batch_size,
-        steps_per_call=args.steps_per_call,
-        lr=args.lr,
-        calibrator_lr=args.calibrator_lr,
-        allow_fast_calibrator=args.allow_fast_calibrator,
-        step_size=args.step_size,
-        patience=args.patience,
-        accelerator=args.accelerator,
-        devices=args.devices,
-        num_nodes=args.num_nodes,
-        strategy=args.strategy,
-        data_root=args.data_root,
-        precision=args.precision,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        out=out,
-        progress=not args.no_progress,
+def _names_epilog() -> str:
+    return (
+        f"methods: {' '.join(list_methods())}\n"
+        f"datasets: {' '.join(list_datasets())}, folder:PATH, csv:PATH, package.module:function\n"
+        f"models: {' '.join(list_models())}\n"
+        "Names are case-insensitive."
     )
 
 
@@ -119,7 +63,8 @@ def _summary(result: dict) -> str:
     lines = [
         f"{cfg['method']} on {cfg['dataset']} ({cfg['model']}, seed {cfg['seed']}): "
         f"lr {cfg['lr']:g}"
-        + (f", calibrator lr {cfg['calibrator_lr']:g}" if cfg["calibrator_lr"] else ""),
+        + (f", calibrator lr {cfg['calibrator_lr']:g}" if cfg["calibrator_lr"] else "")
+        + f", schedule {cfg['schedule']}",
         f"{'split':6s}" + "".join(f"{k:>10s}" for k in SUMMARY_KEYS),
     ]
     for split in ("val", "test"):
@@ -129,25 +74,26 @@ def _summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _default_out(dataset: str, method: str, seed: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(dataset).name)
+    return f"runs/{safe}-{method}-seed{seed}"
+
+
+# --------------------------------------------------------------------------- train
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from cogcal.train.runner import run
 
-    from cogcal.train import run
-
-    out = args.out or f"runs/{args.dataset}-{args.method}-seed{args.seed}"
-    config = _config_from_args(args, out)
-    if args.resume and args.overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pass one of them.")
+    out = args.out if args.out is not None else _default_out(args.dataset, args.method, args.seed)
+    config = config_from_args(args, out=out)
     result = run(config, resume=args.resume, overwrite=args.overwrite)
     if result.get("status") != "complete":
         return 0  # another process of a multi-device run: rank 0 reports
     from cogcal.report.diagrams import plot_reliability
+    from cogcal.train.rundir import RunDir
 
-    test = Path(out) / "test_logits.npz"
-    import numpy as np
-
-    with np.load(test, allow_pickle=False) as f:
-        logits, labels = f["logits"], f["labels"]
+    logits, labels = RunDir(out).read_logits("test")
     plot_reliability(
         {config.method: (logits, labels)},
         Path(out) / "reliability.png",
@@ -164,14 +110,21 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="train one method on one dataset and evaluate it",
-        description="Train one method (with the paper's recipe) and write metrics.json, "
+        description="Train one method with the paper's recipe and write metrics.json, "
         "checkpoints, logits and a reliability diagram into --out.",
+        epilog=_names_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_run_arguments(p)
-    p.add_argument("--out", default=None, help="run directory (default: runs/DATASET-METHOD-seedN)")
+    add_arguments(p)
+    p.add_argument("--out", default=None, help="run folder (default: runs/DATASET-METHOD-seedN)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
-    p.add_argument("--overwrite", action="store_true", help="delete a previous run in --out first")
-    p.set_defaults(func=_cmd_train)
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete the files of a previous run in --out"
+    )
+    p.set_defaults(func=_cmd_train, resume_hint="resume with --resume")
+
+
+# --------------------------------------------------------------------------- tune
 
 
 def _parse_grid(text: str, flag: str) -> list[float]:
@@ -188,31 +141,33 @@ def _parse_grid(text: str, flag: str) -> list[float]:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from cogcal.train import get_method, tune
+    from cogcal.train.methods import get_method
+    from cogcal.train.runner import tune
+    from cogcal.train.tuning import Grid
 
     method = get_method(args.method)
-    lrs = _parse_grid(args.lrs, "--lrs")
-    grid: list[dict] = []
-    if method.cog:
-        ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios")
-        for lr in lrs:
-            for r in ratios:
-                if r >= 1 and not args.allow_fast_calibrator:
-                    raise UserError(
-                        f"--calibrator-ratios {r:g} gives calibrator lr >= lr; use ratios < 1 or "
-                        "pass --allow-fast-calibrator."
-                    )
-                grid.append({"lr": lr, "calibrator_lr": lr * r})
-    else:
-        grid = [{"lr": lr} for lr in lrs]
-    out = args.out or f"runs/tune-{args.dataset}-{args.method}"
-    config = _config_from_args(args, out)
-    summary = tune(config.replace(progress=False), grid, out)
-    if not args.no_progress:
+    ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios") if method.is_cog else None
+    grid = Grid(
+        tuple(_parse_grid(args.lrs, "--lrs")),
+        None if ratios is None else tuple(ratios),
+        allow_fast_calibrator=args.allow_fast_calibrator,
+    )
+    if args.max_extensions < 0:
+        raise UserError(f"--max-extensions must be >= 0, got {args.max_extensions}.")
+    out = args.out or f"runs/tune-{_default_out(args.dataset, args.method, args.seed)[5:]}"
+    config = config_from_args(args, out=out)
+    summary = tune(config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite)
+    if config.progress:
         for row in summary["table"]:
-            point = ", ".join(f"{k}={row[k]:g}" for k in grid[0])
-            print(f"{point:40s} val_nll {row['val_nll']:.4f}  val_brier {row['val_brier']:.4f}")
-        print(f"chosen by validation NLL: {summary['best']}  (wrote {out}/tune.csv)")
+            point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
+            nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
+            print(f"{point:32s} {nll}")
+        edge = (
+            f" (still at the grid edge: {', '.join(summary['edges'])})"
+            if summary["at_edge"]
+            else ""
+        )
+        print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
     return 0
 
 
@@ -220,39 +175,53 @@ def _register_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune",
         help="choose learning rates by validation cross-entropy",
-        description="Train on a grid of learning rates (COG: λ_f x λ_c/λ_f ratios) and choose "
-        "the point with the lowest validation NLL; writes tune.csv and tune.json.",
+        description="Train on a log-spaced grid of learning rates (COG: λ_f x λ_c/λ_f "
+        "ratios), extend it outward while the best point is at an edge, and choose the point "
+        "with the lowest validation NLL (post-hoc methods: before calibration); writes "
+        "tune.csv and tune.json.",
+        epilog=_names_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_run_arguments(p)
-    p.add_argument("--lrs", default="1e-3,1e-4", help="comma-separated λ_f values")
+    add_arguments(p, exclude=("lr", "calibrator_lr"))
+    p.add_argument("--lrs", default="1e-4,1e-3", help="comma-separated, log-spaced λ_f values")
     p.add_argument(
-        "--calibrator-ratios", default="0.1,0.01", help="comma-separated λ_c/λ_f (COG methods)"
+        "--calibrator-ratios", default="0.01,0.1", help="comma-separated λ_c/λ_f (COG methods)"
     )
-    p.add_argument("--out", default=None, help="tuning directory")
-    p.set_defaults(func=_cmd_tune)
+    p.add_argument(
+        "--max-extensions", type=int, default=2,
+        help="times the grid may grow outward while the choice is at an edge (default: 2)",
+    )  # fmt: skip
+    p.add_argument("--out", default=None, help="tuning folder")
+    p.add_argument(
+        "--overwrite", action="store_true", help="retrain points holding another configuration"
+    )
+    p.set_defaults(func=_cmd_tune, resume_hint="run the same command again to continue")
+
+
+# --------------------------------------------------------------------------- bench
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from cogcal.bench.suites import list_suites, suite_description
+
+    if args.list:
+        for name in list_suites():
+            print(f"{name:16s} {suite_description(name)}")
+        return 0
+    import os
 
     from cogcal.bench import run_bench
 
     protocols = None
     if args.protocol is not None:
         protocols = ("paper", "fair") if args.protocol == "both" else (args.protocol,)
-    if args.list:
-        from cogcal.bench.suites import list_suites, suite_description
-
-        for name in list_suites():
-            print(f"{name:16s} {suite_description(name)}")
-        return 0
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UserError(f"--jobs must be an integer >= 1, got {jobs}.")
     if args.seeds is not None and args.seeds < 1:
         raise UserError(f"--seeds must be an integer >= 1, got {args.seeds}.")
     out = Path(args.out or f"results/{Path(args.suite).stem}")
-    run_bench(
+    summary = run_bench(
         args.suite,
         out=out,
         jobs=jobs,
@@ -265,6 +234,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(f"wrote {out}/results.csv, {out}/report.md and {out}/report.html")
+    failed = getattr(summary, "failed", 0)
+    if failed:
+        print(f"cogcal: error: {failed} run(s) failed; see {out}/failed.txt", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -273,11 +246,11 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
         "bench",
         help="run a benchmark suite and write results.csv and a report (the main job)",
         description="Run a suite of training runs (default: the quick CPU suite), skipping "
-        "runs that already finished in --out, then write results.csv, report.md, "
-        "report.html and figures/.",
+        "runs that already finished in --out with the same configuration, then write "
+        "results.csv, report.md, report.html and figures/.",
     )
     p.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
-    p.add_argument("--out", default=None, help="output directory (default: results/SUITE)")
+    p.add_argument("--out", default=None, help="output folder (default: results/SUITE)")
     p.add_argument(
         "--jobs", type=int, default=None, help="runs trained at once (default: the CPU count)"
     )
@@ -294,12 +267,13 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: suite's)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench, resume_hint="run the same command again to resume")
+
+
+# --------------------------------------------------------------------------- report
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from cogcal.report.build import build_report
 
     directory = Path(args.directory)
@@ -319,7 +293,7 @@ def _register_report(sub: argparse._SubParsersAction) -> None:
         description="Rebuild the report of a `cogcal bench` output directory from its results.csv.",
     )
     p.add_argument("directory", help="a directory written by `cogcal bench`")
-    p.set_defaults(func=_cmd_report)
+    p.set_defaults(func=_cmd_report, resume_hint="")
 
 
 #: Subcommand registrars: each adds its parser and sets ``func``.
@@ -339,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Calibration in One Go: train classifiers that are accurate and calibrated in one "
             "run, and compare them with the paper's baselines."
         ),
+        epilog=_names_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cogcal {cogcal.__version__}")
     parser.add_argument(
@@ -350,34 +326,78 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(err: BaseException) -> str:
-    """An error message on one line (multi-line messages are joined, bullets become commas)."""
-    parts = [line.strip().removeprefix("- ") for line in str(err).splitlines() if line.strip()]
+# --------------------------------------------------------------------------- running
+
+
+def _one_line(text: str) -> str:
+    """A message on one line (multi-line messages are joined, bullets become commas)."""
+    parts = [line.strip().removeprefix("- ") for line in text.splitlines() if line.strip()]
     return " ".join(parts)
 
 
+def _os_error(err: OSError) -> str:
+    where = f"{err.filename}: " if err.filename else ""
+    reason = err.strerror or str(err)
+    fix = {
+        errno.ENOSPC: "free some disk space (or choose another output folder) and resume",
+        errno.EACCES: "check the permissions or choose another folder",
+        errno.EPERM: "check the permissions or choose another folder",
+        errno.EROFS: "choose a writable folder",
+        errno.EDQUOT: "free some space within your quota and resume",
+    }.get(err.errno or 0, "check the path and the disk")
+    return f"{where}{reason}; {fix}."
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`Interrupted` (SIGINT already raises
+    KeyboardInterrupt), so ``finally`` blocks run and what was saved is kept."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 success, 2 user error, 1 failure)."""
+    """Run the command line; returns the exit status (see the module docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 0
+    hint = getattr(args, "resume_hint", "")
     try:
-        return int(args.func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as err:
+        with _signals_raise():
+            return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:  # ArgumentError, ConfigError, ... included
         if args.debug:
             raise
-        print(f"cogcal: error: {_one_line(err)}", file=sys.stderr)
+        print(f"cogcal: error: {_one_line(cli_message(err))}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # a diverging run: the user's settings, not a bug
         if args.debug:
             raise
-        print(f"cogcal: error: {_one_line(err)}", file=sys.stderr)
+        print(f"cogcal: error: {_one_line(str(err))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("cogcal: interrupted", file=sys.stderr)
-        return 130
+    except OSError as err:  # the environment: disk full, permissions
+        if args.debug:
+            raise
+        print(f"cogcal: error: {_one_line(_os_error(err))}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Interrupted) as err:
+        signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
+        name = signal.Signals(signum).name
+        print(f"cogcal: interrupted ({name})" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,7 +30,26 @@ from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
 from cogcal.data.transforms import augment_crop_flip, normalize
 
+#: TEMPORARY (replaced by the data layer's own default_model): backbone per dataset.
+_DEFAULT_MODELS = {
+    "mnist1d": "mlp",
+    "digits": "cnn",
+    "cifar10": "resnet18",
+    "cifar100": "resnet18",
+    "svhn": "resnet18",
+    "mnist1d-mtl": "mlp",
+    "digits-mtl": "cnn",
+    "celeba": "resnet18",
+}
+
+
+def default_model(name: str) -> str | None:
+    """The default backbone of a dataset, without loading it."""
+    return _DEFAULT_MODELS.get(name.lower())
+
+
 __all__ = [
+    "default_model",
     "SPLIT_SEED",
     "BatchLoader",
     "Dataset",

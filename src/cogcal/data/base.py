@@ -235,7 +235,7 @@ def list_datasets() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def load_dataset(name: str, *, root: str | Path = "data") -> Dataset:
+def load_dataset(name: str, *, root: str | Path = "data", **options: Any) -> Dataset:
     """Load a registered dataset with its fixed train/validation/test splits.
 
     Parameters
@@ -277,7 +277,11 @@ def load_dataset(name: str, *, root: str | Path = "data") -> Dataset:
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(known)}.{hint}")
-    return _REGISTRY[key](Path(root).expanduser())
+    data = _REGISTRY[key](Path(root).expanduser())
+    from cogcal.data import default_model  # TEMPORARY until the data layer sets it
+
+    data.default_model = default_model(key)
+    return data
 
 
 # --------------------------------------------------------------------------- helpers

@@ -1,73 +1,223 @@
-"""One typed configuration for a training run (SPEC §1 recipe), validated once."""
+"""One typed configuration for a training run: the only place a training option is defined.
+
+Every field of :class:`TrainConfig` carries its meaning, unit and command-line help in its
+metadata; ``cogcal train`` / ``cogcal tune`` build their flags from these fields
+(:func:`add_arguments`), suites are validated by building ``TrainConfig`` objects, and a
+run folder records the resolved configuration (:meth:`TrainConfig.resolved`), which the
+run contract (:mod:`cogcal.train.rundir`) compares field by field.
+
+Validation happens once, when a ``TrainConfig`` is built. Errors are
+:class:`ConfigError` s that name the field in Python (``lr``) and the flag on the command
+line (``--lr``).
+
+>>> cfg = TrainConfig(method="cog-ms", epochs=5)
+>>> cfg.learning_rates()
+(0.001, 0.0001)
+>>> cfg.resolved()["schedule"], cfg.resolved()["model"]
+('step', 'mlp')
+>>> TrainConfig(method="ce").resolved()["schedule"]
+'none'
+>>> TrainConfig(lr=0)
+Traceback (most recent call last):
+...
+cogcal.train.config.ConfigError: `lr` must be a positive finite number, got 0.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
+import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrainConfig", "DEFAULT_MODELS"]
+from cogcal._errors import ArgumentError
+from cogcal.data import default_model, list_datasets
+from cogcal.models import list_models
+from cogcal.train.methods import get_method, list_methods
 
-#: Backbone used when ``model`` is not given, per dataset.
-DEFAULT_MODELS = {
-    "mnist1d": "mlp",
-    "digits": "cnn",
-    "cifar10": "resnet18",
-    "cifar100": "resnet18",
-    "svhn": "resnet18",
-    "mnist1d-mtl": "mlp",
-    "digits-mtl": "cnn",
-    "celeba": "resnet18",
-}
+__all__ = [
+    "ConfigError",
+    "TrainConfig",
+    "LR_FLOOR",
+    "SCHEDULES",
+    "add_arguments",
+    "config_from_args",
+    "flag",
+    "result_fields",
+]
+
+LR_FLOOR = 1e-8  # every learning rate below this: a run stops (docs/method.md §1)
+SCHEDULES = ("step", "none")
 ACCELERATORS = ("cpu", "gpu", "auto")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
-LR_FLOOR = 1e-8  # every learning rate below this: a run stops (SPEC §1)
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
+NORMALIZATIONS = ("auto", "none", "imagenet")
+SEED_MAX = 2**32 - 1  # numpy's seeding limit
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a field: ``calibrator_lr`` -> ``--calibrator-lr``."""
+    return "--" + name.replace("_", "-")
+
+
+class ConfigError(ArgumentError):
+    """An invalid :class:`TrainConfig` field.
+
+    Built from a function that writes the message given a way to name fields: ``str(err)``
+    names them as Python arguments (`` `lr` ``), ``err.cli_message`` as flags (``--lr``).
+
+    >>> err = ConfigError(lambda n: f"{n('lr')} must be positive.")
+    >>> str(err), err.cli_message
+    ('`lr` must be positive.', '--lr must be positive.')
+    """
+
+    def __init__(self, message: Callable[[Callable[[str], str]], str]) -> None:
+        super().__init__(message(lambda f: f"`{f}`"), cli_message=message(flag))
+
+
+def _opt(
+    help: str,
+    *,
+    results: bool = True,
+    cli: bool = True,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+) -> dict[str, Any]:
+    """Field metadata: ``help`` (meaning and unit), whether the field can change a run's
+    results (``results=False``: ignored when two runs are compared), whether it is a
+    command-line flag, and its choices."""
+    return {"help": help, "results": results, "cli": cli, "choices": choices, "metavar": metavar}
 
 
 @dataclass
 class TrainConfig:
-    """Everything that defines one training run; units in the comments.
+    """Everything that defines one training run (the recipe of docs/method.md §1).
 
-    ``lr`` and ``calibrator_lr`` left as ``None`` resolve to the method's defaults
-    (:meth:`resolved`): 1e-3 for COG methods and 1e-4 for the others, and ``lr / 10``.
+    Fields left as ``None`` resolve to their documented defaults in :meth:`resolved`:
+    ``model`` to the dataset's default backbone, ``lr`` to 1e-3 for COG methods and 1e-4
+    for the others, ``calibrator_lr`` to ``lr / 10`` (COG methods only), ``schedule`` to
+    ``"step"`` for COG methods and ``"none"`` for the others (the paper's protocol).
     """
 
-    dataset: str = "mnist1d"
-    model: str | None = None  # backbone name; None -> DEFAULT_MODELS[dataset]
-    method: str = "cog-fc"
-    seed: int = 0  # initialisation, shuffling, augmentation (the data split seed is fixed)
-    epochs: int = 30  # stage-1 epochs (the paper: 300 single-task, 100 multi-task)
-    stage2_epochs: int = 40  # TST / V-TST stage-2 epochs
-    batch_size: int = 256  # global batch, split across devices
-    steps_per_call: int = 8  # minibatches per Lightning training_step; never changes results
-    lr: float | None = None  # λ_f, network learning rate (Adam)
-    calibrator_lr: float | None = None  # λ_c, calibrator learning rate (COG methods)
-    allow_fast_calibrator: bool = False  # permit λ_c >= λ_f (breaks the Stackelberg hierarchy)
-    step_size: int = 10  # StepLR: divide COG learning rates by 10 every this many epochs
-    patience: int | None = None  # early stopping on validation Brier, in validation checks
-    accelerator: str = "cpu"
-    devices: int = 1  # devices per node
-    num_nodes: int = 1
-    strategy: str = "auto"  # Lightning strategy: "auto", "ddp", ...
-    precision: str = "32"  # Lightning precision: "32", "bf16-mixed", "16-mixed"
-    channels_last: bool = False  # NHWC memory format for image models (faster on GPUs)
-    compile: bool = False  # torch.compile the model (nn.Module.compile, keys unchanged)
-    data_root: str = "data"
-    out: str = "runs/default"
-    progress: bool = True  # progress bar and end-of-run summary
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes recorded with the run
+    dataset: str = field(
+        default="mnist1d",
+        metadata=_opt(
+            "dataset: a registered name, folder:PATH (ImageFolder layout), csv:PATH (with "
+            "--target) or package.module:function (a plugin)",
+            metavar="NAME",
+        ),
+    )
+    model: str | None = field(
+        default=None, metadata=_opt("backbone name (default: the dataset's)", metavar="NAME")
+    )
+    method: str = field(default="cog-fc", metadata=_opt("training method", metavar="NAME"))
+    seed: int = field(
+        default=0,
+        metadata=_opt("seed of initialisation, shuffling and augmentation (splits are fixed)"),
+    )
+    epochs: int = field(default=30, metadata=_opt("stage-1 training epochs"))
+    stage2_epochs: int = field(default=40, metadata=_opt("TST / V-TST stage-2 epochs"))
+    batch_size: int = field(
+        default=256, metadata=_opt("global minibatch size in samples (split across devices)")
+    )
+    lr: float | None = field(
+        default=None,
+        metadata=_opt("network learning rate λ_f, Adam (default: 1e-3 COG, 1e-4 others)"),
+    )
+    calibrator_lr: float | None = field(
+        default=None, metadata=_opt("calibrator learning rate λ_c of COG methods (default: lr/10)")
+    )
+    allow_fast_calibrator: bool = field(
+        default=False,
+        metadata=_opt("permit calibrator_lr >= lr (breaks COG's slower-calibrator hierarchy)"),
+    )
+    schedule: str | None = field(
+        default=None,
+        metadata=_opt(
+            "learning-rate schedule: step (divide every rate by 10 every --step-size epochs) "
+            "or none (default: step for COG methods, none for the others)",
+            choices=SCHEDULES,
+        ),
+    )
+    step_size: int = field(default=10, metadata=_opt("step schedule period in epochs"))
+    patience: int | None = field(
+        default=None,
+        metadata=_opt("early stopping: epochs without a better validation Brier (default: off)"),
+    )
+    target: str | None = field(
+        default=None, metadata=_opt("target column of a csv: dataset", metavar="COLUMN")
+    )
+    image_size: int | None = field(
+        default=None, metadata=_opt("side in pixels images of a folder: dataset are resized to")
+    )
+    normalization: str = field(
+        default="auto",
+        metadata=_opt(
+            "input normalisation of folder:/csv: datasets: auto (training-split statistics), "
+            "none, imagenet",
+            choices=NORMALIZATIONS,
+        ),
+    )
+    accelerator: str = field(default="cpu", metadata=_opt("device kind", choices=ACCELERATORS))
+    devices: int = field(default=1, metadata=_opt("devices (processes) per node"))
+    num_nodes: int = field(default=1, metadata=_opt("number of nodes"))
+    strategy: str = field(
+        default="auto", metadata=_opt("Lightning Fabric strategy", choices=STRATEGIES)
+    )
+    precision: str = field(
+        default="32",
+        metadata=_opt("numeric precision (16-mixed needs a GPU)", choices=PRECISIONS),
+    )
+    channels_last: bool = field(
+        default=False, metadata=_opt("NHWC memory layout for image models (faster on GPUs)")
+    )
+    compile: bool = field(default=False, metadata=_opt("torch.compile the model"))
+    data_root: str = field(
+        default="data", metadata=_opt("folder holding the datasets", results=False, metavar="DIR")
+    )
+    download: bool = field(
+        default=False,
+        metadata=_opt("download missing dataset files (checksums verified)", results=False),
+    )
+    mirror: str | None = field(
+        default=None,
+        metadata=_opt("base URL of a mirror to download from", results=False, metavar="URL"),
+    )
+    out: str = field(default="runs/default", metadata=_opt("run folder", results=False, cli=False))
+    progress: bool = field(
+        default=True, metadata=_opt("progress bar and end-of-run summary", results=False)
+    )
+    extra: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_opt("free-form notes recorded with the run", results=False, cli=False),
+    )
 
     def __post_init__(self) -> None:
-        self.validate()
+        self._normalise_names()
+        self._validate()
 
     # -- construction --------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a dict; unknown keys are an error, never ignored."""
+        """Build from a mapping of field values; unknown keys are an error, never ignored.
+
+        Keys that only a resolved record holds (``task``, ``data``) are not fields and are
+        refused too; use :meth:`from_record` for a recorded ``config.json``.
+        """
         if not isinstance(data, dict):
-            raise ValueError(f"a training config must be a mapping, got {type(data).__name__}.")
+            raise ArgumentError(f"a training config must be a mapping, got {type(data).__name__}.")
+        data = dict(data)
+        if "steps_per_call" in data:  # removed with the Fabric loop; it never changed results
+            data.pop("steps_per_call")
+            warnings.warn(
+                "`steps_per_call` is deprecated and ignored: the training loop no longer needs it.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in data if k not in names]
         if unknown:
@@ -75,14 +225,20 @@ class TrainConfig:
             for key in unknown:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-            raise ValueError(
+            raise ArgumentError(
                 f"unknown training config key(s) {', '.join(hints)}; allowed keys: "
                 f"{', '.join(names)}."
             )
         return cls(**data)
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> TrainConfig:
+        """Rebuild the configuration recorded in a run's ``config.json``."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls.from_dict({k: v for k, v in record.items() if k in names})
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable copy."""
+        """A JSON-serialisable copy of the fields as given."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -90,100 +246,268 @@ class TrainConfig:
         return TrainConfig.from_dict({**self.to_dict(), **changes})
 
     # -- validation ----------------------------------------------------------------------
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first invalid field (as its ``--flag``)."""
-        from cogcal.data import list_datasets
-        from cogcal.models import list_models
-        from cogcal.train.methods import get_method
+    def _normalise_names(self) -> None:
+        for name in ("method", "model", "dataset"):
+            value = getattr(self, name)
+            if isinstance(value, str) and not _is_path_dataset(value):
+                setattr(self, name, value.strip().lower())
 
-        _check_name("--dataset", self.dataset, list_datasets())
-        if self.model is not None:
-            _check_name("--model", self.model, list_models())
-        method = get_method(self.method)
-        _check_int("--seed", self.seed, minimum=0)
-        _check_int("--epochs", self.epochs, minimum=1)
-        _check_int("--stage2-epochs", self.stage2_epochs, minimum=1)
-        _check_int("--batch-size", self.batch_size, minimum=1)
-        _check_int("--steps-per-call", self.steps_per_call, minimum=1)
-        _check_int("--step-size", self.step_size, minimum=1)
-        _check_int("--devices", self.devices, minimum=1)
-        _check_int("--num-nodes", self.num_nodes, minimum=1)
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}."
+    def _validate(self) -> None:
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise ConfigError(
+                lambda n: f"{n('dataset')} must be a dataset name, got {self.dataset!r}."
             )
+        if not _is_path_dataset(self.dataset):
+            _check_name("dataset", self.dataset, list_datasets())
+        if self.model is not None:
+            _check_name("model", self.model, list_models())
+        _check_name("method", self.method, list_methods())
+        method = get_method(self.method)
+        _check_int("seed", self.seed, minimum=0, maximum=SEED_MAX)
+        for name in ("epochs", "stage2_epochs", "batch_size", "step_size", "devices", "num_nodes"):
+            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("patience", "image_size"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), minimum=1)
+        for name, allowed in (
+            ("schedule", SCHEDULES),
+            ("strategy", STRATEGIES),
+            ("precision", PRECISIONS),
+            ("accelerator", ACCELERATORS),
+            ("normalization", NORMALIZATIONS),
+        ):
+            value = getattr(self, name)
+            if value is None and name == "schedule":
+                continue
+            if value not in allowed:
+                raise ConfigError(
+                    lambda n, name=name, allowed=allowed, value=value: (
+                        f"{n(name)} must be one of {', '.join(allowed)}, got {value!r}."
+                    )
+                )
+        for name in ("allow_fast_calibrator", "channels_last", "compile", "download", "progress"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(
+                    lambda n, name=name, value=value: (
+                        f"{n(name)} must be true or false, got {value!r}."
+                    )
+                )
         world = self.devices * self.num_nodes
         if self.batch_size % world:
-            raise ValueError(
-                f"--batch-size {self.batch_size} (the global batch) must be divisible by the "
-                f"{world} processes (--devices x --num-nodes)."
+            raise ConfigError(
+                lambda n: (
+                    f"{n('batch_size')} {self.batch_size} (the global batch) must be "
+                    f"divisible by the {world} processes ({n('devices')} x {n('num_nodes')})."
+                )
             )
-        if self.patience is not None:
-            _check_int("--patience", self.patience, minimum=1)
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}."
+        if self.precision == "16-mixed" and self.accelerator == "cpu":
+            raise ConfigError(
+                lambda n: (
+                    f"{n('precision')} 16-mixed needs a GPU ({n('accelerator')} is cpu); "
+                    "use bf16-mixed on the CPU."
+                )
             )
-        if self.accelerator not in ACCELERATORS:
-            raise ValueError(
-                f"--accelerator must be one of {', '.join(ACCELERATORS)}, got {self.accelerator!r}."
-            )
-        for flag, value in (("--lr", self.lr), ("--calibrator-lr", self.calibrator_lr)):
+        for name in ("lr", "calibrator_lr"):
+            value = getattr(self, name)
             if value is not None and (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not 0 < value < float("inf")
+                or not 0 < value < math.inf
             ):
-                raise ValueError(f"{flag} must be a positive finite number, got {value!r}.")
+                raise ConfigError(
+                    lambda n, name=name, value=value: (
+                        f"{n(name)} must be a positive finite number, got {value!r}."
+                    )
+                )
         if self.lr is not None and self.lr < LR_FLOOR:
-            raise ValueError(
-                f"--lr {self.lr:g} is below {LR_FLOOR:g}, where training stops at once (no "
-                "update that small changes the result); use a larger --lr."
+            raise ConfigError(
+                lambda n: (
+                    f"{n('lr')} {self.lr:g} is below {LR_FLOOR:g}, where training stops at "
+                    f"once (no update that small changes the result); use a larger {n('lr')}."
+                )
             )
-        if self.calibrator_lr is not None and not method.cog:
-            raise ValueError(
-                f"--calibrator-lr applies to COG methods only; method {self.method!r} trains "
-                "with one learning rate (use --lr)."
+        if self.calibrator_lr is not None and not method.is_cog:
+            raise ConfigError(
+                lambda n: (
+                    f"{n('calibrator_lr')} applies to COG methods only; method "
+                    f"{self.method!r} trains with one learning rate (use {n('lr')})."
+                )
             )
         lr, cal_lr = self.learning_rates()
         if cal_lr is not None and cal_lr >= lr and not self.allow_fast_calibrator:
-            raise ValueError(
-                f"--calibrator-lr {cal_lr:g} must be smaller than --lr {lr:g} (COG's calibrator "
-                "moves on the slower timescale); lower it or pass --allow-fast-calibrator."
+            raise ConfigError(
+                lambda n: (
+                    f"{n('calibrator_lr')} {cal_lr:g} must be smaller than {n('lr')} "
+                    f"{lr:g} (COG's calibrator moves on the slower timescale); lower it or pass "
+                    f"{n('allow_fast_calibrator')}."
+                )
             )
+        if self.target is not None and not self.dataset.startswith("csv:"):
+            raise ConfigError(lambda n: f"{n('target')} applies to csv: datasets only.")
+        if self.dataset.startswith("csv:") and not self.target:
+            raise ConfigError(
+                lambda n: (
+                    f"{n('dataset')} {self.dataset} needs {n('target')}, the name of the "
+                    "column holding the class labels."
+                )
+            )
+        for name in ("data_root", "out"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(
+                    lambda n, name=name, value=value: (
+                        f"{n(name)} must be a non-empty path, got {value!r} (use . for the "
+                        "current folder)."
+                    )
+                )
+        if self.mirror is not None and (not isinstance(self.mirror, str) or not self.mirror):
+            raise ConfigError(lambda n: f"{n('mirror')} must be a URL, got {self.mirror!r}.")
         if not isinstance(self.extra, dict):
-            raise ValueError(f"`extra` must be a mapping, got {type(self.extra).__name__}.")
+            raise ConfigError(
+                lambda n: f"{n('extra')} must be a mapping, got {type(self.extra).__name__}."
+            )
 
     # -- resolution ----------------------------------------------------------------------
     @property
-    def model_name(self) -> str:
-        """The backbone actually used."""
-        return self.model or DEFAULT_MODELS.get(self.dataset, "resnet18")
+    def model_name(self) -> str | None:
+        """The backbone used: ``model``, else the dataset's default (``None`` for plugins,
+        whose default is known only once loaded)."""
+        return self.model or default_model(self.dataset)
 
     def learning_rates(self) -> tuple[float, float | None]:
         """``(λ_f, λ_c)`` after defaults; ``λ_c`` is None for non-COG methods."""
-        from cogcal.train.methods import get_method
-
         method = get_method(self.method)
         lr = self.lr if self.lr is not None else method.default_lr
-        if not method.cog:
+        if not method.is_cog:
             return float(lr), None
         cal = self.calibrator_lr if self.calibrator_lr is not None else lr / 10
         return float(lr), float(cal)
 
+    @property
+    def schedule_name(self) -> str:
+        """The schedule used: ``schedule``, else the method's default."""
+        return self.schedule or get_method(self.method).default_schedule
+
     def resolved(self) -> dict[str, Any]:
-        """The config with every default filled in, as recorded in ``config.json``."""
+        """Every field with its default filled in: what ``config.json`` records."""
         lr, cal_lr = self.learning_rates()
-        return {**self.to_dict(), "model": self.model_name, "lr": lr, "calibrator_lr": cal_lr}
+        return {
+            **self.to_dict(),
+            "model": self.model_name,
+            "lr": lr,
+            "calibrator_lr": cal_lr,
+            "schedule": self.schedule_name,
+        }
 
 
-def _check_name(flag: str, value: Any, names: list[str]) -> None:
+def _is_path_dataset(name: str) -> bool:
+    """``folder:PATH``, ``csv:PATH`` or ``package.module:function``."""
+    return isinstance(name, str) and ":" in name
+
+
+def _check_name(name: str, value: Any, names: list[str]) -> None:
     if value not in names:
         close = difflib.get_close_matches(str(value), names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"{flag} {value!r} is unknown; choose one of: {', '.join(names)}.{hint}")
+        raise ConfigError(
+            lambda n: f"{n(name)} {value!r} is unknown; choose one of: {', '.join(names)}.{hint}"
+        )
 
 
-def _check_int(flag: str, value: Any, *, minimum: int) -> None:
+def _check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}.")
+        raise ConfigError(lambda n: f"{n(name)} must be an integer >= {minimum}, got {value!r}.")
+    if maximum is not None and value > maximum:
+        raise ConfigError(lambda n: f"{n(name)} must be at most {maximum}, got {value!r}.")
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def result_fields(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The part of a resolved configuration that can change a run's results.
+
+    Drops the fields documented as not changing results (``data_root``, ``download``,
+    ``mirror``, ``out``, ``progress``, ``extra``) and the fields the method does not use
+    (``stage2_epochs`` without a second stage, ``step_size`` without the step schedule,
+    ``target``/``image_size``/``normalization`` for datasets they do not apply to), so
+    that two runs computing the same thing compare equal. Every other field is kept,
+    defaults included.
+    """
+    keep = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["results"]}
+    out = {k: v for k, v in resolved.items() if k in keep}
+    method = get_method(str(out.get("method")))
+    if not method.stage2:
+        out.pop("stage2_epochs", None)
+    if out.get("schedule") != "step":
+        out.pop("step_size", None)
+    dataset = str(out.get("dataset", ""))
+    if not dataset.startswith("csv:"):
+        out.pop("target", None)
+    if not dataset.startswith("folder:"):
+        out.pop("image_size", None)
+    if not dataset.startswith(("folder:", "csv:")):
+        out.pop("normalization", None)
+    return out
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    annotation = str(f.type)
+    if "float" in annotation:
+        return float
+    if "int" in annotation:
+        return int
+    return str
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per command-line field of :class:`TrainConfig` to ``parser``.
+
+    Flags, types, choices, defaults and help all come from the fields; a boolean field
+    whose default is true becomes ``--no-<name>``. Values are checked by
+    :class:`TrainConfig` itself, so parsing only converts types.
+    """
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if not meta["cli"] or f.name in exclude:
+            continue
+        default = f.default
+        help_text = meta["help"]
+        if meta["choices"]:
+            help_text += f" [{', '.join(meta['choices'])}]"
+        if f.type in (bool, "bool"):
+            if default:
+                parser.add_argument(
+                    "--no-" + f.name.replace("_", "-"),
+                    dest=f.name,
+                    action="store_false",
+                    help=f"no {help_text}",
+                )
+            else:
+                parser.add_argument(flag(f.name), action="store_true", help=help_text)
+            continue
+        shown = "default: method's" if default is None else f"default: {default}"
+        if f.name in ("model", "lr", "calibrator_lr", "schedule", "patience", "image_size"):
+            shown = ""
+        parser.add_argument(
+            flag(f.name),
+            dest=f.name,
+            type=_field_type(f),
+            default=default,
+            metavar=meta["metavar"],
+            help=help_text + (f" ({shown})" if shown and "default" not in help_text else ""),
+        )
+
+
+def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed flags (plus ``fields``, e.g. ``out``)."""
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if f.metadata["cli"] and hasattr(args, f.name)
+    }
+    return TrainConfig.from_dict({**values, **fields})

@@ -1,4 +1,4 @@
-"""The methods registry: every method of the paper, each defined once (SPEC §1-§2).
+"""The methods registry: every method of the paper, each defined once (docs/method.md §1-§2).
 
 A :class:`Method` says which loss trains the network, which calibrator (if any) is trained
 jointly on the slower learning rate (COG), which post-hoc calibrator (if any) is fitted on
@@ -18,12 +18,22 @@ import torch
 import torch.nn.functional as F
 
 from cogcal import losses
+from cogcal._errors import ArgumentError
 from cogcal.calibrators import default_latent_dim
 
-__all__ = ["Method", "METHODS", "get_method", "list_methods", "register_method", "loss_function"]
+__all__ = [
+    "COG_PAIRS",
+    "Method",
+    "METHODS",
+    "get_method",
+    "is_cog",
+    "list_methods",
+    "register_method",
+    "loss_function",
+]
 
 LOSSES = ("ce", "ls", "focal", "vtst")
-SMOOTHING = 0.1  # label smoothing ε of `ls` and `cog-ls` (SPEC §2)
+SMOOTHING = 0.1  # label smoothing ε of `ls` and `cog-ls` (docs/method.md §2)
 
 
 @dataclass(frozen=True)
@@ -33,7 +43,7 @@ class Method:
     Attributes
     ----------
     name : str
-        Registry name (SPEC §6).
+        Registry name (docs/method.md §6).
     description : str
         One line for tables and ``--help``.
     loss : {"ce", "ls", "focal", "vtst"}
@@ -70,13 +80,22 @@ class Method:
 
     @property
     def default_lr(self) -> float:
-        """λ_f when ``--lr`` is not given: 1e-3 for COG, 1e-4 for the baselines (SPEC §1)."""
+        """λ_f when ``--lr`` is not given: 1e-3 for COG, 1e-4 for the baselines (docs/method.md §1)."""
         return 1e-3 if self.cog else 1e-4
 
     @property
-    def uses_step_schedule(self) -> bool:
-        """COG divides both learning rates by 10 every ``step_size`` epochs; baselines don't."""
-        return self.cog is not None
+    def default_schedule(self) -> str:
+        """The paper's schedule: ``"step"`` (both rates /10 every ``step_size`` epochs) for
+        COG, ``"none"`` for the baselines (docs/method.md §1). The fair protocol sets
+        ``"step"`` for every method."""
+        return "step" if self.cog is not None else "none"
+
+    @property
+    def selects_before_calibration(self) -> bool:
+        """Whether the learning rate is chosen by the validation NLL of the network *before*
+        its post-hoc calibrator is fitted (post-hoc methods: the calibrator is fitted on
+        that same split, so its calibrated NLL would be an optimistic choice criterion)."""
+        return self.posthoc is not None
 
     @property
     def stages(self) -> int:
@@ -90,7 +109,7 @@ class Method:
 
     @property
     def supports_multilabel(self) -> bool:
-        """Whether the method has a multi-task form (SPEC §4: per-task temperature/affine)."""
+        """Whether the method has a multi-task form (docs/method.md §4: per-task temperature/affine)."""
         kind = self.cog or self.posthoc or self.stage2
         return self.loss in ("ce", "ls") and kind in (None, "fc", "ts", "ms")
 
@@ -184,15 +203,22 @@ def list_methods() -> list[str]:
 
 
 def get_method(name: str) -> Method:
-    """The method called ``name``; an unknown name suggests the closest."""
+    """The method called ``name`` (case-insensitive); an unknown name suggests the closest."""
+    key = name.strip().lower() if isinstance(name, str) else name
     try:
-        return METHODS[name]
+        return METHODS[key]
     except (KeyError, TypeError):
         close = difflib.get_close_matches(str(name), list(METHODS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"--method {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}"
+        raise ArgumentError(
+            f"`method` {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}",
+            cli_message=f"--method {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}",
         ) from None
+
+
+def is_cog(name: str) -> bool:
+    """Whether the registered method ``name`` is a COG variant."""
+    return get_method(name).is_cog
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

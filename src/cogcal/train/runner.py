@@ -1,13 +1,16 @@
-"""Run one training job end to end, and tune learning rates by validation cross-entropy.
+"""Run one training job end to end (``cogcal train``), following the method's definition.
 
-:func:`run` follows the method's definition (:mod:`cogcal.train.methods`):
+:func:`run`:
 
-1. stage 1: train the network (COG: with its calibrator on λ_c) on the training split,
-   keeping the checkpoint with the best validation Brier score;
-2. stage 2 (``tst``/``vtst``): freeze the body, train a new TST / V-TST head on the
-   training split, again keeping the best validation Brier checkpoint;
-3. post hoc (``ts``/``vs``/``ms``): fit the calibrator on the *validation* logits;
-4. evaluate on validation and test and write the run directory.
+1. checks the run folder (:mod:`cogcal.train.rundir`: never clobber, resume only the same
+   configuration) and holds its lock;
+2. stage 1 trains the network (COG: with its calibrator on λ_c) on the training split,
+   keeping the best-validation-Brier checkpoint (:func:`cogcal.train.loop.fit_stage`);
+3. stage 2 (``tst``/``vtst``) freezes the body and trains a new TST / V-TST head on the
+   training split, again keeping the best-validation-Brier checkpoint;
+4. post hoc (``ts``/``vs``/``ms``): fits the calibrator on the *validation* logits;
+5. evaluates on validation and test, OOD and shift sets, and writes the run folder,
+   ``metrics.json`` last.
 
 The test split is only ever evaluated, never used for fitting, tuning or selection.
 """
@@ -15,24 +18,16 @@ The test split is only ever evaluated, never used for fitting, tuning or selecti
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import json
-import logging
 import math
-import shutil
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning_fabric import Fabric
 from torch import nn
 
 from cogcal import _io
@@ -49,223 +44,103 @@ from cogcal.cog import CalibratedModel
 from cogcal.data import BatchLoader, Dataset, load_dataset
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
-from cogcal.train.config import TrainConfig
+from cogcal.train.config import ConfigError, TrainConfig
+from cogcal.train.loop import NonFiniteLossError, Stage, deterministic, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
-from cogcal.train.module import (
-    AtomicCheckpointIO,
-    CalibrationModule,
-    FrozenBodyHead,
-    LearningRateFloor,
-    ProgressBar,
-    load_checkpoint,
-)
+from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.train.tuning import Grid, GridSearch, point_config, point_label, write_tables
 
-__all__ = ["run", "tune", "predict_logits", "is_complete", "STAGE2_LR"]
+__all__ = [
+    "EVAL_BATCH",
+    "FrozenBodyHead",
+    "STAGE2_LR",
+    "is_complete",
+    "predict_logits",
+    "run",
+    "tune",
+]
 
-STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), SPEC §2
+STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), docs/method.md §2
 EVAL_BATCH = 1024
 
 
-def is_complete(out: str | Path) -> bool:
-    """Whether ``out`` holds a finished run (``metrics.json`` with status complete)."""
-    path = Path(out) / "metrics.json"
-    if not path.is_file():
-        return False
-    try:
-        return json.loads(path.read_text()).get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+class FrozenBodyHead(nn.Module):
+    """Stage 2 of TST / V-TST: a frozen body (eval mode, BatchNorm statistics frozen) and a
+    new trainable head on its features. ``body`` follows the backbone head contract
+    (``forward_features``)."""
+
+    def __init__(self, body: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+        for p in self.body.parameters():
+            p.requires_grad_(False)
+        self.body.eval()
+
+    def train(self, mode: bool = True) -> FrozenBodyHead:
+        super().train(mode)
+        self.body.eval()  # BatchNorm statistics never drift (the original TST code let them)
+        return self
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return self.body.forward_features(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def forward_with_kl(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head.forward_with_kl(self.features(x))
 
 
-def _device(config: TrainConfig) -> torch.device:
-    if config.accelerator == "gpu" or (config.accelerator == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ValueError("--accelerator gpu was given but no CUDA GPU is available; use cpu.")
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def _deterministic(enabled: bool) -> Iterator[None]:
-    """Deterministic kernels inside the block (restored afterwards), without filling every
-    new tensor with NaN.
-
-    ``torch.use_deterministic_algorithms(True)`` also turns on
-    ``torch.utils.deterministic.fill_uninitialized_memory``, which writes NaN into every
-    ``torch.empty`` result (``aten::fill_`` in a profile: a visible share of a small CPU
-    step), to guard against kernels that read memory they never wrote. Repeatability does not rest on it: runs
-    still repeat and resume bit for bit without it (tested). Lightning's
-    ``deterministic=True`` would also leave both flags set in the caller's process.
-    """
-    if not enabled:
-        yield
-        return
-    previous = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.utils.deterministic.fill_uninitialized_memory,
-    )
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
-
-
-class _DropLightningTips(logging.Filter):
-    """Lightning advertises its cloud services at every ``Trainer``; not our users' output."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in record.getMessage()
-
-
-def _fit(
-    module: CalibrationModule,
-    data: Dataset,
-    config: TrainConfig,
-    *,
-    epochs: int,
-    ckpt_dir: Path,
-    log_name: str,
-    device: torch.device,
-    resume: bool,
-) -> dict[str, Any]:
-    """Train ``module`` with Lightning; load the best-validation-Brier weights back into it.
-
-    With ``resume``, a stage that already finished (``ckpt_dir/done.json``) is not trained
-    again, and an interrupted one continues from ``ckpt_dir/last.ckpt``.
-    """
-    done = ckpt_dir / "done.json"
-    last = ckpt_dir / "last.ckpt"
-    module.seed = config.seed
-    if resume and done.is_file():
-        summary = json.loads(done.read_text())
-        module.load_state_dict(load_checkpoint(ckpt_dir / "best.ckpt")["state_dict"])
-        return {**summary, "resumed": "finished earlier"}
-    ckpt_path = str(last) if resume and last.is_file() else None
-    if ckpt_path is not None:
-        load_checkpoint(ckpt_path)  # fail early and clearly on a corrupt checkpoint
-
-    loader_device = device if device.type == "cuda" else None
-
-    def loaders(world: int, rank: int) -> tuple[BatchLoader, BatchLoader]:
-        # the global batch is split across processes; validation is sharded without
-        # padding, so every sample is counted once when the metric states are summed
-        shard = dict(num_replicas=world, rank=rank, device=loader_device)
-        train = data.loader("train", config.batch_size // world, seed=config.seed, **shard)
-        return train, data.loader("val", EVAL_BATCH, pad=False, **shard)
-
-    module.attach_data(loaders, channels_last=config.channels_last)
-    calls_per_epoch = -(-len(data.train) // (config.batch_size * module.steps_per_call))
-    checkpoint = ModelCheckpoint(
-        dirpath=ckpt_dir,
-        filename="best",
-        monitor="val_brier",
-        mode="min",
-        save_last=True,
-        save_on_train_epoch_end=True,  # validation runs at the end of the training epoch
-        auto_insert_metric_name=False,
-        enable_version_counter=False,
-    )
-    floor = LearningRateFloor()
-    callbacks: list[L.Callback] = [checkpoint, floor]
-    if config.progress:
-        callbacks.append(ProgressBar())
-    if config.patience is not None:
-        callbacks.append(
-            EarlyStopping(
-                monitor="val_brier",
-                mode="min",
-                patience=config.patience,
-                check_on_train_epoch_end=True,
+def _fabric(config: TrainConfig) -> Fabric:
+    accelerator = config.accelerator
+    if accelerator == "gpu" and not torch.cuda.is_available():
+        raise ConfigError(
+            lambda n: (
+                f"{n('accelerator')} gpu was given but no CUDA GPU is available here; use cpu."
             )
         )
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        accelerator="gpu" if device.type == "cuda" else "cpu",
+    if config.precision == "16-mixed" and not (
+        accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
+    ):
+        raise ConfigError(
+            lambda n: (
+                f"{n('precision')} 16-mixed needs a GPU and none is used here; use "
+                "bf16-mixed on the CPU."
+            )
+        )
+    fabric = Fabric(
+        accelerator=accelerator,
         devices=config.devices,
         num_nodes=config.num_nodes,
         strategy=config.strategy,
-        precision=config.precision,
-        deterministic=None,  # left alone here: set by _deterministic() below, CPU only
-        callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
-        logger=CSVLogger(
-            save_dir=str(config.out), name="logs", version=_log_version(config, log_name)
-        ),
-        enable_progress_bar=config.progress,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,  # the module validates itself at each epoch's end
-        log_every_n_steps=max(1, calls_per_epoch),
-        default_root_dir=str(config.out),
+        precision="32-true" if config.precision == "32" else config.precision,
     )
-    start = time.perf_counter()
-    # deterministic kernels on the CPU, so that runs repeat and resume exactly (tested);
-    # GPU runs favour speed
-    with warnings.catch_warnings(), _deterministic(device.type == "cpu"):
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*LeafSpec.*is deprecated.*")
-        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
-        # TST/V-TST stage 2 keeps the frozen body in eval mode on purpose
-        warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode at the start of training.*")
-        trainer.fit(module, ckpt_path=ckpt_path)
-    best = checkpoint.best_model_path
-    if not best or not Path(best).is_file():
-        raise RuntimeError(f"training produced no checkpoint in {ckpt_dir}.")
-    best_ckpt = load_checkpoint(best)
-    module.load_state_dict(best_ckpt["state_dict"])
-    summary = {
-        "seconds": time.perf_counter() - start,
-        "epochs_run": trainer.current_epoch,
-        "best_epoch": int(best_ckpt["epoch"]),
-        "best_val_brier": float(checkpoint.best_model_score),
-        "stopped_at_lr_floor": floor.stopped_epoch,
-    }
-    if ckpt_path is not None:
-        summary["resumed_from"] = ckpt_path
-    if trainer.global_rank == 0:
-        _io.write_json(done, summary)
-    return {**summary, "rank": trainer.global_rank}
-
-
-def _log_version(config: TrainConfig, name: str) -> str:
-    """A fresh CSV log directory per attempt, so resuming never deletes earlier logs."""
-    logs = Path(config.out) / "logs"
-    if not (logs / name).exists():
-        return name
-    k = 1
-    while (logs / f"{name}-resume{k}").exists():
-        k += 1
-    return f"{name}-resume{k}"
+    fabric.launch()
+    return fabric
 
 
 @torch.no_grad()
 def predict_logits(
-    model: nn.Module,
-    data: Dataset,
-    split: str | torch.Tensor,
-    *,
-    device: torch.device,
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, device: torch.device,
     seed: int = 0,
-    labels: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Float32 logits (on the CPU, in order, no augmentation) of a split of ``data`` or of
-    raw inputs in ``data``'s stored format (normalised with ``data``'s statistics)."""
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Float32 logits (on the CPU, in the batches' order) and the batches' labels."""
     model.eval().to(device)
     torch.manual_seed(seed)  # V-TST draws its Monte Carlo samples from the global RNG
-    if isinstance(split, str):
-        s = data.split(split)
-        x, labels = s.x, s.y
-    else:
-        x = split
-    loader = BatchLoader(
+    logits, labels = [], []
+    for x, y in batches:
+        logits.append(model(x.to(device)).float().cpu())
+        labels.append(y.cpu())
+    return torch.cat(logits), torch.cat(labels)
+
+
+def _inputs(data: Dataset, x: torch.Tensor) -> BatchLoader:
+    """Batches of raw stored inputs (e.g. OOD images), normalised like ``data``."""
+    return BatchLoader(
         x, x.new_zeros(len(x)), batch_size=EVAL_BATCH, shuffle=False, transform=data.transform
     )
-    outs = [model(xb.to(device)).float().cpu() for xb, _ in loader]
-    return torch.cat(outs), labels
 
 
 def _robustness(
@@ -325,255 +200,296 @@ def _posthoc_calibrator(kind: str, task: str) -> nn.Module:
     return {"ts": Temperature, "vs": VectorScaling, "ms": MatrixScaling}[kind]()
 
 
-def _stage1_model(method: Method, backbone: nn.Module, task: str) -> nn.Module:
-    if method.cog:
-        return CalibratedModel(backbone, calibrator=method.cog, task=task)
-    return backbone
-
-
-def _stage1_groups(
-    method: Method, model: nn.Module, config: TrainConfig
-) -> Callable[[], list[dict[str, Any]]]:
+def _stage1_groups(method: Method, model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
     lr, cal_lr = config.learning_rates()
     if isinstance(model, CalibratedModel):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore" if config.allow_fast_calibrator else "default")
-            groups = model.param_groups(
-                lr, cal_lr, allow_fast_calibrator=config.allow_fast_calibrator
-            )
-        return lambda: groups
+        return model.param_groups(lr, cal_lr, allow_fast_calibrator=config.allow_fast_calibrator)
     params = [p for p in model.parameters() if p.requires_grad]
-    return lambda: [{"params": params, "lr": lr, "name": "network"}]
+    return [{"params": params, "lr": lr, "name": "network"}]
 
 
-def _prepare_out(out: Path, resolved: dict[str, Any], *, resume: bool, overwrite: bool) -> None:
-    """Protect what ``out`` already holds: never silently clobber a run."""
-    has_state = (
-        any((out / "checkpoints").rglob("*.ckpt")) if (out / "checkpoints").is_dir() else False
-    )
-    if overwrite:
-        for name in ("checkpoints", "logs"):
-            if (out / name).is_dir():
-                shutil.rmtree(out / name)
-        for name in ("metrics.json", "val_logits.npz", "test_logits.npz", "calibrator.pt"):
-            (out / name).unlink(missing_ok=True)
-        return
-    if is_complete(out):
-        raise ValueError(
-            f"--out {out} already holds a finished run (metrics.json); choose another --out or "
-            "pass --overwrite to replace it."
-        )
-    if has_state and not resume:
-        raise ValueError(
-            f"--out {out} holds an unfinished run (checkpoints/); pass --resume to continue it "
-            "or --overwrite to start over."
-        )
-    saved = out / "config.json"
-    if resume and has_state and saved.is_file():
-        before = json.loads(saved.read_text())
-        ignore = {"out", "progress", "data", "extra"}
-        diff = [
-            f"{k}: {before.get(k)!r} -> {v!r}"
-            for k, v in resolved.items()
-            if k not in ignore and before.get(k) != v
-        ]
-        if diff:
-            raise ValueError(
-                f"--resume: the run in {out} was started with other settings ({'; '.join(diff)}); "
-                "resume with the same flags, or use another --out."
+def _check_multilabel(method: Method, data: Dataset) -> None:
+    if data.task == "multilabel" and not method.supports_multilabel:
+        usable = [m for m, spec in METHODS.items() if spec.supports_multilabel]
+        raise ConfigError(
+            lambda n: (
+                f"{n('method')} {method.name} has no multi-task form; on the multi-label "
+                f"dataset {data.name!r} use one of: {', '.join(usable)}."
             )
+        )
 
 
 def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train, calibrate and evaluate one run; write everything into ``config.out``.
 
     ``resume`` continues an interrupted run in ``config.out`` from its last checkpoint (the
-    settings must match); ``overwrite`` deletes a previous run there first. Without either,
-    a directory holding a finished or unfinished run is refused, so nothing is lost by
-    mistake.
+    configuration must be the same); ``overwrite`` first deletes what cogcal wrote there.
+    Without either, a folder holding a finished or unfinished run is refused, and a folder
+    cogcal did not write is never used unless empty (:meth:`RunDir.prepare`).
 
-    Returns the content of ``metrics.json``: ``{"config", "val", "test", "timing",
-    "status"}``. Files written: ``config.json``, ``checkpoints/{best,last}.ckpt`` (stage-1
-    checkpoints of two-stage methods under ``checkpoints/stage1/``), ``logs/*/metrics.csv``,
-    ``val_logits.npz`` and ``test_logits.npz`` (arrays ``logits``, ``labels``; calibrated
-    when the method calibrates), ``calibrator.pt`` for post-hoc methods, and last
-    ``metrics.json``.
+    Returns the content of ``metrics.json`` (:class:`~cogcal.train.rundir.RunRecord`):
+    ``{"config", "val", "test", "ood", "shift", "unavailable", "timing", "status"}`` (plus
+    ``"val_uncalibrated"`` for post-hoc methods); other processes of a multi-device run
+    return ``{"status": "worker"}``. Files written: see :mod:`cogcal.train.rundir`.
     """
-    config.validate()
     method = get_method(config.method)
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    device = _device(config)
-    started = time.perf_counter()
-    if not config.progress:
-        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    lightning_info = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropLightningTips) for f in lightning_info.filters):
-        lightning_info.addFilter(_DropLightningTips())
-
-    data = load_dataset(config.dataset, root=config.data_root)
-    if data.task == "multilabel" and not method.supports_multilabel:
-        usable = [m for m, spec in METHODS.items() if spec.supports_multilabel]
-        raise ValueError(
-            f"--method {method.name} has no multi-task form; on the multi-label dataset "
-            f"{config.dataset!r} use one of: {', '.join(usable)}."
-        )
-    L.seed_everything(config.seed, workers=False, verbose=False)
-    backbone = create_model(
-        config.model_name, num_classes=data.num_classes, input_shape=data.input_shape
+    fabric = _fabric(config)
+    folder = RunDir(config.out)
+    data = load_dataset(
+        config.dataset,
+        root=config.data_root,
+        download=config.download,
+        mirror=config.mirror,
+        target=config.target,
+        image_size=config.image_size,
+        normalization=config.normalization,
+        progress=config.progress,
     )
+    _check_multilabel(method, data)
+    model_name = config.model or data.default_model
+    resolved = {**config.resolved(), "model": model_name, "task": data.task, "data": data.info}
+    failure: BaseException | None = None
+    resumed = False
+    if fabric.is_global_zero:
+        try:
+            resumed = folder.prepare(config, resolved, resume=resume, overwrite=overwrite)
+        except BaseException as err:  # noqa: BLE001 - re-raised below, after telling the others
+            failure = err
+    ok, resumed = fabric.broadcast((failure is None, resumed), src=0)
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise RuntimeError("process 0 could not prepare the run folder; see its error.")
+    lock = folder.lock() if fabric.is_global_zero else contextlib.nullcontext()
+    with lock:
+        if fabric.is_global_zero:
+            folder.write_config(resolved)
+        fabric.barrier()
+        try:
+            return _train(config, method, fabric, folder, data, model_name, resolved, resumed)
+        except NonFiniteLossError as err:
+            if fabric.is_global_zero:  # a result, not a crash: tune and bench record it
+                _io.write_json(
+                    folder.metrics_path,
+                    {"status": "diverged", "error": str(err), "config": resolved},
+                )
+            raise
+
+
+def _train(
+    config: TrainConfig,
+    method: Method,
+    fabric: Fabric,
+    folder: RunDir,
+    data: Dataset,
+    model_name: str,
+    resolved: dict[str, Any],
+    resume: bool,
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    backbone = create_model(model_name, num_classes=data.num_classes, input_shape=data.input_shape)
     if config.channels_last:
         backbone = backbone.to(memory_format=torch.channels_last)
     if config.compile:
         backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
-    resolved = {**config.resolved(), "task": data.task, "data": data.info}
-    _prepare_out(out, resolved, resume=resume, overwrite=overwrite)
-    _io.write_json(out / "config.json", resolved)
-
+    world, rank = fabric.world_size, fabric.global_rank
+    device = fabric.device if fabric.device.type == "cuda" else None
+    shard = dict(num_replicas=world, rank=rank, device=device)
+    train_loader = data.loader("train", config.batch_size // world, seed=config.seed, **shard)
+    val_loader = data.loader("val", EVAL_BATCH, pad=False, **shard)
+    step_size = config.step_size if config.schedule_name == "step" else None
     timing: dict[str, Any] = {}
+    two_stage = method.stage2 is not None
+    on_cpu = fabric.device.type == "cpu"  # deterministic kernels: runs repeat and resume exactly
+
     # -- stage 1 ------------------------------------------------------------------------
-    model = _stage1_model(method, backbone, data.task)
-    module = CalibrationModule(
+    model: nn.Module = backbone
+    if method.cog:
+        model = CalibratedModel(backbone, calibrator=method.cog, task=data.task)
+    stage1 = Stage(
+        "stage1",
         model,
-        loss_fn=loss_function(method, data.task),
-        param_groups=_stage1_groups(method, model, config),
-        step_size=config.step_size if method.uses_step_schedule else None,
+        loss_function(method, data.task),
+        _stage1_groups(method, model, config),
+        config.epochs,
+        step_size=step_size,
+        patience=config.patience,
         task=data.task,
-        steps_per_call=config.steps_per_call,
+        seed=config.seed,
     )
-    timing["stage1"] = _fit(
-        module,
-        data,
-        config,
-        epochs=config.epochs,
-        ckpt_dir=out / "checkpoints" / ("stage1" if method.stage2 else ""),
-        log_name="stage1",
-        device=device,
-        resume=resume,
-    )
+    with deterministic(on_cpu):
+        result = fit_stage(
+            fabric, stage1, train_loader, val_loader, folder.stage_dir(two_stage),
+            log_path=folder.logs / "stage1.csv", resume=resume, progress=config.progress,
+            channels_last=config.channels_last,
+        )  # fmt: skip
+    timing["stage1"] = result.to_dict()
     final: nn.Module = model
 
     # -- stage 2: TST / V-TST head on the frozen body -----------------------------------
     if method.stage2:
-        L.seed_everything(config.seed + 1, workers=False, verbose=False)
+        torch.manual_seed(config.seed + 1)
         head_cls = VTSTHead if method.stage2 == "vtst" else TSTHead
         head = head_cls(backbone.num_features, data.num_classes)
         final = FrozenBodyHead(backbone, head)
-        module2 = CalibrationModule(
+        stage2 = Stage(
+            "stage2",
             final,
-            loss_fn=F.cross_entropy,
-            param_groups=lambda: [{"params": list(head.parameters()), "lr": STAGE2_LR}],
-            step_size=None,
+            F.cross_entropy,
+            [{"params": list(head.parameters()), "lr": STAGE2_LR, "name": "head"}],
+            config.stage2_epochs,
             task=data.task,
             variational=method.stage2 == "vtst",
-            steps_per_call=config.steps_per_call,
+            seed=config.seed,
         )
-        timing["stage2"] = _fit(
-            module2,
-            data,
-            config.replace(patience=None),
-            epochs=config.stage2_epochs,
-            ckpt_dir=out / "checkpoints",
-            log_name="stage2",
-            device=device,
-            resume=resume,
-        )
+        with deterministic(on_cpu):
+            result = fit_stage(
+                fabric, stage2, train_loader, val_loader, folder.checkpoints,
+                log_path=folder.logs / "stage2.csv", resume=resume, progress=config.progress,
+                channels_last=config.channels_last,
+            )  # fmt: skip
+        timing["stage2"] = result.to_dict()
 
-    ranks = {stage.pop("rank", 0) for stage in timing.values()}
-    if ranks != {0}:
+    if not fabric.is_global_zero:
         return {"status": "worker"}  # other processes of a multi-device run: rank 0 reports
 
     # -- predictions, post-hoc calibration on validation only ---------------------------
-    val_logits, val_labels = predict_logits(final, data, "val", device=device, seed=config.seed)
-    calibrator: nn.Module = nn.Identity()
-    if method.posthoc:
-        start = time.perf_counter()
-        calibrator = _posthoc_calibrator(method.posthoc, data.task).fit(val_logits, val_labels)
-        timing["posthoc_seconds"] = time.perf_counter() - start
-        _io.save_torch(out / "calibrator.pt", calibrator.state_dict())
+    device = fabric.device
 
-    def predict(x: str | torch.Tensor) -> torch.Tensor:
-        logits, _ = predict_logits(final, data, x, device=device, seed=config.seed)
+    def predict(x: torch.Tensor | str) -> torch.Tensor:
+        batches = (
+            data.loader(x, EVAL_BATCH, shuffle=False) if isinstance(x, str) else _inputs(data, x)
+        )
+        logits, _ = predict_logits(final, batches, device=device, seed=config.seed)
         with torch.no_grad():
             return calibrator(logits)
 
-    with torch.no_grad():
-        val_logits = calibrator(val_logits)
+    calibrator: nn.Module = nn.Identity()
+    val_logits = predict("val")
+    val_labels = data.val.y
+    names = data.class_names if data.task == "multilabel" else None
+    val_uncalibrated = None
+    if method.posthoc:
+        start = time.perf_counter()
+        val_uncalibrated = evaluate(val_logits, val_labels, task=data.task, task_names=names)
+        calibrator = _posthoc_calibrator(method.posthoc, data.task).fit(val_logits, val_labels)
+        calibrator.requires_grad_(False)
+        timing["posthoc_seconds"] = time.perf_counter() - start
+        _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
+        with torch.no_grad():
+            val_logits = calibrator(val_logits)
     test_logits, test_labels = predict("test"), data.test.y
     start = time.perf_counter()
     ood_result, shift, unavailable = _robustness(predict, data, test_logits, config)
     timing["robustness_seconds"] = time.perf_counter() - start
+    timing["total_seconds"] = time.perf_counter() - started
 
-    names = data.class_names if data.task == "multilabel" else None
-    result = {
-        "config": resolved,
-        "val": evaluate(val_logits, val_labels, task=data.task, task_names=names),
-        "test": evaluate(test_logits, test_labels, task=data.task, task_names=names),
-        "ood": ood_result,
-        "shift": shift,
-        "unavailable": unavailable,
-        "timing": {**timing, "total_seconds": time.perf_counter() - started},
-        "status": "complete",
-    }
-    _io.save_npz(out / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy())
-    _io.save_npz(out / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy())
-    _io.write_json(out / "metrics.json", _finite(result))
-    return result
-
-
-def _finite(obj: Any) -> Any:
-    """Replace non-finite floats by None so that metrics.json stays valid JSON."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+    record = RunRecord(
+        config=resolved,
+        val=evaluate(val_logits, val_labels, task=data.task, task_names=names),
+        test=evaluate(test_logits, test_labels, task=data.task, task_names=names),
+        val_uncalibrated=val_uncalibrated,
+        ood=ood_result,
+        shift=shift,
+        unavailable=unavailable,
+        timing=timing,
+    )
+    _io.save_npz(
+        folder.path / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy()
+    )
+    _io.save_npz(
+        folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
+    )
+    folder.write_record(record)
+    return record.to_dict()
 
 
-def tune(config: TrainConfig, grid: list[dict[str, Any]], out: str | Path) -> dict[str, Any]:
-    """Train ``config`` at every grid point and choose by validation cross-entropy (NLL).
+def is_complete(out: str | Path) -> bool:
+    """Whether ``out`` holds a finished run (see :class:`cogcal.train.rundir.RunDir`)."""
+    return RunDir(out).is_complete()
 
-    Each point is a dict of config changes, e.g. ``{"lr": 1e-3, "calibrator_lr": 1e-4}``;
-    each run goes to ``out/<point>/`` and is skipped when already complete (resumable).
-    Writes ``out/tune.csv`` (every point with its validation metrics) and ``out/tune.json``
-    (the table and the chosen point). The test split plays no part in the choice.
+
+def _tune_point(cfg: TrainConfig, *, overwrite: bool) -> tuple[str, RunRecord | None]:
+    """Train (or reuse) one grid point; ``("complete", record)`` or ``("diverged", None)``."""
+    folder = RunDir(cfg.out)
+    saved = folder.read_config() if folder.is_marked() else None
+    resume = False
+    if saved is not None:
+        diff = config_diff(saved, cfg.resolved())
+        if diff and not overwrite:
+            raise RunFolderError(
+                f"{folder.path} holds a run of another configuration ({'; '.join(diff)}); use "
+                "another output folder or `overwrite=True`.",
+                cli_message=f"{folder.path} holds a run of another configuration "
+                f"({'; '.join(diff)}); use another --out or pass --overwrite.",
+            )
+        if not diff:
+            outcome = folder.read_outcome()
+            status = (outcome or {}).get("status")
+            if status == "complete":
+                return "complete", folder.read_record()
+            if status == "diverged":
+                return "diverged", None
+            resume = folder.has_state()
+    try:
+        run(cfg, resume=resume, overwrite=saved is not None and not resume)
+    except NonFiniteLossError:
+        return "diverged", None
+    return "complete", folder.read_record()
+
+
+def tune(
+    config: TrainConfig,
+    grid: Grid,
+    out: str | Path,
+    *,
+    max_extensions: int = 2,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Train ``config`` over ``grid``, extended while the choice is at an edge, and choose by
+    validation cross-entropy (:mod:`cogcal.train.tuning`).
+
+    Each point runs in ``out/<point_label>/``; a point folder already holding a finished
+    (or diverged) run *of the same configuration* is reused, an unfinished one is resumed,
+    and one holding a run of another configuration is an error unless ``overwrite``. A
+    diverged point is recorded with ``status: diverged`` and excluded from the choice.
+    Writes ``out/tune.csv`` and ``out/tune.json`` and returns the latter's content.
+
+    Raises
+    ------
+    NonFiniteLossError
+        Every point diverged (the message names them); the tables are written first.
     """
-    if not grid:
-        raise ValueError("the tuning grid is empty; give at least one point.")
     out = Path(out)
+    search = GridSearch(grid, max_extensions=max_extensions)
     rows: list[dict[str, Any]] = []
-    for point in grid:
-        cfg = config.replace(**point)  # validates each point (e.g. λ_c < λ_f)
-        run_dir = out / "_".join(
-            f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in point.items()
+    with RunDir(out).lock():
+        while points := search.next_points():
+            for point in points:
+                cfg = config.replace(
+                    **point_config(point), out=str(out / point_label(point)), progress=False
+                )
+                status, record = _tune_point(cfg, overwrite=overwrite)
+                nll = record.selection_nll if record is not None else math.inf
+                val = record.val if record is not None else {}
+                search.record(point, nll, status)
+                rows.append(
+                    {
+                        **point,
+                        **point_config(point),
+                        "val_nll": nll if math.isfinite(nll) else None,
+                        "val_brier": val.get("brier"),
+                        "val_acc": val.get("acc"),
+                        "status": status,
+                        "run": point_label(point),
+                    }
+                )
+        summary = search.summary(rows)
+        write_tables(out, summary)
+    if search.best is None:
+        raise NonFiniteLossError(
+            f"every tuning point in {out} diverged ({', '.join(r['run'] for r in rows)}); "
+            "try smaller learning rates."
         )
-        cfg = cfg.replace(out=str(run_dir), progress=False)
-        if is_complete(run_dir):
-            result = json.loads((run_dir / "metrics.json").read_text())
-        else:
-            result = run(cfg, resume=True)
-        val = result["val"]
-        rows.append(
-            {
-                **point,
-                "val_nll": val["nll"],
-                "val_brier": val["brier"],
-                "val_acc": val["acc"],
-                "run": str(run_dir),
-            }
-        )
-    finite = [r for r in rows if r["val_nll"] is not None and math.isfinite(r["val_nll"])]
-    if not finite:
-        raise RuntimeError(f"every tuning run in {out} diverged (no finite validation NLL).")
-    best = min(finite, key=lambda r: r["val_nll"])
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    _io.write_text(out / "tune.csv", buf.getvalue())
-    chosen = {k: best[k] for k in grid[0]}
-    summary = {"selection": "validation NLL (cross-entropy)", "best": chosen, "table": rows}
-    _io.write_json(out / "tune.json", summary)
     return summary

@@ -1,0 +1,553 @@
+"""The training loop: one stage of the recipe, readable top to bottom (docs/method.md §1).
+
+:func:`fit_stage` is the whole recipe of one training stage:
+
+* one forward, one backward and one optimizer step per minibatch (Adam on the parameter
+  groups the method defines: for COG the network on λ_f and the calibrator on λ_c; the
+  calibrator is nothing but a parameter group);
+* at the end of every epoch: a check that the training loss stayed finite (before anything
+  is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15; memory independent
+  of the split size), the step schedule (every rate divided by 10 every ``step_size``
+  epochs), and a checkpoint: ``last.ckpt`` every epoch, ``best.ckpt`` whenever the
+  validation Brier score improved;
+* stopping: after ``epochs``, once every learning rate has decayed below the 1e-8 floor
+  (later steps cannot change the result), or after ``patience`` epochs without a better
+  validation Brier score;
+* resume: model, optimizer, schedule, loop counters and the epoch (which seeds the
+  shuffling, the augmentation and the global RNG) come back from ``last.ckpt``, so an
+  interrupted run ends exactly where an uninterrupted one does.
+
+Lightning Fabric provides devices, DDP, mixed precision and process launching; the loop
+is ours. Checkpoints are written by a background thread from a CPU copy of the state, in
+order and durably (fsync before the rename), so saving overlaps with training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from cogcal import _io
+from cogcal.metrics import StreamingMetrics
+from cogcal.train.config import LR_FLOOR
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "CheckpointWriter",
+    "NonFiniteLossError",
+    "Stage",
+    "StageResult",
+    "deterministic",
+    "epoch_seed",
+    "fit_stage",
+    "load_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "cogcal-checkpoint/2"
+LOG_COLUMNS = ("epoch", "train_loss", "val_brier", "val_nll", "val_acc", "val_ece_15", "seconds")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the run stopped before saving that state."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, empty, truncated or not a cogcal checkpoint."""
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+@dataclass
+class Stage:
+    """What one training stage trains, and how.
+
+    Attributes
+    ----------
+    name : str
+        ``"stage1"`` or ``"stage2"`` (log file name).
+    model : nn.Module
+        Produces logits (a ``CalibratedModel`` for COG, a backbone, or a frozen body with a
+        new head for TST stage 2).
+    loss_fn : callable
+        ``loss_fn(logits, labels)``.
+    param_groups : list of dict
+        Optimizer parameter groups (``"params"``, ``"lr"``, optional ``"name"``).
+    epochs : int
+        Maximum number of epochs.
+    step_size : int or None
+        Period of the step schedule in epochs (γ = 0.1); None: constant rates.
+    patience : int or None
+        Epochs without a better validation Brier score before stopping; None: never.
+    task : str
+        ``"multiclass"`` or ``"multilabel"`` (validation metrics).
+    variational : bool
+        Train with ``model.forward_with_kl`` and add the KL term (V-TST).
+    seed : int
+        With the epoch, seeds the global RNG (dropout, V-TST sampling) at each epoch start.
+    """
+
+    name: str
+    model: nn.Module
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    param_groups: list[dict[str, Any]]
+    epochs: int
+    step_size: int | None = None
+    patience: int | None = None
+    task: str = "multiclass"
+    variational: bool = False
+    seed: int = 0
+
+
+@dataclass
+class StageResult:
+    """What a stage did (recorded under ``timing`` in ``metrics.json``)."""
+
+    seconds: float
+    epochs_run: int
+    best_epoch: int
+    best_val_brier: float
+    stopped: str | None = None  # None (all epochs) | "lr_floor" | "patience"
+    resumed_from_epoch: int | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("history")
+        return d
+
+
+@dataclass
+class _LoopState:
+    """Counters saved in every checkpoint."""
+
+    epoch: int = 0  # epochs completed
+    best_brier: float = math.inf
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    stopped: str | None = None
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The global RNG seed of one epoch, so that a resumed run repeats it exactly."""
+    return int(np.random.SeedSequence([seed, epoch, 7]).generate_state(1)[0])
+
+
+def fit_stage(
+    fabric: Any,
+    stage: Stage,
+    train_loader: Any,
+    val_loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    folder: Path,
+    *,
+    log_path: Path | None,
+    resume: bool = False,
+    progress: bool = True,
+    channels_last: bool = False,
+) -> StageResult:
+    """Train one stage; on return ``stage.model`` holds its best-validation-Brier weights.
+
+    Parameters
+    ----------
+    fabric : lightning_fabric.Fabric
+        Launched Fabric (devices, strategy, precision).
+    stage : Stage
+    train_loader : iterable of (x, y) with ``set_epoch(epoch)`` and ``len()``
+        This process's shard of the training split (shuffled per epoch).
+    val_loader : iterable of (x, y)
+        This process's shard of the validation split (every sample on exactly one process).
+    folder : Path
+        Where ``last.ckpt``, ``best.ckpt`` and ``done.json`` go.
+    log_path : Path, optional
+        CSV file receiving one row per epoch (rank 0).
+    resume : bool
+        Continue from ``folder/last.ckpt`` (or skip a stage that already finished).
+    progress : bool
+        A progress bar on stderr, redrawn at most twice a second.
+    channels_last : bool
+        Feed 4-D inputs in NHWC layout.
+    """
+    done = folder / "done.json"
+    if resume and done.is_file():  # this stage finished before the interruption
+        summary = _io.read_json(done)
+        stage.model.load_state_dict(load_checkpoint(folder / "best.ckpt")["model"])
+        return StageResult(
+            **{k: summary[k] for k in StageResult.__dataclass_fields__ if k in summary}
+        )
+
+    model, optimizer = fabric.setup(stage.model, torch.optim.Adam(stage.param_groups))
+    if stage.variational:
+        model.mark_forward_method("forward_with_kl")
+    scheduler = (
+        torch.optim.lr_scheduler.StepLR(optimizer, stage.step_size, gamma=0.1)
+        if stage.step_size is not None
+        else None
+    )
+    state = _LoopState()
+    resumed_from = None
+    last = folder / "last.ckpt"
+    if resume and last.is_file():
+        ckpt = load_checkpoint(last)
+        stage.model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if scheduler is not None and ckpt.get("scheduler") is not None:
+            scheduler.load_state_dict(ckpt["scheduler"])
+        state = _LoopState(**ckpt["loop"])
+        resumed_from = state.epoch
+        if fabric.is_global_zero:
+            _restore_best(folder, state)
+    log = _EpochLog(log_path, keep_before=state.epoch) if fabric.is_global_zero else None
+    writer = CheckpointWriter(folder, enabled=fabric.is_global_zero)
+    metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
+    steps = len(train_loader)
+    bar = tqdm(
+        total=stage.epochs * steps,
+        initial=state.epoch * steps,
+        disable=not (progress and fabric.is_global_zero),
+        desc=stage.name,
+        unit="batch",
+        mininterval=0.5,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+    history: list[dict[str, float]] = []
+    started = time.perf_counter()
+    epochs = range(state.epoch, stage.epochs) if state.stopped is None else range(0)
+    try:
+        for epoch in epochs:
+            rates = [g["lr"] for g in optimizer.param_groups]
+            if max(rates) < LR_FLOOR:  # no later step can change the result
+                state.stopped = "lr_floor"
+                bar.write(
+                    f"{stage.name}: stopping at epoch {epoch}: every learning rate is below "
+                    f"{LR_FLOOR:g} ({', '.join(f'{r:.1e}' for r in rates)})."
+                )
+                break
+            epoch_start = time.perf_counter()
+            torch.manual_seed(epoch_seed(stage.seed, epoch))  # dropout, V-TST samples
+            train_loader.set_epoch(epoch)  # shuffling and augmentation
+            model.train()
+            loss_sum = torch.zeros((), device=fabric.device)
+            for x, y in train_loader:
+                if channels_last and x.ndim == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                if stage.variational:
+                    logits, kl = model.forward_with_kl(x)
+                    loss = stage.loss_fn(logits, y) + kl
+                else:
+                    loss = stage.loss_fn(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                fabric.backward(loss)
+                optimizer.step()
+                loss_sum += loss.detach()
+                bar.update()
+            train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean")) / max(steps, 1)
+            if not math.isfinite(train_loss):  # before anything of this epoch is saved
+                raise NonFiniteLossError(
+                    f"the training loss became {train_loss} in epoch {epoch}; the run stopped "
+                    f"before saving that state, so {folder.name}/last.ckpt and best.ckpt hold "
+                    "the last good epoch. Lower the learning rate(s) and retry."
+                )
+            val = _validate(model, val_loader, metrics, fabric, channels_last)
+            if scheduler is not None:
+                scheduler.step()
+            improved = val["brier"] < state.best_brier
+            if improved:
+                state.best_brier, state.best_epoch, state.bad_epochs = val["brier"], epoch, 0
+            else:
+                state.bad_epochs += 1
+            state.epoch = epoch + 1
+            if stage.patience is not None and state.bad_epochs >= stage.patience:
+                state.stopped = "patience"
+            writer.save(_snapshot(stage.model, optimizer, scheduler, state), best=improved)
+            row = {
+                "epoch": float(epoch),
+                **{
+                    f"lr_{g.get('name', i)}": r
+                    for i, (g, r) in enumerate(zip(optimizer.param_groups, rates, strict=True))
+                },
+                "train_loss": train_loss,
+                **{f"val_{k}": val[k] for k in ("brier", "nll", "acc", "ece_15")},
+                "seconds": time.perf_counter() - epoch_start,
+            }
+            history.append(row)
+            if log is not None:
+                log.write(row)
+            bar.set_postfix(
+                val_brier=f"{val['brier']:.4f}", val_acc=f"{val['acc']:.3f}", refresh=False
+            )
+            if state.stopped == "patience":
+                bar.write(
+                    f"{stage.name}: stopping at epoch {epoch}: no better validation Brier score "
+                    f"for {stage.patience} epochs (best: epoch {state.best_epoch})."
+                )
+                break
+        bar.refresh()
+    finally:
+        bar.close()
+        writer.close()
+        if log is not None:
+            log.close()
+    fabric.barrier()  # rank 0 has written its checkpoints
+    if state.best_epoch < 0:
+        raise RuntimeError(f"{stage.name} trained no epoch, so it has no checkpoint in {folder}.")
+    best = load_checkpoint(folder / "best.ckpt")
+    if best["loop"]["best_epoch"] != state.best_epoch:
+        raise CheckpointError(
+            f"{folder / 'best.ckpt'} holds epoch {best['loop']['best_epoch']} but the run's best "
+            f"epoch is {state.best_epoch}; the checkpoints are inconsistent: start over."
+        )
+    stage.model.load_state_dict(best["model"])
+    result = StageResult(
+        seconds=time.perf_counter() - started,
+        epochs_run=state.epoch,
+        best_epoch=state.best_epoch,
+        best_val_brier=state.best_brier,
+        stopped=state.stopped,
+        resumed_from_epoch=resumed_from,
+        history=history,
+    )
+    if fabric.is_global_zero:
+        _io.write_json(done, result.to_dict())
+    return result
+
+
+@torch.no_grad()
+def _validate(
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    metrics: StreamingMetrics,
+    fabric: Any,
+    channels_last: bool,
+) -> dict[str, float]:
+    """The epoch's validation pass in streaming form; with several processes each streams
+    its shard and the sums are added, so every validation sample counts once."""
+    model.eval()
+    metrics.reset()
+    for x, y in loader:
+        if channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        metrics.update(model(x).float(), y)
+    if fabric.world_size > 1:
+        state = {k: fabric.all_reduce(v, reduce_op="sum") for k, v in metrics.state_dict().items()}
+        metrics.load_state_dict(state)
+    return metrics.compute()
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels inside the block (restored afterwards), without filling every
+    new tensor with NaN (``fill_uninitialized_memory``, which
+    ``torch.use_deterministic_algorithms`` turns on, costs a visible share of a small CPU
+    step and is not needed for runs to repeat and resume bit for bit; tested)."""
+    if not enabled:
+        yield
+        return
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _cpu_copy(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _snapshot(model: nn.Module, optimizer: Any, scheduler: Any, state: _LoopState) -> dict:
+    """A CPU copy of everything a resumed run needs (taken at an epoch boundary)."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": _cpu_copy(model.state_dict()),
+        "optimizer": _cpu_copy(optimizer.state_dict()),
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "loop": asdict(state),
+    }
+
+
+class CheckpointWriter:
+    """Writes checkpoints from a background thread, in order, each durably.
+
+    ``save(snapshot, best=...)`` queues a CPU snapshot; the thread writes it to
+    ``last.ckpt`` (temporary file, fsync, rename) and, when it is the best so far, makes
+    ``best.ckpt`` the same file (a hard link renamed into place). So ``best.ckpt`` is never
+    newer than ``last.ckpt``, and a run killed between the two writes repairs ``best.ckpt``
+    when it resumes. An error in the thread (disk full) is raised at the next ``save`` or at
+    ``close``.
+    """
+
+    def __init__(self, folder: Path, *, enabled: bool = True) -> None:
+        self.folder = Path(folder)
+        self._queue: queue.Queue[tuple[dict, bool] | None] = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if enabled:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._thread = threading.Thread(target=self._work, name="cogcal-ckpt", daemon=True)
+            self._thread.start()
+
+    def save(self, snapshot: dict, *, best: bool) -> None:
+        self._raise()
+        if self._thread is not None:
+            self._queue.put((snapshot, best))
+
+    def close(self) -> None:
+        """Wait for every queued checkpoint to be written."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._error is not None:
+                continue  # stop writing after a failure; the error is raised in the loop
+            snapshot, best = item
+            try:
+                last = _io.save_torch(self.folder / "last.ckpt", snapshot)
+                if best:
+                    link_atomic(last, self.folder / "best.ckpt")
+            except BaseException as err:  # noqa: BLE001 - handed to the training thread
+                self._error = err
+
+
+def link_atomic(src: Path, dst: Path) -> None:
+    """Make ``dst`` the same file as ``src`` atomically (hard link, else a durable copy)."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:  # no hard links on this file system
+        _io.write_bytes(tmp, src.read_bytes())
+    os.replace(tmp, dst)
+    _io.fsync_dir(dst.parent)
+
+
+def _restore_best(folder: Path, state: _LoopState) -> None:
+    """After a kill between writing ``last.ckpt`` and linking ``best.ckpt``: if the last
+    checkpoint is the best one, make ``best.ckpt`` that file again."""
+    last, best = folder / "last.ckpt", folder / "best.ckpt"
+    if state.best_epoch == state.epoch - 1 and not (best.exists() and os.path.samefile(last, best)):
+        link_atomic(last, best)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a cogcal checkpoint safely (``torch.load(weights_only=True)``).
+
+    Raises
+    ------
+    CheckpointError
+        Missing, empty (0 bytes), truncated or foreign files, each named with the fix.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist.") from None
+    if size == 0:
+        raise CheckpointError(
+            f"checkpoint {path} is empty (0 bytes): the run was interrupted while saving; "
+            "delete it and resume (an earlier checkpoint is used), or start over."
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {detail}); "
+            "delete it and resume, or start over."
+        ) from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this cogcal version (format "
+            f"{ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt).__name__!r}, "
+            f"expected {CHECKPOINT_FORMAT!r}); start the run over."
+        )
+    return ckpt
+
+
+# --------------------------------------------------------------------------- the log
+
+
+class _EpochLog:
+    """One CSV row per epoch (flushed at once); on resume the rows of epochs before the
+    checkpoint are kept and those after it (trained again) are dropped."""
+
+    def __init__(self, path: Path | None, *, keep_before: int) -> None:
+        self._file = None
+        self._writer: csv.DictWriter | None = None
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept: list[dict[str, str]] = []
+        names: list[str] = []
+        if path.is_file() and keep_before > 0:
+            with path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                names = list(reader.fieldnames or [])
+                kept = [r for r in reader if _epoch_of(r) < keep_before]
+        self._file = path.open("w", newline="")
+        if names:
+            self._writer = csv.DictWriter(self._file, fieldnames=names, extrasaction="ignore")
+            self._writer.writeheader()
+            self._writer.writerows(kept)
+            self._file.flush()
+
+    def write(self, row: dict[str, float]) -> None:
+        if self._file is None:
+            return
+        if self._writer is None:
+            self._writer = csv.DictWriter(self._file, fieldnames=list(row), extrasaction="ignore")
+            self._writer.writeheader()
+        self._writer.writerow({k: (int(v) if k == "epoch" else v) for k, v in row.items()})
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _epoch_of(row: dict[str, str]) -> float:
+    try:
+        return float(row.get("epoch") or "inf")
+    except ValueError:
+        return math.inf

@@ -1,0 +1,563 @@
+"""The run folder contract: its layout, its record, and when two runs are the same.
+
+Every reader and writer of a run folder goes through this module: ``cogcal train`` (new
+run, ``--resume``, ``--overwrite``), ``cogcal tune`` (reusing a grid point), ``cogcal
+bench`` (skipping, reusing, clearing), the results collection and the report.
+
+Layout of a run folder (everything cogcal writes there, and nothing else is ever
+deleted)::
+
+    config.json          the resolved configuration; its "cogcal_run" key marks the folder
+    metrics.json         the record (RunRecord), written last: its presence with
+                         "status": "complete" means the run finished
+    val_logits.npz       calibrated logits and labels of the validation split
+    test_logits.npz      ... of the test split
+    calibrator.pt        the fitted post-hoc calibrator (post-hoc methods)
+    reliability.png      the reliability diagram written by `cogcal train`
+    run.log              stdout/stderr of the run when `cogcal bench` ran it
+    checkpoints/         last.ckpt, best.ckpt, done.json (stage1/ for two-stage methods)
+    logs/                stage1.csv, stage2.csv: one row per epoch
+    .cogcal.lock         present while a process writes into the folder
+
+Same configuration: two runs are the same when :func:`same_config` holds for their
+resolved configurations, i.e. every field that can change results (after defaults) is
+equal (:func:`cogcal.train.config.result_fields`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import cogcal
+from cogcal import _io
+from cogcal._errors import ArgumentError
+from cogcal.train.config import TrainConfig, result_fields
+from cogcal.train.methods import get_method
+
+__all__ = [
+    "MARK",
+    "RunDir",
+    "RunRecord",
+    "RunFolderError",
+    "config_diff",
+    "same_config",
+]
+
+#: The key of ``config.json`` that marks a folder as a cogcal run (its value: the format).
+MARK = "cogcal_run"
+FORMAT = 2
+
+#: Top-level files a run folder may hold (all written by cogcal).
+RUN_FILES = (
+    "config.json",
+    "metrics.json",
+    "val_logits.npz",
+    "test_logits.npz",
+    "calibrator.pt",
+    "reliability.png",
+    "run.log",
+    ".cogcal.lock",
+)
+#: Folders of a run folder, and the file names cogcal writes inside them.
+RUN_DIRS = {
+    "checkpoints": ("last.ckpt", "best.ckpt", "done.json"),
+    "logs": ("stage1.csv", "stage2.csv"),
+}
+_STAGE_DIR = "stage1"  # checkpoints/stage1/ of two-stage methods
+
+
+class RunFolderError(ArgumentError):
+    """A run folder cannot be used as asked (names the folder and the fix)."""
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(float(a), float(b), rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The fields (that can change results) on which two resolved configurations differ,
+    as ``"field: a -> b"`` lines; empty when :func:`same_config` holds."""
+    ka, kb = result_fields(dict(a)), result_fields(dict(b))
+    return [
+        f"{k}: {ka.get(k)!r} -> {kb.get(k)!r}"
+        for k in sorted(set(ka) | set(kb))
+        if k not in ka or k not in kb or not _equal(ka[k], kb[k])
+    ]
+
+
+def same_config(a: Mapping[str, Any] | TrainConfig, b: Mapping[str, Any] | TrainConfig) -> bool:
+    """Whether two configurations compute the same run.
+
+    Both are resolved first (every default filled in), so a field left to its default is
+    compared too; only the fields documented as not changing results (display, paths,
+    downloads) and fields the method does not use are ignored.
+
+    >>> same_config(TrainConfig(method="ce"), TrainConfig(method="ce", lr=1e-4, out="x"))
+    True
+    >>> same_config(TrainConfig(method="ce"), TrainConfig(method="ls"))
+    False
+    """
+    return not config_diff(_resolved(a), _resolved(b))
+
+
+def _resolved(c: Mapping[str, Any] | TrainConfig) -> dict[str, Any]:
+    if isinstance(c, TrainConfig):
+        return c.resolved()
+    c = dict(c)
+    if MARK in c or "task" in c or "data" in c:  # a recorded config.json: resolved already
+        return c
+    return TrainConfig.from_dict(c).resolved()
+
+
+# --------------------------------------------------------------------------- the record
+
+
+@dataclass
+class RunRecord:
+    """The content of ``metrics.json``: what a finished run reports.
+
+    Attributes
+    ----------
+    config : dict
+        The resolved configuration (as in ``config.json``).
+    val, test : dict
+        Metrics of the final (calibrated) model on the validation and test splits.
+    val_uncalibrated : dict or None
+        Post-hoc methods: validation metrics of the network before its calibrator was
+        fitted (what their learning rate is chosen by).
+    ood, shift, unavailable : dict
+        Out-of-distribution and covariate-shift results, and the sets that were missing.
+    timing : dict
+        Seconds per stage and in total.
+    status : str
+        ``"complete"`` (only complete runs are recorded).
+    copied_from : str or None
+        Set when `cogcal bench` copied this run from an identical one.
+    """
+
+    config: dict[str, Any]
+    val: dict[str, Any]
+    test: dict[str, Any]
+    val_uncalibrated: dict[str, Any] | None = None
+    ood: dict[str, Any] = field(default_factory=dict)
+    shift: dict[str, Any] = field(default_factory=dict)
+    unavailable: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, Any] = field(default_factory=dict)
+    status: str = "complete"
+    copied_from: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "metrics.json") -> RunRecord:
+        """Read a ``metrics.json`` mapping; a malformed one raises ``ValueError``."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source} is not a JSON object.")
+        missing = [k for k in ("config", "val", "test", "status") if k not in data]
+        if missing:
+            raise ValueError(f"{source} lacks {', '.join(missing)}: not a cogcal run record.")
+        for key in ("config", "val", "test"):
+            if not isinstance(data[key], Mapping):
+                raise ValueError(f"{source}: {key!r} is not a mapping.")
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "config": self.config,
+            "val": self.val,
+            "test": self.test,
+            "ood": self.ood,
+            "shift": self.shift,
+            "unavailable": self.unavailable,
+            "timing": self.timing,
+            "status": self.status,
+        }
+        if self.val_uncalibrated is not None:
+            out["val_uncalibrated"] = self.val_uncalibrated
+        if self.copied_from is not None:
+            out["copied_from"] = self.copied_from
+        return _finite(out)
+
+    @property
+    def selection_nll(self) -> float:
+        """The validation NLL a learning rate is chosen by (docs/method.md §1-§2): of the
+        network before calibration for post-hoc methods, of the final model otherwise.
+        A diverged run (no finite value) gives ``inf``."""
+        method = get_method(str(self.config.get("method")))
+        section = self.val_uncalibrated if method.selects_before_calibration else self.val
+        value = (section or {}).get("nll")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return math.inf
+        return float(value) if math.isfinite(value) else math.inf
+
+
+def _finite(obj: Any) -> Any:
+    """Non-finite floats become None, so that metrics.json stays valid JSON."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+class RunDir:
+    """One run folder (see the module docstring for its layout).
+
+    Parameters
+    ----------
+    path : str or Path
+        The folder (it need not exist yet).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def stage_dir(self, two_stage: bool) -> Path:
+        """Where stage 1 keeps its checkpoints (``checkpoints/stage1`` for two-stage methods)."""
+        return self.checkpoints / _STAGE_DIR if two_stage else self.checkpoints
+
+    # -- reading -------------------------------------------------------------------------
+    def read_config(self) -> dict[str, Any] | None:
+        """The recorded configuration, or None when there is no ``config.json``.
+
+        Raises
+        ------
+        RunFolderError
+            ``config.json`` exists but is not readable JSON (names the file).
+        """
+        try:
+            text = self.config_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise RunFolderError(f"cannot read {self.config_path}: {err.strerror}.") from None
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise RunFolderError(
+                f"{self.config_path} is not valid JSON ({err}); the run folder is damaged: "
+                "delete it or use another output folder."
+            ) from None
+        if not isinstance(data, dict):
+            raise RunFolderError(f"{self.config_path} is not a JSON object: not a cogcal run.")
+        return data
+
+    def is_marked(self) -> bool:
+        """Whether cogcal wrote this folder (``config.json`` with the mark, or a config of
+        an earlier cogcal version with its ``method``/``dataset``/``seed`` keys)."""
+        try:
+            cfg = self.read_config()
+        except RunFolderError:
+            return False
+        if cfg is None:
+            return False
+        return MARK in cfg or {"method", "dataset", "seed"} <= set(cfg)
+
+    def read_outcome(self) -> dict[str, Any] | None:
+        """The raw ``metrics.json`` (status ``"complete"`` or ``"diverged"``), or None."""
+        try:
+            data = json.loads(self.metrics_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def read_record(self) -> RunRecord | None:
+        """The record of a finished run, or None when the run is not complete."""
+        data = self.read_outcome()
+        if data is None or data.get("status") != "complete":
+            return None
+        try:
+            return RunRecord.from_dict(data, source=str(self.metrics_path))
+        except ValueError:
+            return None
+
+    def read_logits(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        """The saved (calibrated) logits and labels of ``"val"`` or ``"test"``.
+
+        Raises
+        ------
+        RunFolderError
+            The file is missing or unreadable (names it).
+        """
+        path = self.path / f"{split}_logits.npz"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                return f["logits"], f["labels"]
+        except (OSError, ValueError, KeyError) as err:
+            raise RunFolderError(f"cannot read {path}: {err}; the run is incomplete.") from None
+
+    def is_complete(self) -> bool:
+        """Whether the folder holds a finished run."""
+        return self.read_record() is not None
+
+    def has_state(self) -> bool:
+        """Whether an unfinished run left checkpoints to resume from."""
+        return self.checkpoints.is_dir() and any(self.checkpoints.rglob("*.ckpt"))
+
+    def finished_with(self, config: Mapping[str, Any] | TrainConfig) -> bool:
+        """Whether the folder holds a finished run of the same configuration."""
+        record = self.read_record()
+        return record is not None and same_config(record.config, config)
+
+    def foreign_entries(self) -> list[str]:
+        """Entries of the folder that cogcal did not write (never deleted)."""
+        if not self.path.is_dir():
+            return []
+        found = []
+        for entry in sorted(self.path.iterdir()):
+            name = entry.name
+            if name in RUN_FILES or (name.startswith(".") and name.endswith(".tmp")):
+                continue
+            if name in RUN_DIRS and entry.is_dir() and not entry.is_symlink():
+                found += [f"{name}/{p}" for p in _foreign_in(entry, RUN_DIRS[name])]
+                continue
+            found.append(name + ("/" if entry.is_dir() else ""))
+        return found
+
+    # -- writing -------------------------------------------------------------------------
+    def write_config(self, resolved: Mapping[str, Any]) -> None:
+        """Record the resolved configuration (and mark the folder as a cogcal run)."""
+        _io.write_json(
+            self.config_path,
+            {MARK: FORMAT, "cogcal_version": cogcal.__version__, **dict(resolved)},
+        )
+
+    def write_record(self, record: RunRecord) -> None:
+        """Write ``metrics.json`` (last, atomically, durably)."""
+        _io.write_json(self.metrics_path, record.to_dict())
+
+    def clear(self) -> None:
+        """Delete what cogcal wrote here, and nothing else; never follow a link.
+
+        Raises
+        ------
+        RunFolderError
+            The folder is a symbolic link, is not a cogcal run folder but holds files, or
+            a folder cogcal would clear (``checkpoints/``, ``logs/``) is a link.
+        """
+        if self.path.is_symlink():
+            raise RunFolderError(
+                f"{self.path} is a symbolic link; cogcal never writes or deletes through "
+                "links: remove the link or choose another output folder."
+            )
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise RunFolderError(f"{self.path} is a file, not a run folder.")
+        entries = list(self.path.iterdir())
+        if entries and not self.is_marked() and any(e.name != "run.log" for e in entries):
+            shown = ", ".join(sorted(e.name for e in entries)[:5])
+            raise RunFolderError(
+                f"{self.path} is not a cogcal run folder (no config.json written by cogcal) and "
+                f"holds {shown}: refusing to delete anything there; choose another output folder."
+            )
+        for name, inside in RUN_DIRS.items():
+            sub = self.path / name
+            if sub.is_symlink():
+                raise RunFolderError(
+                    f"{sub} is a symbolic link; cogcal never deletes through links: remove "
+                    "the link yourself or choose another output folder."
+                )
+            if sub.is_dir():
+                _remove_known(sub, inside)
+        for name in RUN_FILES:
+            if name == ".cogcal.lock":
+                continue
+            target = self.path / name
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+        for tmp in self.path.glob(".*.tmp"):
+            if tmp.is_file() and not tmp.is_symlink():
+                tmp.unlink()
+
+    def prepare(self, config: TrainConfig, resolved: Mapping[str, Any], *, resume: bool,
+                overwrite: bool) -> bool:  # fmt: skip
+        """Check that a run of ``config`` may start (or resume) here; returns whether an
+        unfinished run will be resumed.
+
+        The rules: a folder holding a finished run is never overwritten without
+        ``overwrite``; an unfinished one is continued only with ``resume`` and the same
+        configuration; a folder cogcal did not write is never used if it holds anything
+        (``overwrite`` does not change that); ``resume`` on a folder without a run to
+        resume is an error.
+        """
+        if resume and overwrite:
+            raise RunFolderError(
+                "`resume` and `overwrite` contradict each other; pass one of them.",
+                cli_message="--resume and --overwrite contradict each other; pass one of them.",
+            )
+        path = self.path
+        if path.is_symlink():
+            raise RunFolderError(
+                f"output folder {path} is a symbolic link; cogcal never writes through links: "
+                "pass the real folder."
+            )
+        if path.exists() and not path.is_dir():
+            raise RunFolderError(
+                f"output folder {path} is an existing file; choose a folder path.",
+            )
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise RunFolderError(
+                        f"output folder {path} lies below {parent}, which is a file; choose "
+                        "another path."
+                    )
+                if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
+                    raise RunFolderError(
+                        f"cannot create output folder {path}: {parent} is not writable; choose "
+                        "a writable path.",
+                    )
+                break
+        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+            raise RunFolderError(f"output folder {path} is not writable; choose another one.")
+        if not path.exists() or not any(path.iterdir()):
+            if resume:
+                raise RunFolderError(
+                    f"`resume`: {path} holds no run to resume; start it without `resume`.",
+                    cli_message=f"--resume: {path} holds no run to resume; start it without "
+                    "--resume.",
+                )
+            return False
+        marked = self.is_marked()
+        if not marked:
+            foreign = [e for e in sorted(p.name for p in path.iterdir()) if e != "run.log"]
+            if foreign:
+                raise RunFolderError(
+                    f"output folder {path} is not a cogcal run folder (no config.json written "
+                    f"by cogcal) and is not empty ({', '.join(foreign[:5])}); cogcal writes runs "
+                    "only into new or empty folders and never deletes files it did not write: "
+                    "choose another output folder."
+                )
+            if resume:
+                raise RunFolderError(
+                    f"`resume`: {path} holds no run to resume.",
+                    cli_message=f"--resume: {path} holds no run to resume.",
+                )
+            return False
+        if overwrite:
+            self.clear()
+            return False
+        if self.is_complete():
+            raise RunFolderError(
+                f"`out` {path} already holds a finished run (metrics.json); choose another "
+                "folder or pass `overwrite=True` to replace it.",
+                cli_message=f"--out {path} already holds a finished run (metrics.json); choose "
+                "another --out or pass --overwrite to replace it.",
+            )
+        saved = self.read_config()
+        if not resume:
+            if self.has_state():
+                raise RunFolderError(
+                    f"`out` {path} holds an unfinished run (checkpoints/); pass `resume=True` to "
+                    "continue it or `overwrite=True` to start over.",
+                    cli_message=f"--out {path} holds an unfinished run (checkpoints/); pass "
+                    "--resume to continue it or --overwrite to start over.",
+                )
+            self.clear()  # a run that stopped before its first checkpoint: nothing to keep
+            return False
+        if not self.has_state():
+            raise RunFolderError(
+                f"`resume`: {path} has no checkpoint to resume from; start over with "
+                "`overwrite=True`.",
+                cli_message=f"--resume: {path} has no checkpoint to resume from; start over "
+                "with --overwrite.",
+            )
+        if saved is None or MARK not in saved:
+            raise RunFolderError(
+                f"`resume`: {path} has checkpoints but no config.json of this cogcal version, "
+                "so its configuration cannot be checked; start over with `overwrite=True`.",
+                cli_message=f"--resume: {path} has checkpoints but no config.json of this "
+                "cogcal version, so its configuration cannot be checked; start over with "
+                "--overwrite.",
+            )
+        diff = config_diff(saved, resolved)
+        if saved.get("data") and resolved.get("data"):
+            before = (saved["data"] or {}).get("fingerprint")
+            now = (resolved["data"] or {}).get("fingerprint")
+            if before != now:
+                diff.append(f"data fingerprint: {before!r} -> {now!r}")
+        if diff:
+            raise RunFolderError(
+                f"`resume`: the run in {path} was started with other settings "
+                f"({'; '.join(diff)}); resume with the same settings, or use another folder.",
+                cli_message=f"--resume: the run in {path} was started with other settings "
+                f"({'; '.join(diff)}); resume with the same flags, or use another --out.",
+            )
+        return True
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder for this process (``.cogcal.lock``); a second process gets a
+        :class:`RunFolderError` naming the holder; a lock left by a killed process is
+        taken over."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with _io.pid_lock(self.path / ".cogcal.lock", what=f"run folder {self.path}"):
+            yield
+
+
+def _foreign_in(folder: Path, known: tuple[str, ...]) -> list[str]:
+    out = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == _STAGE_DIR and entry.is_dir() and not entry.is_symlink():
+            out += [f"{_STAGE_DIR}/{p}" for p in _foreign_in(entry, known)]
+        elif entry.name not in known and not (
+            entry.name.startswith(".") and entry.name.endswith(".tmp")
+        ):
+            out.append(entry.name)
+    return out
+
+
+def _remove_known(folder: Path, known: tuple[str, ...]) -> None:
+    """Remove cogcal's files from ``folder`` (and its stage1/), then the folder if empty."""
+    for entry in list(folder.iterdir()):
+        if entry.is_symlink():
+            continue
+        if entry.name == _STAGE_DIR and entry.is_dir():
+            _remove_known(entry, known)
+        elif entry.is_file() and (
+            entry.name in known or (entry.name.startswith(".") and entry.name.endswith(".tmp"))
+        ):
+            entry.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # only when empty: anything foreign stays

@@ -1,0 +1,286 @@
+"""Learning-rate search that cannot stop at an edge (docs/method.md §1, "protocols").
+
+A :class:`Grid` is log-spaced on each tuned axis: the network learning rate λ_f and, for
+COG methods, the ratio λ_c/λ_f. Points are chosen by the validation cross-entropy of the
+checkpoint each run keeps (for post-hoc methods: of the network *before* its calibrator is
+fitted, :attr:`cogcal.train.rundir.RunRecord.selection_nll`); the test split plays no
+part. When the chosen point lies on the edge of the grid on an axis, that axis is extended
+by one log step outward and the new points are trained, until the choice is interior or
+``max_extensions`` is reached; a choice still at an edge is reported as such (``at_edge``),
+never as a verdict. A diverged point counts as evaluated and worse than every finite one.
+
+:class:`GridSearch` holds that logic once, for ``cogcal tune`` (:func:`cogcal.train.tune`,
+which trains the points itself) and for ``cogcal bench`` (which trains them on its worker pool).
+
+>>> search = GridSearch(Grid(lrs=(1e-3, 3e-3)), max_extensions=2)
+>>> search.next_points()
+[{'lr': 0.001}, {'lr': 0.003}]
+>>> search.record({'lr': 0.001}, 0.50); search.record({'lr': 0.003}, 0.30)
+>>> search.next_points()  # 3e-3 is the upper edge: extend by the grid's own factor
+[{'lr': 0.009}]
+>>> search.record({'lr': 0.009}, 0.40)
+>>> search.next_points(), search.best, search.at_edge
+([], {'lr': 0.003}, [])
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cogcal import _io
+from cogcal._errors import ArgumentError
+
+__all__ = [
+    "Grid",
+    "GridSearch",
+    "SELECTION_RULE",
+    "point_config",
+    "point_label",
+    "write_tables",
+]
+
+SELECTION_RULE = (
+    "lowest validation NLL (cross-entropy) of the kept checkpoint; post-hoc methods: of the "
+    "network before calibration; diverged points count as +inf"
+)
+_DEFAULT_FACTOR = math.sqrt(10.0)  # the log step of an axis given as a single value
+
+
+def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise ArgumentError(
+            f"`{name}` must be a non-empty list of positive numbers, got {values!r}."
+        )
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+            raise ArgumentError(f"`{name}` values must be positive finite numbers, got {v!r}.")
+        out.append(float(v))
+    out = sorted(set(out))
+    if len(out) > 2:
+        steps = [math.log(b / a) for a, b in zip(out, out[1:], strict=False)]
+        if max(steps) - min(steps) > 1e-6 * max(steps):
+            raise ArgumentError(
+                f"`{name}` must be log-spaced (a constant factor between neighbours), got "
+                f"{', '.join(f'{v:g}' for v in out)}."
+            )
+    return tuple(out)
+
+
+def _factor(values: tuple[float, ...]) -> float:
+    return values[1] / values[0] if len(values) > 1 else _DEFAULT_FACTOR
+
+
+def _round(x: float) -> float:
+    """Grid values with a short decimal form (3 significant digits), so folder names and
+    repeated extensions stay stable."""
+    return float(f"{x:.3g}")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A log-spaced grid of learning rates (and COG ratios λ_c/λ_f).
+
+    Parameters
+    ----------
+    lrs : sequence of float
+        Network learning rates λ_f.
+    ratios : sequence of float, optional
+        λ_c/λ_f values of COG methods (each < 1 unless ``allow_fast_calibrator``); None
+        for one-rate methods.
+    allow_fast_calibrator : bool
+        Allow ratios >= 1 (extension never crosses 1 otherwise).
+    """
+
+    lrs: tuple[float, ...]
+    ratios: tuple[float, ...] | None = None
+    allow_fast_calibrator: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lrs", _check_axis("lrs", self.lrs))
+        if self.ratios is not None:
+            ratios = _check_axis("ratios", self.ratios)
+            if not self.allow_fast_calibrator and max(ratios) >= 1:
+                raise ArgumentError(
+                    f"ratio {max(ratios):g} gives a calibrator learning rate >= the network's, "
+                    "which breaks COG's hierarchy; use ratios < 1 (or allow_fast_calibrator).",
+                    cli_message=f"--calibrator-ratios {max(ratios):g} gives a calibrator learning "
+                    "rate >= the network's; use ratios < 1 or pass --allow-fast-calibrator.",
+                )
+            object.__setattr__(self, "ratios", ratios)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return ("lr",) if self.ratios is None else ("lr", "ratio")
+
+    def points(self) -> list[dict[str, float]]:
+        """Every point: ``{"lr": ...}`` or ``{"lr": ..., "ratio": ...}``."""
+        if self.ratios is None:
+            return [{"lr": lr} for lr in self.lrs]
+        return [{"lr": lr, "ratio": r} for lr in self.lrs for r in self.ratios]
+
+    def values(self, axis: str) -> tuple[float, ...]:
+        return self.lrs if axis == "lr" else (self.ratios or ())
+
+    def edges(self, point: dict[str, float]) -> list[str]:
+        """The edges ``point`` lies on: ``"lr low"``, ``"lr high"``, ``"ratio low"``, ..."""
+        out = []
+        for axis in self.axes:
+            values = self.values(axis)
+            if math.isclose(point[axis], values[0], rel_tol=1e-9):
+                out.append(f"{axis} low")
+            if math.isclose(point[axis], values[-1], rel_tol=1e-9):
+                out.append(f"{axis} high")
+        return out
+
+    def can_extend(self, edge: str) -> bool:
+        """Whether ``edge`` can move outward (the ratio never reaches 1 unless allowed)."""
+        axis, side = edge.split()
+        if axis == "ratio" and side == "high" and not self.allow_fast_calibrator:
+            return _round(self.values(axis)[-1] * _factor(self.values(axis))) < 1
+        return True
+
+    def extended(self, edges: Sequence[str]) -> Grid:
+        """The grid with one more value outward on each of ``edges``."""
+        lrs, ratios = list(self.lrs), list(self.ratios or ())
+        for edge in edges:
+            axis, side = edge.split()
+            values = lrs if axis == "lr" else ratios
+            f = _factor(tuple(values))
+            values.append(_round(values[0] / f) if side == "low" else _round(values[-1] * f))
+        return Grid(tuple(lrs), tuple(ratios) if self.ratios is not None else None,
+                    self.allow_fast_calibrator)  # fmt: skip
+
+
+def point_label(point: dict[str, float]) -> str:
+    """Folder name of a grid point: ``lr0.001`` or ``lr0.001_ratio0.1``."""
+    return "_".join(f"{k}{v:g}" for k, v in point.items())
+
+
+def point_config(point: dict[str, float]) -> dict[str, float]:
+    """The TrainConfig fields of a grid point (``lr``, and ``calibrator_lr`` = lr x ratio)."""
+    out = {"lr": point["lr"]}
+    if "ratio" in point:
+        out["calibrator_lr"] = _round(point["lr"] * point["ratio"])
+    return out
+
+
+@dataclass
+class GridSearch:
+    """The search over a :class:`Grid`, extended outward while the choice is at an edge.
+
+    Call :meth:`next_points`, train them, :meth:`record` each result, repeat until
+    :meth:`next_points` returns ``[]``; then :attr:`best`, :attr:`at_edge` and
+    :meth:`summary` describe the outcome.
+    """
+
+    grid: Grid
+    max_extensions: int = 2
+    results: dict[tuple[tuple[str, float], ...], float] = field(default_factory=dict)
+    statuses: dict[tuple[tuple[str, float], ...], str] = field(default_factory=dict)
+    extensions: int = 0
+    _issued: set[tuple[tuple[str, float], ...]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.max_extensions, bool)
+            or not isinstance(self.max_extensions, int)
+            or (self.max_extensions < 0)
+        ):
+            raise ArgumentError(
+                f"`max_extensions` must be an integer >= 0, got {self.max_extensions!r}."
+            )
+
+    @staticmethod
+    def _key(point: dict[str, float]) -> tuple[tuple[str, float], ...]:
+        return tuple(sorted(point.items()))
+
+    def record(self, point: dict[str, float], nll: float, status: str = "complete") -> None:
+        """The selection NLL of a trained point (``inf`` or NaN: diverged)."""
+        value = float(nll) if nll is not None and math.isfinite(nll) else math.inf
+        self.results[self._key(point)] = value
+        self.statuses[self._key(point)] = (
+            status if math.isfinite(value) else (status if status != "complete" else "diverged")
+        )
+
+    def _pending(self) -> list[dict[str, float]]:
+        return [p for p in self.grid.points() if self._key(p) not in self.results]
+
+    def next_points(self) -> list[dict[str, float]]:
+        """Points to train next; ``[]`` when the search is over."""
+        pending = self._pending()
+        if pending:
+            fresh = [p for p in pending if self._key(p) not in self._issued]
+            self._issued.update(self._key(p) for p in fresh)
+            return fresh
+        best = self.best
+        if best is None or self.extensions >= self.max_extensions:
+            return []
+        edges = [e for e in self.grid.edges(best) if self.grid.can_extend(e)]
+        if not edges:
+            return []
+        self.grid = self.grid.extended(edges)
+        self.extensions += 1
+        return self.next_points()
+
+    @property
+    def finished(self) -> bool:
+        return not self._pending() and (
+            self.best is None
+            or self.extensions >= self.max_extensions
+            or not [e for e in self.grid.edges(self.best) if self.grid.can_extend(e)]
+        )
+
+    @property
+    def best(self) -> dict[str, float] | None:
+        """The point with the lowest finite selection NLL (ties: the first in grid order)."""
+        finite = [
+            (self.results[self._key(p)], i, p)
+            for i, p in enumerate(self.grid.points())
+            if self._key(p) in self.results and math.isfinite(self.results[self._key(p)])
+        ]
+        return min(finite, key=lambda t: (t[0], t[1]))[2] if finite else None
+
+    @property
+    def at_edge(self) -> list[str]:
+        """The edges the final choice still lies on (empty: interior on every axis)."""
+        best = self.best
+        return [] if best is None else self.grid.edges(best)
+
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """``tune.json``: every point, the selection rule, the choice and whether it is at
+        an edge (and why it could not move: cap reached or the ratio bound)."""
+        at = self.at_edge
+        return {
+            "selection": SELECTION_RULE,
+            "axes": list(self.grid.axes),
+            "grid": {axis: list(self.grid.values(axis)) for axis in self.grid.axes},
+            "best": self.best,
+            "best_config": None if self.best is None else point_config(self.best),
+            "at_edge": bool(at),
+            "edges": at,
+            "extensions": self.extensions,
+            "max_extensions": self.max_extensions,
+            "cap_reached": bool(at) and self.extensions >= self.max_extensions,
+            "table": rows,
+        }
+
+
+def write_tables(folder: Path, summary: dict[str, Any]) -> None:
+    """Write ``tune.json`` and ``tune.csv`` (one row per trained point)."""
+    rows = summary["table"]
+    _io.write_json(folder / "tune.json", summary)
+    buf = io.StringIO()
+    names: list[str] = []
+    for row in rows:
+        names += [k for k in row if k not in names]
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    _io.write_text(folder / "tune.csv", buf.getvalue())
