@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tqdm import tqdm
 
+import cogcal.train.runner as runner
 from cogcal.calibrators import MatrixScaling, Temperature, VectorScaling
 from cogcal.cli import main
 from cogcal.data import load_dataset
 from cogcal.metrics import evaluate
-from cogcal.train import METHODS, TrainConfig, get_method, run, tune
-from cogcal.train.module import CalibrationModule
+from cogcal.train import METHODS, TrainConfig, get_method, run
 
-SPEC_KEYS = {"acc", "nll", "brier"} | {
+METRIC_KEYS = {"acc", "nll", "brier"} | {
     f"{m}_{b}" for m in ("ece", "rmsce", "mce") for b in (5, 10, 15, 20, 50, 100)
 }
 
@@ -32,18 +32,25 @@ def _config(data_root, out, **kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def _log(out: Path, stage: str = "stage1") -> list[dict[str, str]]:
+    with (out / "logs" / f"{stage}.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def _check_run_dir(out: Path, result: dict) -> None:
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["status"] == "complete"
     assert set(saved) >= {"config", "val", "test", "timing", "ood", "shift"}
     for split in ("val", "test"):
-        assert set(saved[split]) >= SPEC_KEYS, split
+        assert set(saved[split]) >= METRIC_KEYS, split
         assert all(isinstance(v, float) for v in saved[split].values())
-    for name in ("config.json", "val_logits.npz", "test_logits.npz"):
+    config = json.loads((out / "config.json").read_text())
+    assert config["cogcal_run"] == 2 and config["schedule"] in ("step", "none")
+    for name in ("val_logits.npz", "test_logits.npz"):
         assert (out / name).is_file(), name
     assert (out / "checkpoints" / "best.ckpt").is_file()
     assert (out / "checkpoints" / "last.ckpt").is_file()
-    assert list((out / "logs").rglob("metrics.csv"))
+    assert _log(out)
     # metrics.json is what the saved logits give: nothing is computed on other data
     with np.load(out / "test_logits.npz", allow_pickle=False) as f:
         recomputed = evaluate(torch.from_numpy(f["logits"]), torch.from_numpy(f["labels"]))
@@ -54,7 +61,7 @@ def _check_run_dir(out: Path, result: dict) -> None:
     assert all(0 <= v["auroc"] <= 1 and 0 <= v["fpr95"] <= 1 for v in saved["ood"].values())
     assert set(saved["shift"]) >= {"iid_noise", "shear", "mean"}
     assert set(saved["shift"]["mean"]) == {"1", "2", "3", "4", "5"}
-    assert set(saved["shift"]["shear"]["3"]) >= SPEC_KEYS
+    assert set(saved["shift"]["shear"]["3"]) >= METRIC_KEYS
 
 
 @pytest.mark.slow
@@ -66,18 +73,21 @@ def test_every_method_runs_on_mnist1d(method, data_root, tmp_path):
     m = get_method(method)
     if m.stage2:
         assert (out / "checkpoints" / "stage1" / "best.ckpt").is_file()
+        assert _log(out, "stage2")
     if m.posthoc:
         assert (out / "calibrator.pt").is_file()
+        assert set(result["val_uncalibrated"]) >= METRIC_KEYS
     lr, cal_lr = result["config"]["lr"], result["config"]["calibrator_lr"]
     assert lr == (1e-3 if m.cog else 1e-4)
     assert cal_lr == (pytest.approx(lr / 10) if m.cog else None)
+    assert result["config"]["schedule"] == ("step" if m.cog else "none")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ce", "ms", "vtst", "cog-fc", "cog-tst", "cog-focal"])
 def test_methods_run_on_digits_through_the_cli(method, data_root, tmp_path, capsys):
     out = tmp_path / method
-    argv = ["train", "--dataset", "digits", "--method", method, "--epochs", "1"]
+    argv = ["train", "--dataset", "digits", "--method", method.upper(), "--epochs", "1"]
     argv += ["--stage2-epochs", "1", "--data-root", str(data_root), "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -85,6 +95,7 @@ def test_methods_run_on_digits_through_the_cli(method, data_root, tmp_path, caps
     assert (out / "reliability.png").stat().st_size > 1000
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["config"]["dataset"] == "digits" and saved["config"]["model"] == "cnn"
+    assert saved["config"]["method"] == method  # names are case-insensitive
 
 
 MULTILABEL_METHODS = ["ce", "ls", "ts", "ms", "cog-fc", "cog-ts", "cog-ms", "cog-ls"]
@@ -93,13 +104,11 @@ MULTILABEL_METHODS = ["ce", "ls", "ts", "ms", "cog-fc", "cog-ts", "cog-ms", "cog
 @pytest.mark.slow
 @pytest.mark.parametrize("method", MULTILABEL_METHODS)
 def test_multitask_methods_run_through_the_cli(method, data_root, tmp_path):
-    from cogcal.data import load_dataset as load
-
     out = tmp_path / method
     argv = ["train", "--dataset", "mnist1d-mtl", "--method", method, "--epochs", "1"]
     assert main([*argv, "--data-root", str(data_root), "--out", str(out), "--no-progress"]) == 0
     saved = json.loads((out / "metrics.json").read_text())
-    names = load("mnist1d-mtl", root=data_root).class_names
+    names = load_dataset("mnist1d-mtl", root=data_root).class_names
     assert saved["config"]["task"] == "multilabel"
     with np.load(out / "test_logits.npz", allow_pickle=False) as f:
         logits, labels = torch.from_numpy(f["logits"]), torch.from_numpy(f["labels"])
@@ -117,34 +126,56 @@ def test_multitask_methods_run_through_the_cli(method, data_root, tmp_path):
 
 
 def test_multitask_rejects_methods_without_a_multitask_form(data_root, tmp_path, capsys):
-    argv = ["train", "--dataset", "mnist1d-mtl", "--method", "tst", "--out", str(tmp_path)]
+    argv = ["train", "--dataset", "mnist1d-mtl", "--method", "tst", "--out", str(tmp_path / "o")]
     assert main([*argv, "--data-root", str(data_root)]) == 2
-    assert "no multi-task form" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no multi-task form" in err and "--method" in err
 
 
 def _row_keys(x: torch.Tensor) -> set[bytes]:
     return {row.numpy().tobytes() for row in x.float()}
 
 
+def _spy_training_batches(monkeypatch) -> list[torch.Tensor]:
+    """Record every input batch the training loops draw (what reaches the optimizer)."""
+    seen: list[torch.Tensor] = []
+    original = runner.fit_stage
+
+    class Recording:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __len__(self):
+            return len(self.loader)
+
+        def set_epoch(self, epoch):
+            self.loader.set_epoch(epoch)
+
+        def __iter__(self):
+            for x, y in self.loader:
+                seen.append(x.detach().clone())
+                yield x, y
+
+    def spy(fabric, stage, train_loader, *args, **kwargs):
+        return original(fabric, stage, Recording(train_loader), *args, **kwargs)
+
+    monkeypatch.setattr(runner, "fit_stage", spy)
+    return seen
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["cog-fc", "cog-ms", "cog-tst"])
-def test_cog_never_gives_validation_data_to_the_optimizer(method, data_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", ["cog-fc", "cog-ms", "cog-tst", "vtst"])
+def test_training_never_sees_validation_or_test_data(method, data_root, tmp_path, monkeypatch):
     data = load_dataset("mnist1d", root=data_root)
     train_rows = _row_keys(data.transform(data.train.x))
     held_out = _row_keys(data.transform(data.val.x)) | _row_keys(data.transform(data.test.x))
-    seen: list[torch.Tensor] = []
-    original = CalibrationModule.training_step
-
-    def spy(self, batches, batch_idx):
-        seen.extend(x.detach().clone() for x, _ in batches)
-        return original(self, batches, batch_idx)
-
-    monkeypatch.setattr(CalibrationModule, "training_step", spy)
+    seen = _spy_training_batches(monkeypatch)
     run(_config(data_root, tmp_path / "run", method=method))
     rows = _row_keys(torch.cat(seen))
     assert rows <= train_rows
     assert not rows & held_out
-    assert sum(len(b) for b in seen) == len(data.train)  # one epoch, every training sample
+    stages = 2 if get_method(method).stage2 else 1
+    assert sum(len(b) for b in seen) == stages * len(data.train)  # one epoch per stage
 
 
 @pytest.mark.slow
@@ -155,17 +186,19 @@ def test_posthoc_calibrators_fit_on_validation_only(method, cls, data_root, tmp_
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
     original = cls.fit
 
-    def spy(self, logits, labels):
-        calls.append((logits.clone(), labels.clone()))
-        return original(self, logits, labels)
+    def spy(self, logits, labels, *args, **kwargs):
+        calls.append((torch.as_tensor(logits).clone(), torch.as_tensor(labels).clone()))
+        return original(self, logits, labels, *args, **kwargs)
 
     monkeypatch.setattr(cls, "fit", spy)
-    run(_config(data_root, tmp_path / "run", method=method))
+    result = run(_config(data_root, tmp_path / "run", method=method))
     data = load_dataset("mnist1d", root=data_root)
     assert len(calls) == 1
     logits, labels = calls[0]
     assert torch.equal(labels, data.val.y.long())
     assert logits.shape == (len(data.val), data.num_classes)
+    # the uncalibrated validation metrics are those of the logits the calibrator saw
+    assert result["val_uncalibrated"]["nll"] == pytest.approx(evaluate(logits, labels)["nll"])
 
 
 @pytest.mark.slow
@@ -181,28 +214,13 @@ def test_same_seed_same_result_on_cpu(data_root, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["cog-ms", "vtst"])
-def test_steps_per_call_never_changes_the_result(method, data_root, tmp_path, capsys):
-    # 30 minibatches an epoch: groups of 1, of 7 (a short last group) and of 8 (default)
-    results, bars = [], []
-    for k in (1, 7, 8):
-        config = _config(
-            data_root, tmp_path / f"k{k}", method=method, epochs=2, steps_per_call=k, progress=True
-        )
-        results.append(run(config))
-        bars.append(capsys.readouterr().out)  # Lightning's bars write to stdout
-    for other in results[1:]:
-        assert other["val"] == results[0]["val"]
-        assert other["test"] == results[0]["test"]
-    stage = "stage2" if method == "vtst" else "stage1"
-    for k, bar in zip((1, 7, 8), bars, strict=True):
-        # the bar counts minibatches whatever the grouping, and its last redraw shows the
-        # last epoch's validation values
-        assert "30/30" in bar and "/4 " not in bar and "/5 " not in bar
-        log = (tmp_path / f"k{k}" / "logs" / stage / "metrics.csv").read_text().splitlines()
-        header = log[0].split(",")
-        last = [r.split(",") for r in log[1:]][-1][header.index("val_brier")]
-        assert f"val_brier={tqdm.format_num(float(last))}" in bar.split("30/30")[-1]
+def test_progress_bar_counts_minibatches_and_shows_the_last_epoch(data_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    run(_config(data_root, out, method="cog-ms", epochs=2, progress=True))
+    bar = capsys.readouterr().err  # the bar is on stderr
+    assert "60/60" in bar  # 30 minibatches an epoch, 2 epochs
+    last = float(_log(out)[-1]["val_brier"])
+    assert f"val_brier={last:.4f}" in bar.split("60/60")[-1]
 
 
 @pytest.mark.slow
@@ -211,12 +229,28 @@ def test_cog_learning_rates_follow_the_step_schedule(data_root, tmp_path):
     run(
         _config(data_root, out, method="cog-ms", epochs=3, step_size=1, lr=1e-2, calibrator_lr=1e-3)
     )
-    log = (out / "logs" / "stage1" / "metrics.csv").read_text().splitlines()
-    header = log[0].split(",")
-    net, cal = header.index("lr_network"), header.index("lr_calibrator")
-    rows = [r.split(",") for r in log[1:] if r.split(",")[net]]
-    assert [float(r[net]) for r in rows] == pytest.approx([1e-2, 1e-3, 1e-4])
-    assert [float(r[cal]) for r in rows] == pytest.approx([1e-3, 1e-4, 1e-5])
+    rows = _log(out)
+    assert [float(r["lr_network"]) for r in rows] == pytest.approx([1e-2, 1e-3, 1e-4])
+    assert [float(r["lr_calibrator"]) for r in rows] == pytest.approx([1e-3, 1e-4, 1e-5])
+
+
+@pytest.mark.slow
+def test_any_method_can_take_the_step_schedule(data_root, tmp_path):
+    out = tmp_path / "run"
+    result = run(_config(data_root, out, method="ce", epochs=2, step_size=1, schedule="step"))
+    assert result["config"]["schedule"] == "step"
+    assert [float(r["lr_network"]) for r in _log(out)] == pytest.approx([1e-4, 1e-5])
+
+
+@pytest.mark.slow
+def test_training_stops_at_the_learning_rate_floor(data_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = _config(data_root, out, method="cog-fc", epochs=9, step_size=1, lr=1e-5, progress=True)
+    result = run(cfg)
+    stage = result["timing"]["stage1"]
+    # λ_c = 1e-6 reaches the 1e-8 floor after 3 divisions; λ_f = 1e-5 after 4 (epoch 4)
+    assert stage["stopped"] == "lr_floor" and stage["epochs_run"] == 4
+    assert "every learning rate is below 1e-08" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -228,82 +262,86 @@ def test_early_stopping_on_validation_brier(data_root, tmp_path, monkeypatch):
     def flat(self):  # a validation Brier that never improves after the first epoch
         return {**real(self), "brier": 0.5}
 
-    monkeypatch.setattr("cogcal.train.module.StreamingMetrics.compute", flat)
+    monkeypatch.setattr(StreamingMetrics, "compute", flat)
     cfg = _config(data_root, tmp_path / "run", method="ce", epochs=10, patience=2)
     result = run(cfg)
     assert result["timing"]["stage1"]["epochs_run"] == 3  # epoch 0, then 2 without progress
     assert result["timing"]["stage1"]["best_epoch"] == 0
+    assert result["timing"]["stage1"]["stopped"] == "patience"
 
 
-@pytest.mark.slow
-def test_tune_chooses_by_validation_nll_and_resumes(data_root, tmp_path, monkeypatch):
-    grid = [{"lr": 1e-3, "calibrator_lr": 1e-4}, {"lr": 1e-2, "calibrator_lr": 1e-3}]
-    summary = tune(_config(data_root, tmp_path / "x", method="cog-fc"), grid, tmp_path / "tune")
-    table = summary["table"]
-    best = min(table, key=lambda r: r["val_nll"])
-    assert summary["best"] == {"lr": best["lr"], "calibrator_lr": best["calibrator_lr"]}
-    assert (tmp_path / "tune" / "tune.csv").read_text().count("\n") == 3
-    # a second call reuses the finished runs instead of training again
-    monkeypatch.setattr("cogcal.train.runner.run", lambda cfg: pytest.fail("retrained"))
-    again = tune(_config(data_root, tmp_path / "x", method="cog-fc"), grid, tmp_path / "tune")
-    assert again["best"] == summary["best"]
-
-
-def test_config_validation_names_the_flag(data_root):
+def test_config_validation_names_the_field_in_python_and_the_flag_on_the_cli():
     cases = [
-        (dict(method="cog-fcc"), "--method 'cog-fcc' is unknown.*Did you mean 'cog-fc'"),
-        (dict(dataset="cifar11"), "--dataset 'cifar11' is unknown.*'cifar10'"),
-        (dict(model="resnet19"), "--model 'resnet19'"),
-        (dict(epochs=0), "--epochs must be an integer >= 1"),
-        (dict(batch_size=0), "--batch-size"),
-        (dict(steps_per_call=0), "--steps-per-call must be an integer >= 1"),
-        (dict(lr=-1.0), "--lr must be a positive"),
-        (dict(lr=1e-12), "--lr 1e-12 is below 1e-08"),
-        (dict(lr=1e-3, calibrator_lr=1e-3), "--calibrator-lr .* must be smaller"),
-        (dict(method="ce", calibrator_lr=1e-5), "COG methods only"),
-        (dict(accelerator="tpu"), "--accelerator"),
+        (dict(method="cog-fcc"), "method", "'cog-fcc' is unknown.*Did you mean 'cog-fc'"),
+        (dict(dataset="cifar11"), "dataset", "'cifar11' is unknown.*'cifar10'"),
+        (dict(model="resnet19"), "model", "'resnet19'"),
+        (dict(epochs=0), "epochs", "must be an integer >= 1"),
+        (dict(batch_size=0), "batch_size", "must be an integer >= 1"),
+        (dict(seed=1099511627776), "seed", "must be at most 4294967295"),
+        (dict(lr=-1.0), "lr", "must be a positive"),
+        (dict(lr=1e-12), "lr", "1e-12 is below 1e-08"),
+        (dict(lr=1e-3, calibrator_lr=1e-3), "calibrator_lr", "must be smaller"),
+        (dict(method="ce", calibrator_lr=1e-5), "calibrator_lr", "COG methods only"),
+        (dict(accelerator="tpu"), "accelerator", "must be one of"),
+        (dict(precision="16-mixed"), "precision", "needs a GPU"),
+        (dict(schedule="cosine"), "schedule", "must be one of step, none"),
+        (dict(out=""), "out", "must be a non-empty path"),
+        (dict(data_root=""), "data_root", "must be a non-empty path"),
     ]
-    for kwargs, message in cases:
-        with pytest.raises(ValueError, match=message):
+    for kwargs, field, message in cases:
+        with pytest.raises(ValueError, match=message) as exc:
             TrainConfig(**kwargs)
+        assert f"`{field}`" in str(exc.value)
+        assert "--" + field.replace("_", "-") in exc.value.cli_message
     with pytest.raises(
         ValueError, match=r"unknown training config key\(s\) 'epoch' \(did you mean 'epochs'"
     ):
         TrainConfig.from_dict({"epoch": 3})
     TrainConfig(lr=1e-3, calibrator_lr=1e-3, allow_fast_calibrator=True)  # allowed explicitly
+    with pytest.warns(DeprecationWarning, match="steps_per_call"):
+        TrainConfig.from_dict({"steps_per_call": 8})
+
+
+def test_cli_flags_come_from_the_config_fields(capsys):
+    import dataclasses
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["cli"]:
+            expected = ("--no-" if f.default is True else "--") + f.name.replace("_", "-")
+            assert expected in text, expected
+    assert "ddp_find_unused_parameters_true" in text  # choices come from the field
+    for name in ("cog-fc", "mnist1d", "resnet18"):  # the registries' names are listed
+        assert name in text
 
 
 def test_cli_user_errors_are_one_line_without_traceback(capsys, tmp_path):
-    assert main(["train", "--method", "cog-fcc", "--out", str(tmp_path)]) == 2
+    assert main(["train", "--method", "cog-fcc", "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "Did you mean 'cog-fc'" in err
+    assert err.startswith("cogcal: error: --method")
     with pytest.raises(SystemExit) as exc:
         main(["train", "--lr", "abc"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--lr" in err
-    assert (
-        main(
-            [
-                "train",
-                "--dataset",
-                "cifar10",
-                "--data-root",
-                str(tmp_path),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 2
-    )
+    assert err.count("\n") == 1 and "--lr" in err and err.startswith("cogcal: error:")
+    out = tmp_path / "o"
+    argv = ["train", "--dataset", "cifar10", "--data-root", str(tmp_path), "--out", str(out)]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "cifar-10-batches-py" in err and err.count("\n") == 1
-
-
-def test_cli_refuses_to_overwrite_a_finished_run(tmp_path, capsys):
-    (tmp_path / "metrics.json").write_text(json.dumps({"status": "complete"}))
-    assert main(["train", "--out", str(tmp_path)]) == 2
-    assert "already holds a finished run" in capsys.readouterr().err
+    assert main(["train", "--seed", "1099511627776", "--out", str(out)]) == 2
+    assert "--seed must be at most" in capsys.readouterr().err
+    assert not out.exists()  # nothing was created for a run that could not start
+    for argv, message in (
+        (["train", "--out", ""], "--out must be a non-empty path"),
+        (["train", "--data-root", "", "--out", str(out)], "--data-root must be a non-empty"),
+        (["train", "--precision", "16-mixed", "--out", str(out)], "16-mixed needs a GPU"),
+    ):
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_version_and_help(capsys):
@@ -312,4 +350,5 @@ def test_version_and_help(capsys):
     assert exc.value.code == 0
     assert capsys.readouterr().out.startswith("cogcal ")
     assert main([]) == 0
-    assert "train" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "train" in text and "cog-fc" in text and "mnist1d" in text

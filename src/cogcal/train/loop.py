@@ -186,7 +186,7 @@ def fit_stage(
     done = folder / "done.json"
     if resume and done.is_file():  # this stage finished before the interruption
         summary = _io.read_json(done)
-        stage.model.load_state_dict(load_checkpoint(folder / "best.ckpt")["model"])
+        _load_weights(stage.model, folder / "best.ckpt", load_checkpoint(folder / "best.ckpt"))
         return StageResult(
             **{k: summary[k] for k in StageResult.__dataclass_fields__ if k in summary}
         )
@@ -204,8 +204,14 @@ def fit_stage(
     last = folder / "last.ckpt"
     if resume and last.is_file():
         ckpt = load_checkpoint(last)
-        stage.model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        _load_weights(stage.model, last, ckpt)
+        try:
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(
+                f"{last} does not fit this run's optimizer ({err}); it was made with other "
+                "settings: start over."
+            ) from None
         if scheduler is not None and ckpt.get("scheduler") is not None:
             scheduler.load_state_dict(ckpt["scheduler"])
         state = _LoopState(**ckpt["loop"])
@@ -313,7 +319,7 @@ def fit_stage(
             f"{folder / 'best.ckpt'} holds epoch {best['loop']['best_epoch']} but the run's best "
             f"epoch is {state.best_epoch}; the checkpoints are inconsistent: start over."
         )
-    stage.model.load_state_dict(best["model"])
+    _load_weights(stage.model, folder / "best.ckpt", best)
     result = StageResult(
         seconds=time.perf_counter() - started,
         epochs_run=state.epoch,
@@ -467,6 +473,17 @@ def _restore_best(folder: Path, state: _LoopState) -> None:
     last, best = folder / "last.ckpt", folder / "best.ckpt"
     if state.best_epoch == state.epoch - 1 and not (best.exists() and os.path.samefile(last, best)):
         link_atomic(last, best)
+
+
+def _load_weights(model: nn.Module, path: Path, ckpt: dict[str, Any]) -> None:
+    try:
+        model.load_state_dict(ckpt["model"])
+    except (RuntimeError, KeyError) as err:
+        first = (str(err).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"{path} does not fit this run's model ({first}); it was made with another "
+            "model or method: start over in a new folder."
+        ) from None
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,0 +1,207 @@
+"""The run-folder contract: one rule for "same configuration", nothing foreign deleted, locks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cogcal.train.config import TrainConfig, result_fields
+from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff, same_config
+
+# A value different from the default for every field (what "every field" means below).
+OTHER = {
+    "dataset": "digits",
+    "model": "cnn1d",
+    "method": "cog-ms",
+    "seed": 3,
+    "epochs": 7,
+    "stage2_epochs": 9,
+    "batch_size": 64,
+    "lr": 3e-3,
+    "calibrator_lr": 3e-5,
+    "allow_fast_calibrator": True,
+    "schedule": "none",
+    "step_size": 4,
+    "patience": 5,
+    "target": "y",
+    "image_size": 28,
+    "normalization": "none",
+    "accelerator": "auto",
+    "devices": 2,
+    "num_nodes": 2,
+    "strategy": "ddp",
+    "precision": "bf16-mixed",
+    "channels_last": True,
+    "compile": True,
+    "data_root": "elsewhere",
+    "download": True,
+    "mirror": "http://127.0.0.1:1/",
+    "out": "other/out",
+    "progress": False,
+    "extra": {"note": "x"},
+}
+#: Fields that never change results, and fields a method or dataset does not use.
+NO_EFFECT = {"data_root", "download", "mirror", "out", "progress", "extra"}
+
+
+def test_every_field_is_covered_by_this_test():
+    assert set(OTHER) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_same_config_compares_every_field_that_can_change_results(name):
+    base = {"method": "tst", "dataset": "mnist1d"}
+    if name == "target":
+        base, change = {"dataset": "csv:d.csv", "target": "label"}, {"target": "y"}
+    elif name == "image_size":
+        base, change = {"dataset": "folder:imgs"}, {"image_size": 28}
+    elif name == "normalization":
+        base, change = {"dataset": "folder:imgs"}, {"normalization": "none"}
+    elif name in ("calibrator_lr", "allow_fast_calibrator"):
+        base, change = {"method": "cog-ms"}, {name: OTHER[name]}
+    elif name == "step_size":
+        base, change = {"method": "cog-fc"}, {"step_size": 4}
+    elif name == "stage2_epochs":
+        base, change = {"method": "tst"}, {"stage2_epochs": 9}
+    elif name in ("devices", "num_nodes"):
+        change = {name: 2, "batch_size": 256}
+    elif name == "precision":
+        change = {"precision": "bf16-mixed"}
+    elif name == "schedule":
+        change = {"schedule": "step"}
+    else:
+        change = {name: OTHER[name]}
+    a = TrainConfig(**base)
+    b = TrainConfig(**{**base, **change})
+    assert same_config(a, b) == (name in NO_EFFECT), config_diff(a.resolved(), b.resolved())
+
+
+def test_a_field_left_to_its_default_is_compared_too():
+    recorded = TrainConfig(method="ce", batch_size=32).resolved()
+    planned = {"method": "ce"}  # batch_size dropped from a suite: back to its default (256)
+    assert not same_config(recorded, planned)
+    assert config_diff(recorded, TrainConfig(**planned).resolved()) == ["batch_size: 32 -> 256"]
+    assert same_config(TrainConfig(method="ce"), {"method": "ce", "lr": 1e-4, "schedule": "none"})
+
+
+def test_fields_a_method_does_not_use_do_not_make_runs_differ():
+    assert same_config(TrainConfig(method="ce", stage2_epochs=3), TrainConfig(method="ce"))
+    assert same_config(TrainConfig(method="ce", step_size=3), TrainConfig(method="ce"))
+    assert not same_config(
+        TrainConfig(method="ce", schedule="step", step_size=3),
+        TrainConfig(method="ce", schedule="step"),
+    )
+    assert "stage2_epochs" not in result_fields(TrainConfig(method="ce").resolved())
+
+
+def _finished(folder: RunDir, config: TrainConfig) -> None:
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.write_config(config.resolved())
+    folder.write_record(RunRecord(config=config.resolved(), val={"nll": 0.5}, test={"nll": 0.6}))
+
+
+def test_finished_with_uses_the_recorded_configuration(tmp_path):
+    folder = RunDir(tmp_path / "run")
+    _finished(folder, TrainConfig(method="ce", epochs=2))
+    assert folder.finished_with(TrainConfig(method="ce", epochs=2, out="x"))
+    assert not folder.finished_with(TrainConfig(method="ce", epochs=3))
+    assert not folder.finished_with(TrainConfig(method="ls", epochs=2))
+
+
+def test_selection_nll_is_before_calibration_for_post_hoc_methods():
+    ts = TrainConfig(method="ts").resolved()
+    record = RunRecord(config=ts, val={"nll": 0.2}, test={}, val_uncalibrated={"nll": 0.9})
+    assert record.selection_nll == 0.9
+    ce = TrainConfig(method="ce").resolved()
+    assert RunRecord(config=ce, val={"nll": 0.2}, test={}).selection_nll == 0.2
+    assert RunRecord(config=ce, val={"nll": None}, test={}).selection_nll == float("inf")
+
+
+def test_clear_deletes_only_what_cogcal_wrote(tmp_path):
+    folder = RunDir(tmp_path / "run")
+    _finished(folder, TrainConfig())
+    (folder.checkpoints).mkdir()
+    (folder.checkpoints / "last.ckpt").write_bytes(b"x")
+    (folder.checkpoints / "notes.txt").write_text("mine")
+    (folder.logs).mkdir()
+    (folder.logs / "stage1.csv").write_text("epoch\n")
+    (folder.path / "mine.txt").write_text("mine")
+    folder.clear()
+    left = sorted(str(p.relative_to(folder.path)) for p in folder.path.rglob("*"))
+    assert left == ["checkpoints", "checkpoints/notes.txt", "mine.txt"]
+
+
+def test_clear_refuses_foreign_folders_and_links(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data.txt").write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(precious)
+    with pytest.raises(RunFolderError, match="symbolic link"):
+        RunDir(link).clear()
+    with pytest.raises(RunFolderError, match="not a cogcal run folder"):
+        RunDir(precious).clear()
+    assert (precious / "data.txt").read_text() == "keep"
+    folder = RunDir(tmp_path / "run")
+    _finished(folder, TrainConfig())
+    (folder.path / "checkpoints").symlink_to(precious)
+    with pytest.raises(RunFolderError, match="checkpoints is a symbolic link"):
+        folder.clear()
+    assert (precious / "data.txt").read_text() == "keep"
+
+
+def test_prepare_rules(tmp_path):
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    with pytest.raises(RunFolderError, match="no run to resume"):
+        folder.prepare(cfg, cfg.resolved(), resume=True, overwrite=False)
+    assert folder.prepare(cfg, cfg.resolved(), resume=False, overwrite=False) is False
+    _finished(folder, TrainConfig(method="ce"))
+    with pytest.raises(RunFolderError, match="already holds a finished run") as exc:
+        folder.prepare(cfg, cfg.resolved(), resume=False, overwrite=False)
+    assert "--overwrite" in exc.value.cli_message and "overwrite=True" in str(exc.value)
+    (tmp_path / "file").write_text("x")
+    bad = TrainConfig(out=str(tmp_path / "file"))
+    with pytest.raises(RunFolderError, match="is an existing file"):
+        RunDir(bad.out).prepare(bad, bad.resolved(), resume=False, overwrite=False)
+    below = TrainConfig(out=str(tmp_path / "file" / "run"))
+    with pytest.raises(RunFolderError, match="lies below .*which is a file"):
+        RunDir(below.out).prepare(below, below.resolved(), resume=False, overwrite=False)
+    corrupt = RunDir(tmp_path / "corrupt")
+    corrupt.path.mkdir()
+    corrupt.config_path.write_text("{not json")
+    with pytest.raises(RunFolderError, match=r"corrupt/config.json is not valid JSON"):
+        corrupt.read_config()
+
+
+def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path):
+    folder = RunDir(tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folder.path.mkdir()
+        (folder.path / ".cogcal.lock").write_text(str(holder.pid))
+        with pytest.raises(ValueError, match=f"in use by process {holder.pid}"), folder.lock():
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with folder.lock():  # the holder is gone: its lock is stale and taken over
+        assert (folder.path / ".cogcal.lock").read_text() == str(os.getpid())
+    assert not (folder.path / ".cogcal.lock").exists()
+
+
+def test_record_round_trip_and_non_finite_values(tmp_path):
+    folder = RunDir(tmp_path / "run")
+    cfg = TrainConfig().resolved()
+    folder.write_record(
+        RunRecord(config=cfg, val={"nll": float("inf")}, test={"nll": 0.1}, timing={"s": 1.0})
+    )
+    data = json.loads(folder.metrics_path.read_text())
+    assert data["val"]["nll"] is None  # valid JSON: non-finite values are null
+    record = folder.read_record()
+    assert record is not None and record.test == {"nll": 0.1}
