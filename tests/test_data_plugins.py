@@ -410,6 +410,7 @@ def test_dataset_from_splits_kinds() -> None:
     assert ds.val.y.tolist() == yb.tolist() and ds.test.y.tolist() == yc.tolist()
     assert ds.mean == (0.0,) and ds.std == (1.0,) and ds.info["source"] == "test"
     assert ds.info["sizes"] == {"train": 20, "val": 6, "test": 5}
+    assert ds.info["split_rule"].startswith("given")
     assert len(ds.info["fingerprint"]["sha256"]) == 64
     multi = dataset_from_splits(
         (np.zeros((4, 3)), np.eye(4, 2, dtype=bool)),

@@ -138,6 +138,11 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}/file"
 
 
+def visible(folder: Path) -> list[str]:
+    """Names in ``folder`` except dotfiles (the download lock file)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+
+
 def md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
 
@@ -241,7 +246,7 @@ def test_download_cifar10_then_load(
     assert ds.class_names[3] == "class3" and ds.train.x.dtype == torch.uint8
     assert ds.default_model == "resnet18"
     # the archive is extracted and removed; nothing temporary is left behind
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py"]
+    assert visible(tmp_path) == ["cifar-10-batches-py"]
     assert len(server.log) == 1
     # everything present: no request at all
     assert download("cifar10", tmp_path, progress=False) == []
@@ -273,7 +278,8 @@ def test_checksum_mismatch_removes_the_file(
     msg = str(err.value)
     assert isinstance(err.value, ValueError)
     assert "0" * 32 in msg and md5(data) in msg and "removed" in msg
-    assert list(tmp_path.iterdir()) == []  # neither the file nor its .part is kept
+    assert visible(tmp_path) == []  # neither the file nor its .part is kept
+    assert not list(tmp_path.glob("*.part"))
 
 
 def test_interrupted_download_is_resumed(
@@ -407,7 +413,44 @@ def test_broken_archive_with_matching_checksum(
     patch_entry(monkeypatch, "cifar10", url=url, md5=md5(data))
     with pytest.raises(DownloadError, match="cannot extract"):
         download("cifar10", tmp_path, progress=False)
-    assert list(tmp_path.iterdir()) == []
+    assert visible(tmp_path) == []
+
+
+def test_concurrent_downloads_wait_for_each_other(
+    server: FileServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import fcntl
+
+    serve_cifar10(server, monkeypatch)
+    results: list[object] = []
+    with open(tmp_path / ".cogcal-download-cifar10.lock", "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # "another process" is downloading
+        worker = threading.Thread(
+            target=lambda: results.append(download("cifar10", tmp_path, progress=False))
+        )
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive() and server.log == []  # waiting, not downloading
+        # the other process finishes: it put the files in place
+        serve_root = tmp_path / "elsewhere"
+        download("cifar10", serve_root, progress=False)
+        (serve_root / "cifar-10-batches-py").rename(tmp_path / "cifar-10-batches-py")
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join(10)
+    assert results == [[]]  # found the files in place: fetched nothing
+    assert len(server.log) == 1
+
+
+def test_unwritable_root(
+    server: FileServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    serve_cifar10(server, monkeypatch)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(DownloadError) as err:
+        download("cifar10", blocker / "root", progress=False)
+    assert "writable data root (root=...)" in str(err.value)
+    assert "--data-root" in err.value.cli_message
 
 
 def test_unknown_download_name(tmp_path: Path) -> None:

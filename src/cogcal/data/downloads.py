@@ -20,6 +20,7 @@ Nothing here runs unless asked (``download=True`` / ``cogcal.data.download``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
@@ -32,7 +33,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "ChecksumError",
     "DownloadError",
     "RemoteFile",
+    "describe",
     "download",
     "download_names",
     "resolve_mirror",
@@ -350,7 +352,7 @@ def _user_agent() -> str:
 
 
 def _progress_bar(total: int | None, initial: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(
         total=total,
@@ -381,7 +383,7 @@ def _open(url: str, offset: int) -> Any:
     if offset:
         request.add_header("Range", f"bytes={offset}-")
     try:
-        return urllib.request.urlopen(request, timeout=_TIMEOUT)  # noqa: S310
+        return urllib.request.urlopen(request, timeout=_TIMEOUT)
     except urllib.error.HTTPError as err:
         if err.code == 416 and offset:  # nothing left to send: the .part is complete
             return None
@@ -546,6 +548,36 @@ def _install(entry: RemoteFile, path: Path, progress: bool) -> None:
     path.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _lock(path: Path, what: str, progress: bool) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (POSIX ``flock``; released on exit or death).
+
+    Serialises the downloads of one dataset into one data root across processes (e.g. the
+    parallel runs of a benchmark all started with ``--download``).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no flock; concurrent downloads unsupported
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(
+                    f"waiting for another process downloading {what} into {path.parent} ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def download(
     name: str,
     root: str | os.PathLike[str] = "data",
@@ -579,11 +611,17 @@ def download(
     ------
     DownloadError
         Network unreachable, HTTP error, or too many interruptions (the partial download is
-        kept and resumed next time).
+        kept and resumed next time); the data root is not writable.
     ChecksumError
         The file does not have the pinned MD5 sum (it is removed).
     ArgumentError
         Unknown name or bad mirror.
+
+    Notes
+    -----
+    Concurrent calls for the same dataset and data root (several processes) wait for each
+    other through a lock file ``ROOT/.cogcal-download-<name>.lock`` (POSIX ``flock``), so
+    the files are fetched once.
     """
     key = str(name).strip().lower()
     if key not in RESOURCES:
@@ -593,13 +631,25 @@ def download(
         )
     root_path = Path(root).expanduser()
     base = resolve_mirror(mirror)
+    if all(entry.present(root_path) for entry in RESOURCES[key]):
+        return []
     fetched = []
-    for entry in RESOURCES[key]:
-        if entry.present(root_path):
-            continue
-        path = _fetch(key, entry, root_path, base, progress)
-        _install(entry, path, progress)
-        fetched.append(entry.filename)
+    try:
+        with _lock(root_path / f".cogcal-download-{key}.lock", key, progress):
+            for entry in RESOURCES[key]:
+                if entry.present(root_path):  # possibly fetched meanwhile by another process
+                    continue
+                path = _fetch(key, entry, root_path, base, progress)
+                _install(entry, path, progress)
+                fetched.append(entry.filename)
+    except OSError as err:  # local file system: the network errors are DownloadErrors
+        problem = f"{type(err).__name__}: {err}"
+        raise DownloadError(
+            f"cannot write the files of {key!r} under the data root {str(root_path)!r} "
+            f"({problem}); free some space or choose a writable data root (root=...).",
+            cli_message=f"cannot write the files of {key!r} under the data root {root_path} "
+            f"({problem}); free some space or choose a writable data root (--data-root DIR).",
+        ) from err
     return fetched
 
 
