@@ -6,7 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from cogcal.models import Backbone, create_model, list_models, model_info, register_model
+from cogcal._errors import ArgumentError
+from cogcal.models import (
+    Backbone,
+    check_compatible,
+    create_model,
+    list_models,
+    model_info,
+    register_model,
+)
 
 ALL = list_models()
 # forward passes of the big CIFAR models are kept to 2 images
@@ -241,3 +249,75 @@ def test_gradients_reach_body_and_head(name):
     body = [p for p in model.parameters() if id(p) not in head_ids]
     assert model.head.weight.grad is not None
     assert all(p.grad is not None for p in body)
+
+
+def test_names_are_case_insensitive():
+    assert model_info("ResNet18").name == "resnet18"
+    assert model_info(" MLP ").name == "mlp"
+    torch.manual_seed(0)
+    a = create_model("CNN", num_classes=3, input_shape=(1, 8, 8))
+    torch.manual_seed(0)
+    b = create_model("cnn", num_classes=3, input_shape=(1, 8, 8))
+    x = torch.randn(2, 1, 8, 8)
+    torch.testing.assert_close(a.eval()(x), b.eval()(x))
+    with pytest.raises(ValueError, match="case-insensitively"):
+        register_model("Mlp", default_input_shape=(40,))(lambda **kw: None)
+    with pytest.raises(ArgumentError, match="Did you mean 'resnet18'") as err:
+        model_info("RESNET19")
+    assert err.value.cli_message.startswith("--model: unknown model")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "match", "fits"),
+    [
+        ("resnet18", (20,), r"needs images of shape \(channels, height, width\)", "cnn1d, mlp"),
+        ("resnet50", (3, 6, 6), "at least 8x8", "cnn, mlp, wrn28_10"),
+        ("wrn28_10", (1, 40), r"\(channels, height, width\).*one-channel image", "cnn1d, mlp"),
+        ("vit_small", (3, 30, 30), "divisible by 4", "cnn, mlp, resnet101"),
+        ("cnn1d", (3, 32, 32), r"needs sequences.*\(images\)", "cnn, mlp, resnet101"),
+        ("cnn", (20,), r"\(channels, height, width\)", "cnn1d, mlp"),
+        ("cnn", (3, 1, 1), "at least 2x2", "mlp"),
+    ],
+)
+def test_check_compatible_explains_and_suggests(name, shape, match, fits):
+    with pytest.raises(ArgumentError, match=match) as err:
+        check_compatible(name, shape)
+    msg = str(err.value)
+    assert isinstance(err.value, ValueError)
+    assert msg.startswith(name) and f"take input {shape}: {fits}" in msg
+    assert err.value.cli_message.startswith(f"--model {name} ")
+    with pytest.raises(ArgumentError, match=match):  # create_model runs the same check
+        create_model(name.upper(), num_classes=2, input_shape=shape)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("mlp", (20,)),
+        ("mlp", (3, 32, 32)),
+        ("cnn1d", (40,)),
+        ("cnn1d", (2, 40)),
+        ("cnn", (1, 8, 8)),
+        ("cnn", (28, 28)),
+        ("cnn", (3, 64, 64)),
+        ("resnet18", (3, 32, 32)),
+        ("resnet18", (1, 8, 8)),
+        ("wrn28_10", (3, 4, 4)),
+        ("vit_small", (3, 64, 64)),
+    ],
+)
+def test_check_compatible_accepts(name, shape):
+    assert check_compatible(name, shape) is None
+
+
+def test_check_compatible_bad_arguments():
+    with pytest.raises(ArgumentError, match="unknown model"):
+        check_compatible("nope", (3, 32, 32))
+    with pytest.raises(ValueError, match="input_shape"):
+        check_compatible("mlp", (0,))
+
+
+def test_options_that_change_what_fits_are_left_to_the_builder():
+    # patch 5 divides 35 although the default patch (4) does not: the builder decides
+    model = create_model("vit_small", num_classes=2, input_shape=(3, 35, 35), patch_size=5, depth=1)
+    assert model(torch.randn(1, 3, 35, 35)).shape == (1, 2)

@@ -1,12 +1,15 @@
-"""Datasets of the cogcal benchmarks, with fixed splits, and an in-memory batch loader.
+"""Datasets of the cogcal benchmarks and user data, with fixed splits, and a batch loader.
 
 >>> from cogcal.data import list_datasets
 >>> {"mnist1d", "digits", "cifar10", "cifar100", "svhn"} <= set(list_datasets())
 True
 
-Nothing is ever downloaded: image datasets are read from their standard on-disk layouts
-under a data root, ``mnist1d`` is generated once and cached under ``root/mnist1d/``,
-``digits`` ships with scikit-learn. See ``docs/data.md``.
+Image datasets are read from their standard on-disk layouts under a data root and
+downloaded there on request (``load_dataset(..., download=True)``, :func:`download`:
+resumable, MD5-verified, mirrors); ``mnist1d`` is generated once and cached under
+``root/mnist1d/``; ``digits`` ships with scikit-learn. User data: ``folder:PATH`` (image
+class folders), ``csv:PATH`` (a table), ``package.module:function`` (a plugin), or
+:func:`dataset_from_splits`. See ``docs/data.md``.
 """
 
 from __future__ import annotations
@@ -15,49 +18,42 @@ from cogcal.data import multitask as _multitask  # noqa: F401  (registers celeba
 from cogcal.data import tabular as _tabular  # noqa: F401  (registers mnist1d, digits)
 from cogcal.data import vision as _vision  # noqa: F401  (registers cifar10, cifar100, svhn)
 from cogcal.data.base import (
+    NORMALIZATIONS,
     SPLIT_SEED,
     Dataset,
     DatasetCorruptError,
     DatasetNotFoundError,
     Split,
+    default_model,
     list_datasets,
     load_dataset,
     register_dataset,
     stratified_split,
 )
+from cogcal.data.custom import DatasetPluginError, dataset_from_splits
+from cogcal.data.downloads import ChecksumError, DownloadError, download, download_names
 from cogcal.data.loader import BatchLoader
 from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images, shift_sets
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
 from cogcal.data.transforms import augment_crop_flip, normalize
 
-#: TEMPORARY (replaced by the data layer's own default_model): backbone per dataset.
-_DEFAULT_MODELS = {
-    "mnist1d": "mlp",
-    "digits": "cnn",
-    "cifar10": "resnet18",
-    "cifar100": "resnet18",
-    "svhn": "resnet18",
-    "mnist1d-mtl": "mlp",
-    "digits-mtl": "cnn",
-    "celeba": "resnet18",
-}
-
-
-def default_model(name: str) -> str | None:
-    """The default backbone of a dataset, without loading it."""
-    return _DEFAULT_MODELS.get(name.lower())
-
-
 __all__ = [
-    "default_model",
+    "NORMALIZATIONS",
     "SPLIT_SEED",
     "BatchLoader",
+    "ChecksumError",
     "Dataset",
     "DatasetCorruptError",
     "DatasetNotFoundError",
+    "DatasetPluginError",
+    "DownloadError",
     "MNIST1D_DEFAULT_ARGS",
     "Split",
     "augment_crop_flip",
+    "dataset_from_splits",
+    "default_model",
+    "download",
+    "download_names",
     "list_datasets",
     "load_dataset",
     "make_mnist1d",

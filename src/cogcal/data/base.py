@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from cogcal._errors import ArgumentError
 from cogcal._io import save_npz
 from cogcal.data.transforms import augment_crop_flip, normalize
 
@@ -18,12 +19,14 @@ if TYPE_CHECKING:
     from cogcal.data.loader import BatchLoader
 
 __all__ = [
+    "NORMALIZATIONS",
     "SPLIT_SEED",
     "TASKS",
     "Dataset",
     "DatasetCorruptError",
     "DatasetNotFoundError",
     "Split",
+    "default_model",
     "list_datasets",
     "load_dataset",
     "register_dataset",
@@ -39,13 +42,28 @@ TASKS = ("multiclass", "multilabel")
 #: Augmentations :meth:`Dataset.transform` knows.
 AUGMENTATIONS = (None, "crop_flip", "flip")
 
+#: Values of ``load_dataset(..., normalization=...)``.
+NORMALIZATIONS = ("auto", "none", "imagenet")
 
-class DatasetNotFoundError(ValueError):
-    """A dataset's files are missing under the data root (nothing is ever downloaded)."""
+#: Per-channel statistics of ImageNet (torchvision's pretrained-model constants), on [0, 1].
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: Prefixes of the user-data kinds of :func:`load_dataset`.
+FOLDER_PREFIX = "folder:"
+CSV_PREFIX = "csv:"
 
 
-class DatasetCorruptError(ValueError):
-    """A dataset file exists but cannot be read or has unexpected content."""
+class DatasetNotFoundError(ArgumentError):
+    """A dataset's files are missing under the data root (a ``ValueError``).
+
+    ``str(err)`` names Python arguments (``root=``, ``download=True``); ``err.cli_message``
+    names the command-line flags (``--data-root``, ``--download``).
+    """
+
+
+class DatasetCorruptError(ArgumentError):
+    """A dataset file exists but cannot be read or has unexpected content (a ``ValueError``)."""
 
 
 @dataclass
@@ -103,7 +121,11 @@ class Dataset:
         ``None``.
     info : dict
         JSON-serialisable description recorded into the run configuration: split seed,
-        split sizes, normalisation statistics, source files, generator arguments.
+        split sizes, normalisation statistics, source files, generator arguments (for user
+        data also the split rule and a content fingerprint).
+    default_model : str or None
+        Name of the backbone (:func:`cogcal.models.create_model`) that suits the data:
+        ``"mlp"``, ``"cnn"``, ``"resnet18"``, ...; ``None`` when there is no default.
     """
 
     name: str
@@ -118,8 +140,13 @@ class Dataset:
     std: tuple[float, ...]
     augment: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    default_model: str | None = None
 
     def __post_init__(self) -> None:
+        if self.default_model is not None and not isinstance(self.default_model, str):
+            raise ValueError(
+                f"`default_model` must be a model name or None, got {self.default_model!r}."
+            )
         if self.task not in TASKS:
             raise ValueError(f"`task` must be one of {TASKS}, got {self.task!r}.")
         if self.augment not in AUGMENTATIONS:
@@ -198,7 +225,7 @@ class Dataset:
         return (
             f"Dataset(name={self.name!r}, task={self.task!r}, num_classes={self.num_classes}, "
             f"input_shape={self.input_shape}, train={len(self.train)}, val={len(self.val)}, "
-            f"test={len(self.test)})"
+            f"test={len(self.test)}, default_model={self.default_model!r})"
         )
 
 
@@ -206,9 +233,12 @@ class Dataset:
 
 DatasetBuilder = Callable[[Path], Dataset]
 _REGISTRY: dict[str, DatasetBuilder] = {}
+_DEFAULT_MODELS: dict[str, str | None] = {}
 
 
-def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
+def register_dataset(
+    name: str, *, default_model: str | None = None
+) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Register a dataset builder under ``name`` (a decorator).
 
     The builder takes the data root (a :class:`~pathlib.Path`) and returns a
@@ -217,14 +247,22 @@ def register_dataset(name: str) -> Callable[[DatasetBuilder], DatasetBuilder]:
     Parameters
     ----------
     name : str
-        Registry name (lower case).
+        Registry name (matched case-insensitively; must not contain ``":"``, which marks
+        the ``folder:``/``csv:``/plugin forms of :func:`load_dataset`).
+    default_model : str, optional
+        Backbone that suits the dataset (:func:`default_model` returns it without loading
+        the data; :func:`load_dataset` sets :attr:`Dataset.default_model` from it when the
+        builder leaves it ``None``).
     """
     key = name.lower()
+    if ":" in key or not key.strip():
+        raise ValueError(f"a dataset name must be non-empty and contain no ':', got {name!r}.")
 
     def decorator(fn: DatasetBuilder) -> DatasetBuilder:
         if key in _REGISTRY and _REGISTRY[key] is not fn:
             raise ValueError(f"a dataset named {key!r} is already registered.")
         _REGISTRY[key] = fn
+        _DEFAULT_MODELS[key] = default_model
         return fn
 
     return decorator
@@ -235,16 +273,177 @@ def list_datasets() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def load_dataset(name: str, *, root: str | Path = "data", **options: Any) -> Dataset:
-    """Load a registered dataset with its fixed train/validation/test splits.
+def _parse_name(name: Any) -> tuple[str, str]:
+    """Classify a dataset name: ``(kind, argument)``, kind in registered/folder/csv/plugin."""
+    if not isinstance(name, str) or not name.strip():
+        raise ArgumentError(
+            f"`name` must be a non-empty string naming a dataset, got {name!r}.",
+            cli_message=f"--dataset must name a dataset, got {name!r}.",
+        )
+    text = name.strip()
+    key = text.lower()
+    if key in _REGISTRY:
+        return "registered", key
+    for prefix, kind in ((FOLDER_PREFIX, "folder"), (CSV_PREFIX, "csv")):
+        if key.startswith(prefix):
+            path = text[len(prefix) :].strip()
+            if not path:
+                raise ArgumentError(
+                    f"dataset {text!r}: give a path after {prefix!r}, e.g. '{prefix}/data/x'.",
+                    cli_message=f"--dataset {text}: give a path after {prefix!r}, "
+                    f"e.g. --dataset {prefix}/data/x.",
+                )
+            return kind, path
+    if ":" in text:
+        return "plugin", text
+    known = list_datasets()
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    forms = (
+        "For your own data use 'folder:PATH' (class subfolders of images), 'csv:PATH' "
+        "(with {target}) or a plugin 'package.module:function'."
+    )
+    raise ArgumentError(
+        f"unknown dataset {name!r}; known datasets: {', '.join(known)}.{hint} "
+        + forms.format(target="target=COLUMN"),
+        cli_message=f"--dataset: unknown dataset {name!r}; known datasets: "
+        f"{', '.join(known)}.{hint} " + forms.format(target="--target COLUMN"),
+    )
+
+
+def default_model(name: str) -> str | None:
+    """The backbone that suits a dataset, computed without loading any data.
+
+    Registered datasets: their registered default (``mnist1d`` -> ``"mlp"``, ``digits`` ->
+    ``"cnn"``, ``cifar10``/``cifar100``/``svhn``/``celeba`` -> ``"resnet18"``, the
+    multi-task proxies as their base); ``folder:PATH`` -> ``"cnn"``; ``csv:PATH`` ->
+    ``"mlp"``; plugins -> ``None`` (known only once loaded: :attr:`Dataset.default_model`).
 
     Parameters
     ----------
     name : str
-        One of :func:`list_datasets` (case-insensitive).
+        A dataset name as accepted by :func:`load_dataset`.
+
+    Raises
+    ------
+    ArgumentError
+        Unknown name (a ``ValueError``).
+
+    Examples
+    --------
+    >>> from cogcal.data import default_model
+    >>> default_model("MNIST1D"), default_model("cifar10"), default_model("csv:data.csv")
+    ('mlp', 'resnet18', 'mlp')
+    >>> default_model("my_pkg.data:load") is None
+    True
+    """
+    kind, arg = _parse_name(name)
+    if kind == "registered":
+        return _DEFAULT_MODELS.get(arg)
+    return {"folder": "cnn", "csv": "mlp"}.get(kind)
+
+
+def _check_bool(value: Any, name: str, flag: str) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ArgumentError(
+            f"`{name}` must be True or False, got {value!r}.",
+            cli_message=f"{flag} takes no value (got {value!r}).",
+        )
+    return bool(value)
+
+
+def _check_normalization(normalization: Any) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise ArgumentError(
+            f"`normalization` must be one of {', '.join(map(repr, NORMALIZATIONS))}, "
+            f"got {normalization!r}.",
+            cli_message=f"--normalization must be one of {', '.join(NORMALIZATIONS)}, "
+            f"got {normalization!r}.",
+        )
+    return str(normalization)
+
+
+def apply_normalization(ds: Dataset, normalization: str) -> Dataset:
+    """Return ``ds`` with its normalisation replaced as asked (``"auto"``: unchanged).
+
+    ``"none"``: mean 0, std 1 for every channel (``uint8`` images are still scaled to
+    [0, 1]); ``"imagenet"``: ImageNet's per-channel mean/std, for 3-channel images only
+    (stored ``uint8``, or floats already on [0, 1]).
+    """
+    normalization = _check_normalization(normalization)
+    if normalization == "auto":
+        return ds
+    k = len(ds.mean)
+    if normalization == "none":
+        mean, std = (0.0,) * k, (1.0,) * k
+        text = "none (mean 0, std 1; uint8 images scaled to [0, 1])"
+    else:
+        if len(ds.input_shape) != 3 or ds.input_shape[0] != 3:
+            raise ArgumentError(
+                f"normalization='imagenet' needs RGB images (3, H, W); dataset {ds.name!r} "
+                f"has inputs of shape {ds.input_shape}. Use normalization='auto' or 'none'.",
+                cli_message=f"--normalization imagenet needs RGB images; dataset {ds.name!r} "
+                f"has inputs of shape {ds.input_shape}. Use --normalization auto or none.",
+            )
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        text = "imagenet (torchvision's ImageNet per-channel mean/std, on [0, 1] pixels)"
+    info = dict(ds.info)
+    info.update({"mean": list(mean), "std": list(std), "normalization": text})
+    return replace(ds, mean=tuple(mean), std=tuple(std), info=info)
+
+
+def load_dataset(
+    name: str,
+    *,
+    root: str | Path = "data",
+    download: bool = False,
+    mirror: str | None = None,
+    target: str | None = None,
+    image_size: int | None = None,
+    normalization: str = "auto",
+    progress: bool = True,
+) -> Dataset:
+    """Load a dataset with its fixed train/validation/test splits.
+
+    Parameters
+    ----------
+    name : str
+        What to load:
+
+        - a registered name (:func:`list_datasets`, case-insensitive): ``mnist1d``,
+          ``digits``, ``cifar10``, ``cifar100``, ``svhn``, ``celeba``, ``mnist1d-mtl``,
+          ``digits-mtl``;
+        - ``"folder:PATH"``: images in class subfolders (torchvision ``ImageFolder``
+          layout), optionally under ``train/``, ``val/``, ``test/``;
+        - ``"csv:PATH"``: a table with a header row; numeric feature columns and the class
+          column named by ``target``;
+        - ``"package.module:function"``: a plugin function returning a :class:`Dataset` or
+          a mapping of splits (see ``docs/data.md``).
+
+        Paths are relative to the working directory, not to ``root``.
     root : str or Path, default "data"
-        Data root: image datasets are read from their standard torchvision layouts under
-        it; ``mnist1d`` caches its generated samples in ``root/mnist1d/``.
+        Data root: registered image datasets are read from their standard torchvision
+        layouts under it (and downloaded into it with ``download=True``); ``mnist1d``
+        caches its generated samples in ``root/mnist1d/``.
+    download : bool, default False
+        Download a registered image dataset (``cifar10``, ``cifar100``, ``svhn``,
+        ``celeba``) into ``root`` if its files are missing: resumable, every file checked
+        against a pinned MD5 (see :func:`cogcal.data.download`). No effect on other data.
+    mirror : str, optional
+        Base URL (or local directory) of an internal mirror serving the official file
+        names; default: the ``COGCAL_DATA_MIRROR`` environment variable, else the
+        official URLs.
+    target : str, optional
+        ``csv:`` only (and required there): the name of the class column.
+    image_size : int, optional
+        ``folder:`` only: side of the square images after resizing the shorter side and
+        centre-cropping (default 32).
+    normalization : {"auto", "none", "imagenet"}, default "auto"
+        ``"auto"``: each dataset's documented normalisation (user data: statistics of the
+        training split only); ``"none"``: none (``uint8`` images still scaled to [0, 1]);
+        ``"imagenet"``: ImageNet's channel statistics (RGB images only).
+    progress : bool, default True
+        Show download progress bars on stderr.
 
     Returns
     -------
@@ -252,10 +451,11 @@ def load_dataset(name: str, *, root: str | Path = "data", **options: Any) -> Dat
 
     Raises
     ------
-    ValueError
-        Unknown name (the message lists the known ones and suggests the closest).
+    ArgumentError
+        A ``ValueError``: unknown name (the message lists the known ones and suggests the
+        closest), arguments that do not apply to the kind of data, bad user data.
     DatasetNotFoundError
-        Missing files (the message names them and the expected layout).
+        Missing files (the message names them, the expected layout and ``download=True``).
     DatasetCorruptError
         Unreadable files or unexpected content (the message names the file).
 
@@ -263,25 +463,49 @@ def load_dataset(name: str, *, root: str | Path = "data", **options: Any) -> Dat
     --------
     >>> from cogcal.data import load_dataset
     >>> ds = load_dataset("digits")
-    >>> ds.input_shape, len(ds.train), len(ds.val), len(ds.test)
-    ((1, 8, 8), 1149, 288, 360)
+    >>> ds.input_shape, len(ds.train), len(ds.val), len(ds.test), ds.default_model
+    ((1, 8, 8), 1149, 288, 360, 'cnn')
     >>> batch = ds.transform(ds.train.x[:4], train=True)
     >>> batch.dtype, tuple(batch.shape)
     (torch.float32, (4, 1, 8, 8))
     """
-    if not isinstance(name, str):
-        raise ValueError(f"dataset name must be a string, got {type(name).__name__}.")
-    key = name.lower().strip()
-    if key not in _REGISTRY:
-        known = list_datasets()
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(known)}.{hint}")
-    data = _REGISTRY[key](Path(root).expanduser())
-    from cogcal.data import default_model  # TEMPORARY until the data layer sets it
+    kind, arg = _parse_name(name)
+    normalization = _check_normalization(normalization)
+    download = _check_bool(download, "download", "--download")
+    progress = _check_bool(progress, "progress", "--progress")
+    if target is not None and kind != "csv":
+        raise ArgumentError(
+            f"`target` applies only to 'csv:PATH' datasets, got target={target!r} with "
+            f"dataset {name!r}.",
+            cli_message=f"--target applies only to --dataset csv:PATH, got --target {target} "
+            f"with --dataset {name}.",
+        )
+    if image_size is not None and kind != "folder":
+        raise ArgumentError(
+            f"`image_size` applies only to 'folder:PATH' datasets, got image_size={image_size!r} "
+            f"with dataset {name!r}.",
+            cli_message=f"--image-size applies only to --dataset folder:PATH, got "
+            f"--image-size {image_size} with --dataset {name}.",
+        )
+    if kind == "registered":
+        root_path = Path(root).expanduser()
+        if download:
+            from cogcal.data import downloads
 
-    data.default_model = default_model(key)
-    return data
+            if arg in downloads.RESOURCES:
+                downloads.download(arg, root_path, mirror=mirror, progress=progress)
+        ds = _REGISTRY[arg](root_path)
+        if ds.default_model is None:
+            ds = replace(ds, default_model=_DEFAULT_MODELS.get(arg))
+        return apply_normalization(ds, normalization)
+
+    from cogcal.data import custom
+
+    if kind == "folder":
+        return custom.load_image_folder(arg, image_size=image_size, normalization=normalization)
+    if kind == "csv":
+        return custom.load_csv(arg, target=target, normalization=normalization)
+    return custom.load_plugin(arg, root=Path(root).expanduser(), normalization=normalization)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -358,13 +582,50 @@ def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
 
 
 def missing_files_error(
-    dataset: str, root: Path, missing: Sequence[Path], layout: str, fix: str
+    dataset: str,
+    root: Path,
+    missing: Sequence[Path],
+    layout: str,
+    fix: str,
+    *,
+    download: str | None = None,
+    cli_fix: str | None = None,
+    function: str = "load_dataset",
 ) -> DatasetNotFoundError:
-    """Build the one error raised when a dataset's files are missing."""
+    """Build the one error raised when a dataset's files are missing.
+
+    Parameters
+    ----------
+    dataset : str
+        What is missing (e.g. ``"cifar10"``).
+    root : Path
+        The data root searched.
+    missing : sequence of Path
+        Every missing path.
+    layout : str
+        The expected layout under the data root.
+    fix : str
+        How to get the files by hand (Python form).
+    download : str, optional
+        If the files can be downloaded: what is downloaded (e.g. ``"cifar-10-python.tar.gz,
+        163 MiB"``); the message then names ``download=True`` / ``--download``.
+    cli_fix : str, optional
+        ``fix`` for the command line (default: ``fix``).
+    function : str, default "load_dataset"
+        The Python function whose arguments the message names.
+    """
     files = "\n".join(f"  - {p}" for p in missing)
-    return DatasetNotFoundError(
+    head = (
         f"dataset {dataset!r} not found under data root {str(root)!r}; missing file(s):\n"
-        f"{files}\nExpected layout under the data root:\n{layout}\n"
-        f"How to fix: {fix} (nothing is downloaded automatically). "
-        "Or point the data root elsewhere (root=... in load_dataset)."
+        f"{files}\nExpected layout under the data root:\n{layout}\nHow to fix: "
+    )
+    if download:
+        py_dl = f"pass download=True to {function} to download it ({download}, MD5-verified); or "
+        cli_dl = f"add --download to download it ({download}, MD5-verified); or "
+    else:
+        py_dl = cli_dl = ""
+    return DatasetNotFoundError(
+        f"{head}{py_dl}{fix}; or point the data root elsewhere (root=... in {function}).",
+        cli_message=f"{head}{cli_dl}{cli_fix if cli_fix is not None else fix}; or point the "
+        "data root elsewhere (--data-root DIR).",
     )

@@ -104,20 +104,9 @@ def celeba_preprocess(image: Any, size: int = CELEBA_IMAGE_SIZE) -> np.ndarray:
     numpy.ndarray
         ``uint8`` array of shape ``(3, size, size)``.
     """
-    from PIL import Image
+    from cogcal.data.images import resize_center_crop
 
-    image = image.convert("RGB")
-    w, h = image.size
-    if w <= h:
-        new_w, new_h = size, int(size * h / w)
-    else:
-        new_w, new_h = int(size * w / h), size
-    if (new_w, new_h) != (w, h):
-        image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
-    top = int(round((new_h - size) / 2.0))
-    left = int(round((new_w - size) / 2.0))
-    image = image.crop((left, top, left + size, top + size))
-    return np.asarray(image, dtype=np.uint8).transpose(2, 0, 1)
+    return resize_center_crop(image, size, mode="RGB")
 
 
 def _decode_image(path: Path) -> np.ndarray:
@@ -379,12 +368,12 @@ def _celeba_layout(root: Path) -> str:
 
 
 def _flip_augmentation() -> str | None:
-    # SPEC section 4: CelebA uses a random horizontal flip (no crop) in training. Used as
+    # docs/method.md section 4: CelebA uses a random horizontal flip (no crop) in training. Used as
     # soon as Dataset knows the "flip" augmentation; no augmentation until then.
     return "flip" if "flip" in AUGMENTATIONS else None
 
 
-@register_dataset("celeba")
+@register_dataset("celeba", default_model="resnet18")
 def _load_celeba(root: Path) -> Dataset:
     """CelebA, 40 binary attributes, official partitions, 32x32 images (cached)."""
     base = root / CELEBA_DIR
@@ -394,6 +383,8 @@ def _load_celeba(root: Path) -> Dataset:
     if not img_dir.is_dir():
         missing.append(img_dir)
     if missing:
+        from cogcal.data.downloads import describe
+
         raise missing_files_error(
             "celeba",
             root,
@@ -402,6 +393,7 @@ def _load_celeba(root: Path) -> Dataset:
             "download img_align_celeba.zip, list_attr_celeba.txt and list_eval_partition.txt "
             "from the CelebA page (https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html, "
             f"'Align&Cropped Images' and 'Anno'/'Eval') into {base} and extract the zip there",
+            download=describe("celeba"),
         )
     key = _celeba_key(attr_path, part_path)
     cache = base / CELEBA_CACHE_NAME
@@ -591,13 +583,13 @@ def _proxy(name: str, base_name: str, root: Path) -> Dataset:
     )
 
 
-@register_dataset("mnist1d-mtl")
+@register_dataset("mnist1d-mtl", default_model="mlp")
 def _load_mnist1d_mtl(root: Path) -> Dataset:
     """Multi-task CPU proxy: mnist1d inputs/splits, the binary tasks of PROXY_TASKS."""
     return _proxy("mnist1d-mtl", "mnist1d", root)
 
 
-@register_dataset("digits-mtl")
+@register_dataset("digits-mtl", default_model="cnn")
 def _load_digits_mtl(root: Path) -> Dataset:
     """Multi-task CPU proxy: digits inputs/splits, the binary tasks of PROXY_TASKS."""
     return _proxy("digits-mtl", "digits", root)

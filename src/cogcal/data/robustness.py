@@ -1,4 +1,4 @@
-"""OOD sets and covariate-shift sets for every cogcal dataset (SPEC section 4).
+"""OOD sets and covariate-shift sets for every cogcal dataset (docs/method.md section 4).
 
 - :func:`ood_sets`: inputs of other datasets, in the in-distribution dataset's stored
   format (so that ``dataset.transform`` normalises them with the ID statistics).
@@ -7,8 +7,10 @@
   the fly with :mod:`cogcal.data.corruptions`), rotated SVHN, and documented analogues
   for the CPU suites (mnist1d generator parameters, digits corruptions/rotations).
 
-Nothing is downloaded; sets whose files are missing are returned in a second dict,
-condition -> reason. See ``docs/robustness.md``.
+Sets whose files are missing are returned in a second dict, condition -> reason (a ``str``
+whose ``cli_message`` attribute holds the command-line form), unless ``download=True``
+fetches them first (:mod:`cogcal.data.downloads`: SVHN 235 MiB, CIFAR-10 163 MiB,
+CIFAR-100 161 MiB, CIFAR-10-C / CIFAR-100-C 2.7 GiB each). See ``docs/robustness.md``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from cogcal._io import save_npz
+from cogcal.data import downloads as _downloads
 from cogcal.data import tabular as _tabular
 from cogcal.data import vision as _vision
 from cogcal.data.base import (
@@ -62,7 +65,7 @@ __all__ = [
 #: subsampling). Differs from the mnist1d training seed (42) and the split seed.
 SHIFT_SEED = 7_193
 
-#: OOD datasets per image dataset (SPEC section 4); their *test* splits are used.
+#: OOD datasets per image dataset (docs/method.md section 4); their *test* splits are used.
 OOD_PAIRS: dict[str, tuple[str, ...]] = {
     "cifar10": ("svhn", "cifar100"),
     "cifar100": ("svhn", "cifar10"),
@@ -146,6 +149,17 @@ def _subsample(n: int, k: int | None) -> np.ndarray:
     return np.sort(rng.choice(n, size=k, replace=False))
 
 
+class Reason(str):
+    """Why a set is unavailable: the Python-form message, with ``cli_message`` for the CLI."""
+
+    cli_message: str
+
+    def __new__(cls, err: BaseException) -> Reason:
+        obj = super().__new__(cls, str(err))
+        obj.cli_message = getattr(err, "cli_message", str(err))
+        return obj
+
+
 # ============================================================================= OOD
 
 
@@ -161,6 +175,8 @@ def _svhn_test(root: Path) -> np.ndarray:
             f"  {root}/svhn/{name} (or {root}/{name})",
             "download test_32x32.mat (format 2, cropped digits) from "
             f"http://ufldl.stanford.edu/housenumbers/ into {root / 'svhn'}",
+            download=_downloads.describe("svhn"),
+            function="ood_sets",
         )
     return _vision._read_svhn(path)[0]
 
@@ -181,6 +197,8 @@ def _cifar_test(name: str, root: Path) -> np.ndarray:
             f"  {base}/{fname}",
             f"download the {archive} from https://www.cs.toronto.edu/~kriz/cifar.html) and "
             f"extract it under {root}",
+            download=_downloads.describe(name),
+            function="ood_sets",
         )
     return _vision._cifar_batch(path, key, k)[0]
 
@@ -246,11 +264,16 @@ def _cpu_ood(dataset: Dataset) -> tuple[dict[str, torch.Tensor], dict[str, str]]
 
 
 def ood_sets(
-    dataset: Dataset, *, root: str | Path
+    dataset: Dataset,
+    *,
+    root: str | Path,
+    download: bool = False,
+    mirror: str | None = None,
+    progress: bool = True,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Return the OOD inputs of ``dataset`` in its stored format.
 
-    Image datasets get the *test* splits of their SPEC section 4 partners (CIFAR-10 ->
+    Image datasets get the *test* splits of their docs/method.md section 4 partners (CIFAR-10 ->
     SVHN + CIFAR-100; CIFAR-100 -> SVHN + CIFAR-10; SVHN -> CIFAR-10 + CIFAR-100), read
     from the standard layouts under ``root`` as ``uint8`` ``(N, 3, 32, 32)``. The CPU
     suites get documented analogues (``docs/robustness.md``): ``mnist1d`` ->
@@ -268,6 +291,13 @@ def ood_sets(
         The in-distribution dataset (from :func:`~cogcal.data.load_dataset`).
     root : str or Path
         Data root holding the OOD datasets' files.
+    download : bool, default False
+        Image datasets: first download the partner datasets that are missing
+        (:func:`cogcal.data.download`; SVHN 235 MiB, CIFAR-10 163 MiB, CIFAR-100 161 MiB).
+    mirror : str, optional
+        Mirror for the downloads (see :func:`cogcal.data.download`).
+    progress : bool, default True
+        Download progress bars on stderr.
 
     Returns
     -------
@@ -275,7 +305,8 @@ def ood_sets(
         OOD set name -> inputs, same dtype and per-sample shape as ``dataset.test.x``.
     unavailable : dict of str to str
         OOD set name -> why it could not be loaded (the missing-file message, naming the
-        expected file and layout).
+        expected file, the layout and ``download=True``; its ``cli_message`` attribute
+        holds the command-line form).
 
     Raises
     ------
@@ -283,18 +314,22 @@ def ood_sets(
         ``dataset`` is not one of :data:`ROBUSTNESS_DATASETS`.
     DatasetCorruptError
         An OOD file exists but cannot be read.
+    DownloadError
+        ``download=True`` and a download failed.
     """
     name = _check_dataset(dataset)
     if name in CPU_OOD:
         return _cpu_ood(dataset)
     root = Path(root).expanduser()
+    if download:
+        _downloads.ensure(OOD_PAIRS[name], root, mirror=mirror, progress=progress)
     sets: dict[str, torch.Tensor] = {}
     missing: dict[str, str] = {}
     for other in OOD_PAIRS[name]:
         try:
             sets[other] = _ood_image_set(other, root)
         except DatasetNotFoundError as err:
-            missing[other] = str(err)
+            missing[other] = Reason(err)
     return sets, missing
 
 
@@ -336,21 +371,26 @@ def _cifar_c_layout(root: Path, dirname: str) -> str:
     )
 
 
-def _cifar_c_fix(name: str, root: Path, dirname: str, condition: str) -> str:
+def _cifar_c_fix(name: str, root: Path, dirname: str, condition: str) -> tuple[str, str]:
+    """How to get a missing CIFAR-C file: (Python form, command-line form)."""
     record = "2535967" if name == "cifar10" else "3555552"
     fix = (
-        f"download {dirname}.tar from https://zenodo.org/record/{record} and extract it "
+        f"download {dirname}.tar from https://zenodo.org/records/{record} and extract it "
         f"under {root}"
     )
     if condition in CORRUPTIONS:
-        fix += (
+        py = (
             "; or call shift_sets(..., generate_missing=True) to generate this corruption "
             "on the fly from the clean test set (cogcal.data.corruptions, CIFAR-10-C "
             "parameters; see docs/robustness.md)"
         )
+        cli = (
+            "; or have cogcal generate this corruption on the fly from the clean test set "
+            "(cogcal.data.shift_sets(..., generate_missing=True); see docs/robustness.md)"
+        )
     else:
-        fix += f" ({condition!r} cannot be generated on the fly: {NOT_COVERED[condition]})"
-    return fix
+        py = cli = f" ({condition!r} cannot be generated on the fly: {NOT_COVERED[condition]})"
+    return fix + py, fix + cli
 
 
 def _read_npy(path: Path) -> np.ndarray:
@@ -370,11 +410,17 @@ def _cifar_c_sets(
     max_per_severity: int | None,
     generate_missing: bool,
     seed: int,
+    download: bool = False,
+    mirror: str | None = None,
+    progress: bool = True,
 ) -> tuple[dict[str, dict[int, Split]], dict[str, str]]:
     name = dataset.name
     dirname = CIFAR_C_DIRS[name]
     base = root / dirname
     labels_path = base / "labels.npy"
+    wanted = [base / f"{c}.npy" for c in conditions] + [labels_path]
+    if download and not all(p.is_file() for p in wanted):
+        _downloads.download(f"{name}-c", root, mirror=mirror, progress=progress)
     labels: np.ndarray | None = None
     sets: dict[str, dict[int, Split]] = {}
     missing: dict[str, str] = {}
@@ -393,14 +439,18 @@ def _cifar_c_sets(
                 s: _split(corrupt(x_clean, cond, s, seed=seed), y.clone()) for s in range(1, 6)
             }
         else:
+            fix, cli_fix = _cifar_c_fix(name, root, dirname, cond)
             err = missing_files_error(
                 f"{name} {cond} ({dirname})",
                 root,
                 absent,
                 _cifar_c_layout(root, dirname),
-                _cifar_c_fix(name, root, dirname, cond),
+                fix,
+                cli_fix=cli_fix,
+                download=_downloads.describe(f"{name}-c"),
+                function="shift_sets",
             )
-            missing[cond] = str(err)
+            missing[cond] = Reason(err)
     return sets, missing
 
 
@@ -556,6 +606,9 @@ def shift_sets(
     max_per_severity: int | None = None,
     generate_missing: bool = False,
     seed: int = SHIFT_SEED,
+    download: bool = False,
+    mirror: str | None = None,
+    progress: bool = True,
 ) -> tuple[dict[str, dict[int, Split]], dict[str, str]]:
     """Return the labelled covariate-shift test sets of ``dataset``.
 
@@ -588,6 +641,14 @@ def shift_sets(
         CIFAR only: generate missing corruptions on the fly when covered.
     seed : int, default SHIFT_SEED
         Seed of generated samples and corruptions.
+    download : bool, default False
+        CIFAR only: download ``CIFAR-10-C.tar`` / ``CIFAR-100-C.tar`` (2.7 GiB each, 2.9 GB
+        extracted; the archive is deleted after extraction) when a requested file is missing
+        (:func:`cogcal.data.download`).
+    mirror : str, optional
+        Mirror for the download (see :func:`cogcal.data.download`).
+    progress : bool, default True
+        Download progress bars on stderr.
 
     Returns
     -------
@@ -595,7 +656,8 @@ def shift_sets(
         condition -> severity (1..5) -> :class:`Split` in the stored format of
         ``dataset.test`` with the original labels.
     unavailable : dict of str to str
-        condition -> why it is missing (names the expected files and layout).
+        condition -> why it is missing (names the expected files, the layout and
+        ``download=True``; its ``cli_message`` attribute holds the command-line form).
 
     Raises
     ------
@@ -603,13 +665,25 @@ def shift_sets(
         Unsupported dataset, unknown condition, bad ``max_per_severity``.
     DatasetCorruptError
         A CIFAR-C file exists but is unreadable or malformed.
+    DownloadError
+        ``download=True`` and the download failed.
     """
     name = _check_dataset(dataset)
     max_per_severity = _check_max(max_per_severity)
     selected = _select(shift_conditions(name), conditions, name)
     root = Path(root).expanduser()
     if name in CIFAR_C_DIRS:
-        return _cifar_c_sets(dataset, root, selected, max_per_severity, generate_missing, seed)
+        return _cifar_c_sets(
+            dataset,
+            root,
+            selected,
+            max_per_severity,
+            generate_missing,
+            seed,
+            download=download,
+            mirror=mirror,
+            progress=progress,
+        )
     if name == "mnist1d":
         return _mnist1d_sets(dataset, root, selected, max_per_severity, seed)
     idx = torch.from_numpy(_subsample(len(dataset.test), max_per_severity))

@@ -32,7 +32,7 @@ __all__ = [
     "mnist1d_args",
 ]
 
-#: Samples generated for the mnist1d suite, and the generator seed (SPEC section 4).
+#: Samples generated for the mnist1d suite, and the generator seed (docs/method.md section 4).
 MNIST1D_NUM_SAMPLES = 12_000
 MNIST1D_SEED = 42
 MNIST1D_VAL_FRACTION = 0.2
@@ -224,7 +224,7 @@ def _load_cache(path: Path, key_text: str) -> dict[str, np.ndarray] | None:
         return None
 
 
-@register_dataset("mnist1d")
+@register_dataset("mnist1d", default_model="mlp")
 def _load_mnist1d(root: Path) -> Dataset:
     """MNIST-1D: 12,000 generated samples (seed 42); package split 80/20; 20% of train as val."""
     args = mnist1d_args(num_samples=MNIST1D_NUM_SAMPLES, seed=MNIST1D_SEED)
@@ -335,7 +335,7 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray, str]:
     return x, target.astype(np.int64), source
 
 
-@register_dataset("digits")
+@register_dataset("digits", default_model="cnn")
 def _load_digits(root: Path) -> Dataset:
     """scikit-learn's 8x8 digits: stratified 20% test, then 20% of the rest as validation."""
     del root  # bundled with scikit-learn

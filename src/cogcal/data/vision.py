@@ -2,6 +2,8 @@
 
 The files are read directly (not through torchvision's dataset classes, which verify
 the MD5 sums of the full official files), so small files in the same format work too.
+``load_dataset(..., download=True)`` fetches the official files first
+(:mod:`cogcal.data.downloads`, MD5-verified).
 
 The CIFAR batch files are Python pickles written by the dataset authors. As torchvision
 does, we unpickle them with ``encoding="latin1"``, but only the known file names under
@@ -118,9 +120,11 @@ def _class_names(path: Path, key: str, num_classes: int) -> list[str]:
 
 
 def _check_present(dataset: str, root: Path, files: list[Path], layout: str, fix: str) -> None:
+    from cogcal.data.downloads import describe
+
     missing = [p for p in files if not p.is_file()]
     if missing:
-        raise missing_files_error(dataset, root, missing, layout, fix)
+        raise missing_files_error(dataset, root, missing, layout, fix, download=describe(dataset))
 
 
 def _build(
@@ -138,7 +142,7 @@ def _build(
     frac = VAL_FRACTION[name]
     tr_idx, val_idx = stratified_split(y_train_full, frac, SPLIT_SEED)
     x_train = x_train_full[tr_idx]
-    stats_source = "fixed (SPEC section 4)"
+    stats_source = "fixed (docs/method.md section 4)"
     if mean is None or std is None:
         mean, std = channel_stats_uint8(x_train)
         stats_source = "computed on the training split (after the validation split)"
@@ -177,7 +181,7 @@ def _build(
     )
 
 
-@register_dataset("cifar10")
+@register_dataset("cifar10", default_model="resnet18")
 def _load_cifar10(root: Path) -> Dataset:
     """CIFAR-10 from ``root/cifar-10-batches-py/`` (20% of train as validation)."""
     base = root / CIFAR10_DIR
@@ -212,7 +216,7 @@ def _load_cifar10(root: Path) -> Dataset:
     )
 
 
-@register_dataset("cifar100")
+@register_dataset("cifar100", default_model="resnet18")
 def _load_cifar100(root: Path) -> Dataset:
     """CIFAR-100 (fine labels) from ``root/cifar-100-python/`` (5% of train as validation)."""
     base = root / CIFAR100_DIR
@@ -272,7 +276,7 @@ def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), y  # (n, C, H, W)
 
 
-@register_dataset("svhn")
+@register_dataset("svhn", default_model="resnet18")
 def _load_svhn(root: Path) -> Dataset:
     """SVHN cropped digits from ``root/svhn/*.mat`` or ``root/*.mat`` (20% of train as val)."""
     candidates = [root / "svhn", root]

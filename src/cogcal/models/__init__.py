@@ -6,7 +6,8 @@
 
 Every backbone is a :class:`Backbone`: ``num_features``, ``forward_features(x)``,
 ``forward_head(features, pre_logits=False)``, ``get_classifier()`` (the final
-``nn.Linear``, stored as ``head``) and ``reset_classifier(num_classes)``.
+``nn.Linear``, stored as ``head``) and ``reset_classifier(num_classes)``. Names are
+case-insensitive; :func:`check_compatible` tells whether a backbone takes an input shape.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from cogcal.models import resnet, small, vit, wrn  # noqa: F401  (register the b
 from cogcal.models.registry import (
     Backbone,
     ModelInfo,
+    check_compatible,
     create_model,
     list_models,
     model_info,
@@ -24,6 +26,7 @@ from cogcal.models.registry import (
 __all__ = [
     "Backbone",
     "ModelInfo",
+    "check_compatible",
     "create_model",
     "list_models",
     "model_info",

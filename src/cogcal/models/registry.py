@@ -18,9 +18,12 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from cogcal._errors import ArgumentError
+
 __all__ = [
     "Backbone",
     "ModelInfo",
+    "check_compatible",
     "create_model",
     "list_models",
     "model_info",
@@ -105,12 +108,17 @@ class ModelInfo:
         The per-sample input shape the backbone is designed for.
     description : str
         One line for listings and docs.
+    input_check : callable or None
+        ``input_check(input_shape)`` raises :class:`~cogcal._errors.ArgumentError` saying
+        why the backbone cannot take inputs of that per-sample shape (used by
+        :func:`check_compatible`); ``None``: any shape the builder accepts.
     """
 
     name: str
     builder: Callable[..., nn.Module]
     default_input_shape: tuple[int, ...]
     description: str = ""
+    input_check: Callable[[tuple[int, ...]], None] | None = None
 
 
 _REGISTRY: dict[str, ModelInfo] = {}
@@ -124,19 +132,25 @@ def register_model(
     default_input_shape: Sequence[int],
     description: str = "",
     overwrite: bool = False,
+    input_check: Callable[[tuple[int, ...]], None] | None = None,
 ) -> Callable[[F], F]:
     """Decorator registering a backbone builder under ``name``.
 
     Parameters
     ----------
     name : str, optional
-        Registry name; defaults to the decorated function's ``__name__``.
+        Registry name; defaults to the decorated function's ``__name__``. Names are
+        matched case-insensitively, so two names may not differ only in case.
     default_input_shape : sequence of int
         The backbone's natural per-sample input shape (e.g. ``(3, 32, 32)``).
     description : str, optional
         One-line description.
     overwrite : bool, default False
         Allow replacing an existing entry; otherwise a duplicate name raises ``ValueError``.
+    input_check : callable, optional
+        ``input_check(input_shape)`` raising :class:`~cogcal._errors.ArgumentError` (a
+        ``ValueError``) when the backbone cannot take that per-sample shape; run by
+        :func:`check_compatible` and :func:`create_model` before building.
 
     Returns
     -------
@@ -167,16 +181,20 @@ def register_model(
         key = name if name is not None else fn.__name__
         if not isinstance(key, str) or not key:
             raise ValueError(f"a model name must be a non-empty string, got {key!r}.")
-        if key in _REGISTRY and not overwrite:
+        same = _lookup(key)
+        if same is not None and not overwrite:
             raise ValueError(
-                f"a model named {key!r} is already registered; pick another name "
-                "or pass overwrite=True."
+                f"a model named {same!r} is already registered (names are matched "
+                "case-insensitively); pick another name or pass overwrite=True."
             )
+        if same is not None:
+            del _REGISTRY[same]
         _REGISTRY[key] = ModelInfo(
             name=key,
             builder=fn,
             default_input_shape=check_input_shape(default_input_shape),
             description=description,
+            input_check=input_check,
         )
         return fn
 
@@ -194,20 +212,67 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def _lookup(name: Any) -> str | None:
+    """The registered key matching ``name`` case-insensitively, or None."""
+    if not isinstance(name, str):
+        return None
+    if name in _REGISTRY:
+        return name
+    folded = name.strip().casefold()
+    return next((k for k in _REGISTRY if k.casefold() == folded), None)
+
+
 def model_info(name: str) -> ModelInfo:
-    """Return the registry entry of ``name`` (builder, natural input shape, description).
+    """Return the registry entry of ``name`` (case-insensitive): builder, input shape, ...
 
     Raises
     ------
-    ValueError
-        If ``name`` is not registered; the message lists the names and suggests the closest.
+    ArgumentError
+        If ``name`` is not registered (a ``ValueError``); the message lists the names and
+        suggests the closest.
     """
-    if name not in _REGISTRY:
+    key = _lookup(name)
+    if key is None:
         available = ", ".join(list_models())
-        close = difflib.get_close_matches(str(name), list_models(), n=1, cutoff=0.4)
+        close = difflib.get_close_matches(str(name).lower(), list_models(), n=1, cutoff=0.4)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown model {name!r}.{hint} Available models: {available}.")
-    return _REGISTRY[name]
+        raise ArgumentError(
+            f"unknown model {name!r}.{hint} Available models: {available}.",
+            cli_message=f"--model: unknown model {name!r}.{hint} Available models: {available}.",
+        )
+    return _REGISTRY[key]
+
+
+def check_compatible(model_name: str, input_shape: Sequence[int]) -> None:
+    """Raise when backbone ``model_name`` cannot take inputs of per-sample ``input_shape``.
+
+    Parameters
+    ----------
+    model_name : str
+        A registered backbone (case-insensitive).
+    input_shape : sequence of int
+        One sample's shape without the batch dimension (``Dataset.input_shape``).
+
+    Raises
+    ------
+    ArgumentError
+        A ``ValueError`` saying why (e.g. ``resnet18`` on tabular ``(20,)`` input needs
+        ``(C, H, W)`` images) and which backbones suit the input; also for an unknown
+        name or a malformed ``input_shape``.
+
+    Examples
+    --------
+    >>> from cogcal.models import check_compatible
+    >>> check_compatible("CNN", (3, 64, 64))  # fine: returns None
+    >>> try:
+    ...     check_compatible("resnet18", (20,))
+    ... except ValueError as err:
+    ...     print(str(err).split(";")[0])
+    resnet18 needs images of shape (channels, height, width), e.g. (3, 32, 32)
+    """
+    info = model_info(model_name)
+    shape = check_input_shape(input_shape)
+    _run_check(info, shape)
 
 
 def create_model(
@@ -218,7 +283,8 @@ def create_model(
     Parameters
     ----------
     name : str
-        One of :func:`list_models` (e.g. ``"mlp"``, ``"cnn"``, ``"resnet101"``).
+        One of :func:`list_models` (e.g. ``"mlp"``, ``"cnn"``, ``"resnet101"``;
+        case-insensitive).
     num_classes : int
         Number of outputs (>= 1): classes ``K``, or binary tasks ``T`` for
         multi-label problems (one logit each).
@@ -237,9 +303,10 @@ def create_model(
 
     Raises
     ------
-    ValueError
-        For an unknown name (the message suggests the closest), ``num_classes < 1``,
-        or an ``input_shape`` the backbone cannot take.
+    ArgumentError
+        A ``ValueError``: an unknown name (the message suggests the closest),
+        ``num_classes < 1``, or an ``input_shape`` the backbone cannot take
+        (:func:`check_compatible`).
 
     Examples
     --------
@@ -257,6 +324,8 @@ def create_model(
     info = model_info(name)
     num_classes = _check_num_classes(num_classes)
     shape = check_input_shape(input_shape)
+    if not kwargs:  # options such as a ViT's patch_size change what fits: the builder checks
+        _run_check(info, shape)
     model = info.builder(num_classes=num_classes, input_shape=shape, **kwargs)
     if isinstance(model, Backbone):
         model.input_shape = shape
@@ -272,12 +341,12 @@ def _check_num_classes(num_classes: Any) -> int:
     except TypeError:
         n = None
     if n is None or isinstance(num_classes, bool):
-        raise ValueError(
+        raise ArgumentError(
             "`num_classes` must be a positive integer (classes K, or tasks T for "
             f"multi-label), got {num_classes!r}."
         )
     if n < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"`num_classes` must be >= 1 (classes K, or tasks T for multi-label), got {n}."
         )
     return n
@@ -286,7 +355,7 @@ def _check_num_classes(num_classes: Any) -> int:
 def check_input_shape(input_shape: Any) -> tuple[int, ...]:
     """Return ``input_shape`` as a tuple of positive ints, or raise ``ValueError``."""
     if isinstance(input_shape, int | str) or not isinstance(input_shape, Sequence | torch.Size):
-        raise ValueError(
+        raise ArgumentError(
             "`input_shape` must be a sequence of positive ints giving one sample's shape "
             f"without the batch dimension, e.g. (40,) or (3, 32, 32); got {input_shape!r}."
         )
@@ -295,34 +364,91 @@ def check_input_shape(input_shape: Any) -> tuple[int, ...]:
     except TypeError:
         dims = ()
     if not dims or any(isinstance(d, bool) for d in input_shape) or min(dims) < 1:
-        raise ValueError(
+        raise ArgumentError(
             "`input_shape` must be a non-empty sequence of positive ints (no batch "
             f"dimension), e.g. (40,) or (3, 32, 32); got {input_shape!r}."
         )
     return dims
 
 
+def _kind(shape: tuple[int, ...]) -> str:
+    if len(shape) == 1:
+        return "tabular features or a 1-D sequence"
+    if len(shape) == 2:
+        return "a 2-D input: a multi-channel sequence or a one-channel image"
+    if len(shape) == 3:
+        return "images"
+    return f"a {len(shape)}-D input"
+
+
+def _shape_error(model: str, problem: str) -> ArgumentError:
+    return ArgumentError(f"{model} {problem}", cli_message=f"--model {model} {problem}")
+
+
 def image_shape(
     model: str, input_shape: tuple[int, ...], *, min_size: int = 1, multiple_of: int = 1
 ) -> tuple[int, int, int]:
-    """Validate an image shape ``(C, H, W)`` for backbone ``model``; return it."""
+    """Validate an image shape ``(C, H, W)`` for backbone ``model``; return it.
+
+    Raises :class:`~cogcal._errors.ArgumentError` (a ``ValueError``) saying what is wrong.
+    """
     if len(input_shape) != 3:
-        raise ValueError(
-            f"{model} expects images: input_shape must be (channels, height, width), "
-            f"e.g. (3, 32, 32); got {input_shape}."
+        raise _shape_error(
+            model,
+            "needs images of shape (channels, height, width), e.g. (3, 32, 32); the input "
+            f"has shape {tuple(input_shape)} ({_kind(tuple(input_shape))}).",
         )
     c, h, w = input_shape
     if h < min_size or w < min_size:
-        raise ValueError(
-            f"{model} needs images of at least {min_size}x{min_size} pixels, got {h}x{w} "
-            f"(input_shape {input_shape})."
+        raise _shape_error(
+            model,
+            f"needs images of at least {min_size}x{min_size} pixels, got {h}x{w} "
+            f"(input_shape {input_shape}).",
         )
     if h % multiple_of or w % multiple_of:
-        raise ValueError(
-            f"{model} needs height and width divisible by {multiple_of} (its patch size), "
-            f"got {h}x{w} (input_shape {input_shape}); crop or pad the images."
+        raise _shape_error(
+            model,
+            f"needs height and width divisible by {multiple_of} (its patch size), got {h}x{w} "
+            f"(input_shape {input_shape}); crop or pad the images.",
         )
     return c, h, w
+
+
+def sequence_shape(model: str, input_shape: tuple[int, ...]) -> tuple[int, int]:
+    """Validate a sequence shape ``(L,)`` or ``(C, L)`` for ``model``; return ``(C, L)``."""
+    if len(input_shape) not in (1, 2):
+        raise _shape_error(
+            model,
+            "needs sequences: input_shape (length,) or (channels, length), e.g. (40,) for "
+            f"mnist1d; the input has shape {tuple(input_shape)} ({_kind(tuple(input_shape))}).",
+        )
+    return (1, input_shape[0]) if len(input_shape) == 1 else (input_shape[0], input_shape[1])
+
+
+def _run_check(info: ModelInfo, shape: tuple[int, ...]) -> None:
+    """``info.input_check(shape)``; on failure add the backbones that do take ``shape``."""
+    if info.input_check is None:
+        return
+    try:
+        info.input_check(shape)
+    except ValueError as err:
+        fits = []
+        for other in list_models():
+            check = _REGISTRY[other].input_check
+            if other == info.name:
+                continue
+            try:
+                if check is not None:
+                    check(shape)
+            except ValueError:
+                continue
+            fits.append(other)
+        extra = f" Backbones that take input {shape}: {', '.join(fits)}." if fits else ""
+        cli = getattr(err, "cli_message", str(err))
+        raise ArgumentError(
+            f"{err}{extra}",
+            cli_message=f"{cli}{extra.replace('Backbones', 'Backbones (--model)', 1)}",
+        ) from None
 
 
 def check_batch(model: str, x: torch.Tensor, expected: tuple[int, ...]) -> None:

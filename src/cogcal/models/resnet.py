@@ -9,6 +9,7 @@ Projection shortcuts (1x1 convolution + BatchNorm) where the shape changes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import nn
@@ -126,6 +127,7 @@ class CifarResNet(Backbone):
 @register_model(
     "resnet18",
     default_input_shape=(3, 32, 32),
+    input_check=partial(image_shape, "resnet18", min_size=8),
     description="CIFAR ResNet-18, basic blocks [2, 2, 2, 2]",
 )
 def resnet18(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CifarResNet:
@@ -138,6 +140,7 @@ def resnet18(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CifarR
 @register_model(
     "resnet50",
     default_input_shape=(3, 32, 32),
+    input_check=partial(image_shape, "resnet50", min_size=8),
     description="CIFAR ResNet-50, bottleneck blocks [3, 4, 6, 3]",
 )
 def resnet50(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CifarResNet:
@@ -150,6 +153,7 @@ def resnet50(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CifarR
 @register_model(
     "resnet101",
     default_input_shape=(3, 32, 32),
+    input_check=partial(image_shape, "resnet101", min_size=8),
     description="CIFAR ResNet-101, bottleneck blocks [3, 4, 23, 3] (the paper's backbone)",
 )
 def resnet101(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CifarResNet:

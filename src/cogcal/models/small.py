@@ -1,4 +1,4 @@
-"""CPU-sized backbones: ``mlp`` and ``cnn1d`` for mnist1d, ``cnn`` for 8x8 digits."""
+"""CPU-sized backbones: ``mlp`` and ``cnn1d`` for mnist1d, ``cnn`` for digits and small images."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from cogcal.models.registry import (
     init_weights,
     prod,
     register_model,
+    sequence_shape,
 )
 
 __all__ = ["MLP", "CNN1d", "SmallCNN"]
@@ -96,12 +97,7 @@ class CNN1d(Backbone):
         input_shape: tuple[int, ...],
         channels: Sequence[int] = (32, 64, 64),
     ) -> None:
-        if len(input_shape) not in (1, 2):
-            raise ValueError(
-                "cnn1d expects sequences: input_shape must be (length,) or (channels, length), "
-                f"e.g. (40,) for mnist1d; got {input_shape}."
-            )
-        c_in, length = (1, input_shape[0]) if len(input_shape) == 1 else input_shape
+        c_in, length = sequence_shape("cnn1d", input_shape)
         strides = (1, 2, 2)
         if len(channels) != len(strides):
             raise ValueError(f"cnn1d takes {len(strides)} channel counts, got {channels!r}.")
@@ -134,11 +130,11 @@ def _conv2d_block(c_in: int, c_out: int) -> nn.Sequential:
 
 
 class SmallCNN(Backbone):
-    """Small 2-D CNN for tiny images (digits 1x8x8; also takes e.g. 3x32x32).
+    """Small 2-D CNN for small images (digits 1x8x8; also 3x32x32, 1x28x28, 3x64x64, ...).
 
     conv32 - conv64 - maxpool2 - conv128 - global average pool (3x3 convolutions with
-    BatchNorm and ReLU), so ``num_features = 128`` and any image of at least 2x2
-    pixels works.
+    BatchNorm and ReLU), so ``num_features = 128`` whatever the image size, and any image
+    of at least 2x2 pixels works (the default model of ``folder:`` datasets).
 
     Parameters
     ----------
@@ -196,9 +192,18 @@ def mlp(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> MLP:
     return MLP(num_classes, input_shape, **kwargs)
 
 
+def _cnn_input(shape: tuple[int, ...]) -> None:
+    image_shape("cnn", (1, *shape) if len(shape) == 2 else shape, min_size=2)
+
+
+def _cnn1d_input(shape: tuple[int, ...]) -> None:
+    sequence_shape("cnn1d", shape)
+
+
 @register_model(
     "cnn1d",
     default_input_shape=(40,),
+    input_check=_cnn1d_input,
     description="1-D CNN, 3 convs (32-64-64, kernel 5), flattened (mnist1d)",
 )
 def cnn1d(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CNN1d:
@@ -209,6 +214,7 @@ def cnn1d(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> CNN1d:
 @register_model(
     "cnn",
     default_input_shape=(1, 8, 8),
+    input_check=_cnn_input,
     description="2-D CNN, 3 convs (32-64-128), global average pool (digits)",
 )
 def cnn(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> SmallCNN:

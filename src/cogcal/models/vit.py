@@ -9,6 +9,8 @@ vector, then the linear head.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -124,6 +126,7 @@ class SmallViT(Backbone):
 @register_model(
     "vit_small",
     default_input_shape=(3, 32, 32),
+    input_check=partial(image_shape, "vit_small", min_size=4, multiple_of=4),
     description="ViT for 32x32, patch 4, width 256, depth 6, 8 heads, MLP 512, class token",
 )
 def vit_small(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> SmallViT:

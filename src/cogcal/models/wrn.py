@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -92,6 +94,7 @@ class WideResNet(Backbone):
 @register_model(
     "wrn28_10",
     default_input_shape=(3, 32, 32),
+    input_check=partial(image_shape, "wrn28_10", min_size=4),
     description="Wide ResNet 28-10, pre-activation, dropout 0 by default",
 )
 def wrn28_10(num_classes: int, input_shape: tuple[int, ...], **kwargs) -> WideResNet:

@@ -1,0 +1,1170 @@
+"""User data: image folders (``folder:PATH``), tables (``csv:PATH``), plugins, in-memory splits.
+
+- :func:`load_image_folder`: torchvision ``ImageFolder`` layout (one subfolder per class),
+  optionally split into ``train/``, ``val/``, ``test/``; decoded with PIL, resized and
+  centre-cropped to square ``uint8`` images stored like CIFAR.
+- :func:`load_csv`: a table with a header row; numeric feature columns, one class column.
+- :func:`load_plugin`: ``package.module:function`` returning a :class:`Dataset` or a mapping
+  of splits.
+- :func:`dataset_from_splits`: in-memory splits (tensors, arrays, torch datasets) to a
+  :class:`Dataset`.
+
+Splits that the data does not fix are drawn with the digits rule: stratified by class,
+fixed seed :data:`~cogcal.data.SPLIT_SEED`, 20% of the samples as test, then 20% of the rest
+as validation. Statistics (normalisation) come from the training split only. ``info``
+records the split rule and a content fingerprint, so a run can tell that its data changed.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import hashlib
+import importlib
+import inspect
+import io
+import keyword
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cogcal._errors import ArgumentError
+from cogcal.data.base import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    SPLIT_SEED,
+    TASKS,
+    Dataset,
+    DatasetCorruptError,
+    DatasetNotFoundError,
+    Split,
+    apply_normalization,
+    channel_stats_uint8,
+    stratified_split,
+)
+from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
+
+__all__ = [
+    "DEFAULT_IMAGE_SIZE",
+    "USER_SPLIT_RULE",
+    "DatasetPluginError",
+    "dataset_from_splits",
+    "load_csv",
+    "load_image_folder",
+    "load_plugin",
+    "split_indices",
+]
+
+#: Side of the square images of ``folder:`` datasets unless ``image_size`` says otherwise.
+DEFAULT_IMAGE_SIZE = 32
+#: Held-out fractions of the user-data split rule (those of ``digits``).
+USER_TEST_FRACTION = 0.2
+USER_VAL_FRACTION = 0.2
+#: The split rule, as recorded in ``Dataset.info["split_rule"]``.
+USER_SPLIT_RULE = (
+    f"stratified by class with the fixed seed {SPLIT_SEED}: 20% of the samples as test "
+    f"(seed {SPLIT_SEED}), then 20% of the rest as validation (seed {SPLIT_SEED + 1}); "
+    "the same rule as digits"
+)
+#: Cell values of a CSV file read as missing (compared lower-case, after stripping).
+MISSING_TOKENS = ("", "na", "n/a", "nan", "null", "none", "?")
+
+_DECODE_CHUNK = 256
+
+
+class DatasetPluginError(ArgumentError):
+    """A dataset plugin cannot be imported, raised, or returned the wrong thing (a ValueError)."""
+
+
+def _err(
+    py: str, cli: str | None = None, cls: type[ArgumentError] = ArgumentError
+) -> ArgumentError:
+    return cls(py, cli_message=cli if cli is not None else py)
+
+
+# =========================================================================== splits
+
+
+def split_indices(
+    labels: np.ndarray, *, test: bool = True, val: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Indices (train, val, test) of the user-data split rule (:data:`USER_SPLIT_RULE`).
+
+    ``test=False`` / ``val=False`` when the data already has that split (``None`` is
+    returned for it). With both, this is exactly the split of ``digits``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tr, va, te = split_indices(np.repeat(np.arange(2), 10))
+    >>> len(tr), len(va), len(te)
+    (12, 4, 4)
+    """
+    labels = np.asarray(labels)
+    rest = np.arange(labels.shape[0])
+    test_idx = val_idx = None
+    if test:
+        rest, test_idx = stratified_split(labels, USER_TEST_FRACTION, SPLIT_SEED)
+    if val:
+        tr_rel, val_rel = stratified_split(labels[rest], USER_VAL_FRACTION, SPLIT_SEED + 1)
+        rest, val_idx = rest[tr_rel], rest[val_rel]
+    return rest, val_idx, test_idx
+
+
+def _check_split_sizes(what: str, sizes: dict[str, int], total: int, cli: str) -> None:
+    empty = [s for s, n in sizes.items() if n == 0]
+    if empty:
+        msg = (
+            f"{what}: {total} samples are too few: the split rule leaves the "
+            f"{' and '.join(empty)} split(s) empty (sizes {sizes}); give more samples, or "
+            "explicit train/val/test splits"
+        )
+        raise _err(f"{msg}.", f"{msg} ({cli}).")
+
+
+def _class_counts(y: torch.Tensor, k: int) -> list[int]:
+    return [int(v) for v in torch.bincount(y, minlength=k).tolist()]
+
+
+# =========================================================================== folder
+
+
+def _visible(p: Path) -> bool:
+    return not p.name.startswith(".")
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return sorted((p for p in folder.iterdir() if p.is_dir() and _visible(p)), key=str)
+    except OSError as err:
+        raise DatasetCorruptError(f"cannot list {folder}: {err}.") from None
+
+
+def _is_image(p: Path) -> bool:
+    return p.suffix.lower() in IMAGE_EXTENSIONS and _visible(p)
+
+
+def _images_under(folder: Path) -> list[Path]:
+    """Image files under ``folder`` (recursively, following links), in sorted order."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out.extend(Path(dirpath) / f for f in sorted(filenames) if _is_image(Path(f)))
+    return out
+
+
+def _scan_classes(folder: Path, spec: str) -> dict[str, list[Path]]:
+    """Class name -> image files of one class-folder root."""
+    classes = _subdirs(folder)
+    exts = ", ".join(IMAGE_EXTENSIONS)
+    loose = [p for p in folder.iterdir() if p.is_file() and _is_image(p)]
+    if loose:
+        msg = (
+            f"dataset 'folder:{spec}': {folder} holds image files directly (e.g. "
+            f"{loose[0].name}); images must sit in one subfolder per class "
+            f"({folder}/<class>/<image>)"
+        )
+        raise _err(msg + ".")
+    if not classes:
+        msg = (
+            f"dataset 'folder:{spec}': {folder} has no class subfolders; expected "
+            f"{folder}/<class>/<image> with images ({exts}), one subfolder per class "
+            "(optionally under train/, val/, test/)"
+        )
+        raise _err(msg + ".", cls=DatasetNotFoundError)
+    out = {}
+    for c in classes:
+        files = _images_under(c)
+        if not files:
+            raise _err(
+                f"dataset 'folder:{spec}': the class folder {c} holds no image files "
+                f"({exts}); remove it or add images.",
+                cls=DatasetNotFoundError,
+            )
+        out[c.name] = files
+    return out
+
+
+def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
+    """Decode ``paths`` (resized, centre-cropped); also return each file's sha256."""
+    from PIL import Image
+
+    arrays: list[np.ndarray] = [np.empty(0, np.uint8)] * len(paths)
+    digests = [""] * len(paths)
+
+    def one(i: int) -> None:
+        path = paths[i]
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise DatasetCorruptError(f"cannot read image {path}: {err}.") from None
+        digests[i] = hashlib.sha256(data).hexdigest()
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                mode = "L" if img.mode in GRAYSCALE_MODES else "RGB"
+                arrays[i] = resize_center_crop(img, size, mode=mode)
+        except Exception as err:  # PIL raises many types for broken files
+            raise DatasetCorruptError(
+                f"cannot decode image {path}: {type(err).__name__}: {err}. Replace or remove "
+                "the file."
+            ) from None
+
+    def chunk(start: int) -> None:
+        for i in range(start, min(start + _DECODE_CHUNK, len(paths))):
+            one(i)
+
+    starts = range(0, len(paths), _DECODE_CHUNK)
+    workers = max(1, min(8, os.cpu_count() or 1))
+    if workers == 1 or len(starts) <= 1:
+        for s in starts:
+            chunk(s)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(chunk, starts))
+    return arrays, digests
+
+
+def _check_image_size(image_size: Any) -> int:
+    if image_size is None:
+        return DEFAULT_IMAGE_SIZE
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int | np.integer)
+        or not 2 <= int(image_size) <= 4096
+    ):
+        raise _err(
+            f"`image_size` must be an integer in [2, 4096] (side of the square images), got "
+            f"{image_size!r}.",
+            f"--image-size must be an integer in [2, 4096], got {image_size!r}.",
+        )
+    return int(image_size)
+
+
+def load_image_folder(
+    path: str | os.PathLike[str],
+    *,
+    image_size: int | None = None,
+    normalization: str = "auto",
+) -> Dataset:
+    """Load images in class subfolders (torchvision ``ImageFolder`` layout).
+
+    Layouts (``PATH`` relative to the working directory):
+
+    - ``PATH/<class>/<image>``: one subfolder per class (images may sit deeper); the
+      splits are drawn with :data:`USER_SPLIT_RULE`;
+    - ``PATH/train/<class>/...`` with ``PATH/val/`` and/or ``PATH/test/``: those splits
+      are used; a missing ``val/`` or ``test/`` is drawn from ``train/`` with the same rule.
+
+    Classes are the sorted subfolder names (of ``train/``). Image files are those with the
+    extensions of :data:`~cogcal.data.images.IMAGE_EXTENSIONS`; hidden files are skipped.
+    Every image is decoded with PIL, converted to RGB (or kept grey, one channel, when all
+    images are grey), its shorter side resized to ``image_size`` (bilinear, antialiased)
+    and centre-cropped, as torchvision's ``Resize`` + ``CenterCrop``; stored ``uint8``
+    ``(N, C, image_size, image_size)``.
+
+    Parameters
+    ----------
+    path : str or Path
+        The folder.
+    image_size : int, optional
+        Side of the square images (default :data:`DEFAULT_IMAGE_SIZE` = 32).
+    normalization : {"auto", "none", "imagenet"}
+        ``"auto"``: per-channel mean/std of the training split (on [0, 1] pixels).
+
+    Returns
+    -------
+    Dataset
+        ``name="folder:PATH"``, augmentation ``"crop_flip"`` (random crop of the 4-pixel
+        zero-padded image and horizontal flip, as CIFAR), ``default_model="cnn"``;
+        ``info`` records the layout, split rule, sizes, class counts, statistics and a
+        content fingerprint (sha256 over the sorted relative paths and the sha256 of each
+        file's bytes).
+    """
+    spec = os.fspath(path)
+    folder = Path(spec).expanduser()
+    size = _check_image_size(image_size)
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise _err(
+            f"dataset 'folder:{spec}': {folder.resolve()} {what} (paths are relative to the "
+            f"working directory {os.getcwd()}).",
+            cls=DatasetNotFoundError,
+        )
+    names = {p.name for p in _subdirs(folder)}
+    split_names = ("train", "val", "test")
+    if "train" in names and names <= set(split_names):
+        given = {s: folder / s for s in split_names if s in names}
+        layout = f"split folders: {', '.join(s + '/' for s in given)}"
+    elif "train" in names and names & {"val", "test"}:
+        others = sorted(names - set(split_names))
+        raise _err(
+            f"dataset 'folder:{spec}': {folder} mixes split folders (train/, val/, test/) "
+            f"with other folders ({', '.join(others)}); put every class folder under "
+            "train/ (and val/, test/), or use one subfolder per class without splits."
+        )
+    else:
+        given = {"all": folder}
+        layout = "class folders (no split folders)"
+
+    scanned = {s: _scan_classes(d, spec) for s, d in given.items()}
+    base = "train" if "train" in scanned else "all"
+    classes = sorted(scanned[base])
+    if len(classes) < 2:
+        raise _err(
+            f"dataset 'folder:{spec}': found {len(classes)} class folder "
+            f"({', '.join(classes)}) under {given[base]}; a classifier needs at least 2 classes."
+        )
+    for s, found in scanned.items():
+        extra = sorted(set(found) - set(classes))
+        if extra:
+            raise _err(
+                f"dataset 'folder:{spec}': {given[s]} has class folder(s) {', '.join(extra)} "
+                f"that train/ lacks; every class of val/ and test/ must have training images."
+            )
+    index = {c: i for i, c in enumerate(classes)}
+    files: list[Path] = []
+    labels: list[int] = []
+    origin: list[str] = []
+    for s, found in scanned.items():
+        for c in sorted(found):
+            files.extend(found[c])
+            labels.extend([index[c]] * len(found[c]))
+            origin.extend([s] * len(found[c]))
+    arrays, digests = _decode(files, size)
+    grey = all(a.shape[0] == 1 for a in arrays)
+    if not grey:  # PIL's L -> RGB conversion copies the grey channel: same as converting first
+        arrays = [np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a for a in arrays]
+    x_all = np.stack(arrays)
+    y_all = np.asarray(labels, dtype=np.int64)
+    where = np.asarray(origin)
+
+    idx: dict[str, np.ndarray] = {}
+    pool = np.flatnonzero(where == base)
+    tr, va, te = split_indices(y_all[pool], test="test" not in given, val="val" not in given)
+    idx["train"] = pool[tr]
+    idx["val"] = pool[va] if va is not None else np.flatnonzero(where == "val")
+    idx["test"] = pool[te] if te is not None else np.flatnonzero(where == "test")
+    sizes = {s: int(len(i)) for s, i in idx.items()}
+    _check_split_sizes(f"dataset 'folder:{spec}'", sizes, len(y_all), "add images")
+
+    splits = {
+        s: Split(torch.from_numpy(np.ascontiguousarray(x_all[i])), torch.from_numpy(y_all[i]))
+        for s, i in idx.items()
+    }
+    c = x_all.shape[1]
+    if normalization == "auto":
+        mean, std = channel_stats_uint8(splits["train"].x.numpy())
+        std = tuple(s if s > 0 else 1.0 for s in std)
+        norm_text = "per-channel mean/std of the training split, on [0, 1] pixels"
+    elif normalization == "none":
+        mean, std = (0.0,) * c, (1.0,) * c
+        norm_text = "none (pixels scaled to [0, 1])"
+    else:
+        if c != 3:
+            raise _err(
+                f"normalization='imagenet' needs RGB images; the images of 'folder:{spec}' "
+                "are all grey (1 channel). Use normalization='auto' or 'none'.",
+                f"--normalization imagenet needs RGB images; the images of 'folder:{spec}' are "
+                "all grey. Use --normalization auto or none.",
+            )
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        norm_text = "imagenet (torchvision's ImageNet per-channel mean/std, on [0, 1] pixels)"
+
+    fp = hashlib.sha256()
+    for rel, digest in sorted(
+        (f.relative_to(folder).as_posix(), d) for f, d in zip(files, digests, strict=True)
+    ):
+        fp.update(f"{rel}\0{digest}\n".encode())
+    drawn = [s for s in ("val", "test") if s not in given]
+    info = {
+        "dataset": f"folder:{spec}",
+        "kind": "folder",
+        "path": str(folder.resolve()),
+        "layout": layout,
+        "split_rule": (
+            "given by the split folders"
+            if not drawn
+            else f"{', '.join(drawn)} drawn from {'train/' if base == 'train' else 'all images'}: "
+            + USER_SPLIT_RULE
+        ),
+        "split_seed": SPLIT_SEED,
+        "sizes": sizes,
+        "class_names": classes,
+        "class_counts": {s: _class_counts(sp.y, len(classes)) for s, sp in splits.items()},
+        "image_size": size,
+        "channels": c,
+        "preprocessing": (
+            f"PIL decode; {'grey (all images are grey)' if grey else 'RGB'}; shorter side "
+            f"resized to {size} (bilinear, antialiased), centre crop {size}x{size}; uint8"
+        ),
+        "mean": list(mean),
+        "std": list(std),
+        "normalization": norm_text,
+        "augmentation": "random crop of the 4-pixel zero-padded image + horizontal flip",
+        "fingerprint": {
+            "sha256": fp.hexdigest(),
+            "method": "sha256 over the sorted relative paths and the sha256 of each image file",
+            "files": len(files),
+        },
+    }
+    return Dataset(
+        name=f"folder:{spec}",
+        task="multiclass",
+        num_classes=len(classes),
+        input_shape=(c, size, size),
+        class_names=classes,
+        train=splits["train"],
+        val=splits["val"],
+        test=splits["test"],
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        augment="crop_flip",
+        info=info,
+        default_model="cnn",
+    )
+
+
+# =========================================================================== csv
+
+
+def _is_missing(value: str) -> bool:
+    return value.strip().lower() in MISSING_TOKENS
+
+
+def _parse_numeric(values: list[str]) -> tuple[np.ndarray | None, int | None]:
+    """Floats of a column, or (None, first bad row index) if a value is not a finite number."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except ValueError:
+        arr = None
+    if arr is not None and np.isfinite(arr).all():
+        return arr, None
+    for i, v in enumerate(values):
+        try:
+            f = float(v)
+        except ValueError:
+            return None, i
+        if not np.isfinite(f):
+            return None, i
+    return None, 0  # pragma: no cover - numpy and float() disagree
+
+
+def _int_like(values: list[str]) -> np.ndarray | None:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except ValueError:
+        return None
+    if not np.isfinite(arr).all() or not np.array_equal(arr, np.round(arr)):
+        return None
+    return arr.astype(np.int64)
+
+
+def load_csv(
+    path: str | os.PathLike[str], *, target: str | None, normalization: str = "auto"
+) -> Dataset:
+    """Load a classification table: a header row, numeric feature columns, a class column.
+
+    The file is UTF-8 (a byte-order mark is ignored), comma-separated (tab-separated for
+    ``.tsv``/``.tab`` files), with one header row naming the columns. ``target`` names the
+    class column; its values may be strings or integers (class names are the sorted distinct
+    values). Every other column is a feature and must be numeric. Splits follow
+    :data:`USER_SPLIT_RULE`. Features are stored raw (float32) and standardised per column
+    by :meth:`Dataset.transform` with the mean/std of the *training split only* (a column
+    constant on it gets std 1).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file (relative to the working directory).
+    target : str
+        Name of the class column.
+    normalization : {"auto", "none"}
+        ``"auto"``: per-column standardisation as above; ``"none"``: raw values.
+
+    Raises
+    ------
+    ArgumentError
+        ``target`` missing or not a column; non-numeric feature columns; missing values;
+        a target with fewer than 2 classes or non-integer numbers; a ragged row.
+    DatasetNotFoundError
+        The file does not exist.
+    """
+    spec = os.fspath(path)
+    file = Path(spec).expanduser()
+    name = f"csv:{spec}"
+    if not file.is_file():
+        what = "is not a file" if file.exists() else "does not exist"
+        raise _err(
+            f"dataset {name!r}: {file.resolve()} {what} (paths are relative to the working "
+            f"directory {os.getcwd()}).",
+            cls=DatasetNotFoundError,
+        )
+    try:
+        raw = file.read_bytes()
+        text = raw.decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DatasetCorruptError(
+            f"cannot read {file}: {type(err).__name__}: {err} (a UTF-8 text file is expected)."
+        ) from None
+    delimiter = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    try:
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                continue  # blank line
+            rows.append(row)
+            lines.append(reader.line_num)
+    except csv.Error as err:
+        raise DatasetCorruptError(f"{file}, line {reader.line_num}: {err}.") from None
+    if not rows:
+        raise _err(f"dataset {name!r}: {file} is empty; expected a header row, then data rows.")
+    header = [h.strip() for h in rows[0]]
+    if any(not h for h in header):
+        raise _err(
+            f"dataset {name!r}: the header row (line {lines[0]}) has an empty column name "
+            f"(column {header.index('') + 1}); name every column."
+        )
+    dupes = sorted({h for h in header if header.count(h) > 1})
+    if dupes:
+        raise _err(f"dataset {name!r}: duplicate column name(s) {', '.join(dupes)}.")
+    columns = ", ".join(header)
+    if target is None:
+        raise _err(
+            f"dataset {name!r} needs `target`, the name of the class column; columns: {columns}.",
+            f"--dataset {name} needs --target COLUMN, the class column; columns: {columns}.",
+        )
+    if not isinstance(target, str) or target.strip() not in header:
+        close = difflib.get_close_matches(str(target), header, n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise _err(
+            f"dataset {name!r}: no column target={target!r}; columns: {columns}.{hint}",
+            f"dataset {name!r}: no column --target {target}; columns: {columns}.{hint}",
+        )
+    target = target.strip()
+    data = rows[1:]
+    if not data:
+        raise _err(f"dataset {name!r}: {file} has a header but no data rows.")
+    width = len(header)
+    for row, line in zip(data, lines[1:], strict=True):
+        if len(row) != width:
+            raise _err(
+                f"dataset {name!r}: line {line} has {len(row)} fields, the header {width}; "
+                f"every row needs one value per column ({columns})."
+            )
+    cols = {h: [r[j].strip() for r in data] for j, h in enumerate(header)}
+    data_lines = lines[1:]
+
+    missing = []
+    for h, values in cols.items():
+        bad = [i for i, v in enumerate(values) if _is_missing(v)]
+        if bad:
+            missing.append(
+                f"{h!r} ({len(bad)} value(s), first on line {data_lines[bad[0]]}: "
+                f"{values[bad[0]]!r})"
+            )
+    if missing:
+        raise _err(
+            f"dataset {name!r}: missing values in column(s) {'; '.join(missing)}. cogcal does "
+            "not impute: fill or drop those rows (empty cells and "
+            f"{', '.join(t for t in MISSING_TOKENS if t)} count as missing)."
+        )
+    features = [h for h in header if h != target]
+    if not features:
+        raise _err(f"dataset {name!r}: no feature columns besides the target {target!r}.")
+    x_cols = []
+    non_numeric = []
+    for h in features:
+        arr, bad = _parse_numeric(cols[h])
+        if arr is None:
+            non_numeric.append(f"{h!r} (line {data_lines[bad]}: {cols[h][bad]!r})")
+        else:
+            x_cols.append(arr)
+    if non_numeric:
+        raise _err(
+            f"dataset {name!r}: non-numeric feature column(s) {'; '.join(non_numeric)}. Every "
+            "column but the target must hold finite numbers: encode categories as numbers "
+            "(e.g. one-hot) or drop those columns."
+        )
+    x = np.stack(x_cols, axis=1).astype(np.float32)
+
+    t_values = cols[target]
+    ints = _int_like(t_values)
+    if ints is not None:
+        uniq_int = np.unique(ints)
+        class_names = [str(int(v)) for v in uniq_int]
+        y = np.searchsorted(uniq_int, ints).astype(np.int64)
+        target_kind = "integers"
+    else:
+        as_float, _ = _parse_numeric(t_values)
+        if as_float is not None:
+            i = int(np.flatnonzero(as_float != np.round(as_float))[0])
+            raise _err(
+                f"dataset {name!r}: the target column {target!r} holds non-integer numbers "
+                f"(line {data_lines[i]}: {t_values[i]!r}); cogcal trains classifiers: give "
+                "class labels (integers or names)."
+            )
+        uniq_str = np.unique(np.asarray(t_values, dtype=object).astype(str))
+        class_names = [str(v) for v in uniq_str]
+        y = np.searchsorted(uniq_str, np.asarray(t_values, dtype=str)).astype(np.int64)
+        target_kind = "strings"
+    if len(class_names) < 2:
+        raise _err(
+            f"dataset {name!r}: the target column {target!r} has {len(class_names)} class "
+            f"({', '.join(class_names)}); a classifier needs at least 2."
+        )
+    tr, va, te = split_indices(y)
+    idx: dict[str, np.ndarray] = {"train": tr, "val": va, "test": te}  # type: ignore[dict-item]
+    sizes = {s: int(len(i)) for s, i in idx.items()}
+    _check_split_sizes(f"dataset {name!r}", sizes, len(y), "add rows")
+    splits = {
+        s: Split(torch.from_numpy(np.ascontiguousarray(x[i])), torch.from_numpy(y[i]))
+        for s, i in idx.items()
+    }
+    x_tr = x[tr].astype(np.float64)
+    col_mean = x_tr.mean(axis=0)
+    col_std = x_tr.std(axis=0)
+    constant = [h for h, s in zip(features, col_std, strict=True) if not s > 0]
+    if normalization == "auto":
+        mean = tuple(float(v) for v in col_mean)
+        std = tuple(float(s) if s > 0 else 1.0 for s in col_std)
+        norm_text = (
+            "per-column standardisation with the training split's mean/std (population std; "
+            "columns constant on it get std 1)"
+        )
+    elif normalization == "none":
+        mean, std = (0.0,) * len(features), (1.0,) * len(features)
+        norm_text = "none (raw values)"
+    else:
+        raise _err(
+            f"normalization={normalization!r} is for RGB images; dataset {name!r} is a table. "
+            "Use 'auto' or 'none'.",
+            f"--normalization {normalization} is for RGB images; dataset {name!r} is a table. "
+            "Use --normalization auto or none.",
+        )
+    info = {
+        "dataset": name,
+        "kind": "csv",
+        "path": str(file.resolve()),
+        "delimiter": delimiter,
+        "rows": len(y),
+        "target": target,
+        "target_values": target_kind,
+        "features": features,
+        "class_names": class_names,
+        "split_rule": USER_SPLIT_RULE,
+        "split_seed": SPLIT_SEED,
+        "sizes": sizes,
+        "class_counts": {s: _class_counts(sp.y, len(class_names)) for s, sp in splits.items()},
+        "mean": list(mean),
+        "std": list(std),
+        "constant_columns": constant,
+        "normalization": norm_text,
+        "fingerprint": {
+            "sha256": hashlib.sha256(raw).hexdigest(),
+            "method": "sha256 of the file's bytes",
+        },
+    }
+    return Dataset(
+        name=name,
+        task="multiclass",
+        num_classes=len(class_names),
+        input_shape=(len(features),),
+        class_names=class_names,
+        train=splits["train"],
+        val=splits["val"],
+        test=splits["test"],
+        mean=mean,
+        std=std,
+        augment=None,
+        info=info,
+        default_model="mlp",
+    )
+
+
+# =========================================================================== in-memory splits
+
+
+def _shape_default_model(input_shape: tuple[int, ...]) -> str:
+    return "cnn" if len(input_shape) == 3 else "mlp"
+
+
+def _to_array(value: Any, what: str) -> np.ndarray | torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if type(value).__module__.startswith("PIL."):
+        raise _err(
+            f"{what} is a PIL image; give the dataset a transform that makes tensors, e.g. "
+            "torchvision.transforms.ToTensor()."
+        )
+    try:
+        arr = np.asarray(value)
+    except Exception as err:  # anything that numpy cannot take
+        raise _err(
+            f"{what} cannot be converted to an array: {type(err).__name__}: {err}."
+        ) from None
+    if arr.dtype == object or arr.dtype.kind in "USV":
+        raise _err(
+            f"{what} has {arr.dtype} values (type {type(value).__name__}); inputs and labels "
+            "must be numbers (tensors or numpy arrays)."
+        )
+    return arr
+
+
+def _as_tensor(value: Any, what: str) -> torch.Tensor:
+    arr = _to_array(value, what)
+    return arr if isinstance(arr, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(arr))
+
+
+def _materialise(obj: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) tensors from one split in any of the accepted kinds."""
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+    from torch.utils.data import Dataset as TorchDataset
+
+    what = f"split {split!r}"
+    if isinstance(obj, Split):
+        return obj.x, obj.y
+    if isinstance(obj, Dataset):
+        raise _err(
+            f"{what} is a whole cogcal Dataset; give one split (e.g. its .train), or return the "
+            "Dataset itself from a plugin."
+        )
+    if isinstance(obj, DataLoader):
+        obj = obj.dataset  # batching, shuffling and collate_fn do not matter here
+        what += " (the DataLoader's dataset)"
+    if isinstance(obj, tuple | list) and len(obj) == 2 and not isinstance(obj, TorchDataset):
+        return _as_tensor(obj[0], f"{what} inputs"), _as_tensor(obj[1], f"{what} labels")
+    if isinstance(obj, TensorDataset):
+        if len(obj.tensors) != 2:
+            raise _err(
+                f"{what} is a TensorDataset of {len(obj.tensors)} tensors; expected 2 (X, y)."
+            )
+        return obj.tensors[0], obj.tensors[1]
+    if isinstance(obj, IterableDataset):
+        raise _err(
+            f"{what} is an iterable-style dataset, which cannot be materialised safely; give a "
+            "map-style dataset, a TensorDataset or an (X, y) pair."
+        )
+    if isinstance(obj, TorchDataset) or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__")):
+        n = len(obj)
+        if n == 0:
+            raise _err(f"{what} is empty.")
+        xs, ys = [], []
+        for i in range(n):
+            item = obj[i]
+            if not isinstance(item, tuple | list) or len(item) != 2:
+                got = (
+                    f"{len(item)} elements"
+                    if isinstance(item, tuple | list)
+                    else type(item).__name__
+                )
+                raise _err(f"{what}: item {i} must be an (input, label) pair, got {got}.")
+            xs.append(_as_tensor(item[0], f"{what} item {i} input"))
+            ys.append(_as_tensor(item[1], f"{what} item {i} label"))
+        for i, t in enumerate(xs):
+            if t.shape != xs[0].shape:
+                raise _err(
+                    f"{what}: item {i}'s input has shape {tuple(t.shape)}, item 0's "
+                    f"{tuple(xs[0].shape)}; all inputs must have the same shape (resize them)."
+                )
+        for i, t in enumerate(ys):
+            if t.shape != ys[0].shape:
+                raise _err(
+                    f"{what}: item {i}'s label has shape {tuple(t.shape)}, item 0's "
+                    f"{tuple(ys[0].shape)}; labels must all have the same shape."
+                )
+        return torch.stack(xs), torch.stack(ys)
+    raise _err(
+        f"{what} is a {type(obj).__name__}; expected an (X, y) pair of tensors/arrays, a "
+        "TensorDataset, a map-style torch Dataset of (input, label) pairs, or a DataLoader "
+        "over one."
+    )
+
+
+def _labels(y: torch.Tensor, task: str, split: str) -> torch.Tensor:
+    what = f"split {split!r} labels"
+    if task == "multiclass" and y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    expected = "(N,) class indices" if task == "multiclass" else "(N, T) 0/1 values"
+    if (task == "multiclass" and y.ndim != 1) or (task == "multilabel" and y.ndim != 2):
+        raise _err(f"{what} have shape {tuple(y.shape)}; task={task!r} expects {expected}.")
+    if y.dtype == torch.bool:
+        y = y.to(torch.int64)
+    if y.is_floating_point():
+        if not torch.isfinite(y).all() or not torch.equal(y, y.round()):
+            raise _err(
+                f"{what} are {y.dtype} numbers that are not all whole; task={task!r} expects "
+                f"{expected} (integers)."
+            )
+    elif y.is_complex():
+        raise _err(f"{what} have dtype {y.dtype}; expected integers.")
+    y = y.to(torch.int64)
+    if task == "multilabel" and y.numel() and not ((y == 0) | (y == 1)).all():
+        raise _err(f"{what} must be 0 or 1 (one binary task per column), got other values.")
+    return y
+
+
+def dataset_from_splits(
+    train: Any,
+    val: Any,
+    test: Any,
+    *,
+    num_classes: int | None = None,
+    name: str = "custom",
+    task: str = "multiclass",
+    class_names: Sequence[str] | None = None,
+    info: Mapping[str, Any] | None = None,
+    default_model: str | None = None,
+) -> Dataset:
+    """Build an in-memory :class:`Dataset` from three splits you already have.
+
+    Each split may be an ``(X, y)`` pair of tensors or numpy arrays, a ``TensorDataset``
+    of two tensors, a map-style torch ``Dataset`` whose items are ``(input, label)`` pairs
+    (each item is read once and stacked: for data that does not fit in memory write your
+    own training loop with the Python API instead), or a ``DataLoader`` over such a
+    dataset (its ``dataset`` is read; batching and ``collate_fn`` are ignored).
+
+    Inputs become ``float32`` with their values unchanged (``uint8`` images keep 0..255),
+    and the dataset's normalisation is the identity (``mean=(0.0,)``, ``std=(1.0,)``):
+    standardising is left to the caller (``load_dataset`` standardises plugin data with the
+    training split's statistics). Labels become ``int64``: class indices ``(N,)`` (an
+    ``(N, 1)`` column is flattened; whole-number floats and bools are accepted) for
+    ``task="multiclass"``, 0/1 ``(N, T)`` for ``task="multilabel"``.
+
+    Parameters
+    ----------
+    train, val, test
+        The three splits (none may be empty).
+    num_classes : int, optional
+        Multiclass: number of classes (default: largest label + 1, at least 2); multilabel:
+        number of tasks T (default: the label width).
+    name : str, default "custom"
+        Dataset name.
+    task : {"multiclass", "multilabel"}
+    class_names : sequence of str, optional
+        One name per class (task); default ``"0"``, ``"1"``, ...
+    info : mapping, optional
+        Extra JSON-serialisable entries for :attr:`Dataset.info`.
+    default_model : str, optional
+        Default backbone; by default ``"cnn"`` for ``(C, H, W)`` inputs, else ``"mlp"``.
+
+    Returns
+    -------
+    Dataset
+        ``info`` holds the split sizes and a content fingerprint (sha256 of the tensors).
+
+    Raises
+    ------
+    ArgumentError
+        Unsupported split kinds, mismatched shapes, non-finite inputs, labels out of range.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> make = lambda n: (rng.normal(size=(n, 5)), rng.integers(0, 3, n))
+    >>> ds = dataset_from_splits(make(60), make(20), make(20), num_classes=3)
+    >>> ds.input_shape, ds.num_classes, ds.train.x.dtype, ds.default_model
+    ((5,), 3, torch.float32, 'mlp')
+    """
+    if task not in TASKS:
+        raise _err(f"`task` must be one of {TASKS}, got {task!r}.")
+    if not isinstance(name, str) or not name:
+        raise _err(f"`name` must be a non-empty string, got {name!r}.")
+    raw = {"train": train, "val": val, "test": test}
+    xs, ys = {}, {}
+    for s, obj in raw.items():
+        x, y = _materialise(obj, s)
+        if x.ndim < 2:
+            raise _err(
+                f"split {s!r} inputs have shape {tuple(x.shape)}; expected (N, *input_shape) "
+                "with at least one feature axis (reshape a single feature to (N, 1))."
+            )
+        if x.shape[0] == 0:
+            raise _err(f"split {s!r} is empty; every split needs at least one sample.")
+        if y.shape[0] != x.shape[0]:
+            raise _err(
+                f"split {s!r} has {x.shape[0]} inputs but {y.shape[0]} labels; they must match."
+            )
+        if x.is_complex() or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
+            raise _err(f"split {s!r} inputs have dtype {x.dtype}; expected real numbers.")
+        x = x.to(torch.float32)
+        if not torch.isfinite(x).all():
+            raise _err(f"split {s!r} inputs hold NaN or infinite values; clean them first.")
+        xs[s] = x.contiguous()
+        ys[s] = _labels(y, task, s)
+    shape = tuple(xs["train"].shape[1:])
+    for s in ("val", "test"):
+        if tuple(xs[s].shape[1:]) != shape:
+            raise _err(
+                f"split {s!r} inputs have per-sample shape {tuple(xs[s].shape[1:])}, the "
+                f"training split {shape}; they must match."
+            )
+    if task == "multiclass":
+        lo = min(int(y.min()) for y in ys.values())
+        hi = max(int(y.max()) for y in ys.values())
+        if lo < 0:
+            raise _err(f"labels must be class indices >= 0, got {lo}.")
+        if num_classes is None:
+            num_classes = hi + 1
+            if num_classes < 2:
+                raise _err(
+                    f"the labels hold {num_classes} class; a classifier needs at least 2 "
+                    "(pass num_classes= if some classes are absent from the data)."
+                )
+    else:
+        widths = {int(y.shape[1]) for y in ys.values()}
+        if len(widths) != 1:
+            raise _err(f"multilabel splits have different numbers of tasks: {sorted(widths)}.")
+        hi = widths.pop() - 1
+        if num_classes is None:
+            num_classes = hi + 1
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+        raise _err(f"`num_classes` must be an integer, got {num_classes!r}.")
+    num_classes = int(num_classes)
+    if task == "multiclass" and (num_classes < 2 or hi >= num_classes):
+        raise _err(
+            f"`num_classes` is {num_classes} but the labels go up to {hi}; labels must lie in "
+            f"[0, num_classes) and num_classes >= 2."
+        )
+    if task == "multilabel" and num_classes != hi + 1:
+        raise _err(f"`num_classes` is {num_classes} but the labels have {hi + 1} task columns.")
+    if class_names is None:
+        names = [str(i) for i in range(num_classes)]
+    else:
+        names = [str(n) for n in class_names]
+        if len(names) != num_classes:
+            raise _err(
+                f"`class_names` has {len(names)} entries but there are {num_classes} "
+                f"{'classes' if task == 'multiclass' else 'tasks'}."
+            )
+    splits = {s: Split(xs[s], ys[s]) for s in raw}
+    sizes = {s: len(sp) for s, sp in splits.items()}
+    record: dict[str, Any] = {
+        "dataset": name,
+        "kind": "in-memory splits",
+        "split_rule": "given: train, val and test passed in as they are",
+        "sizes": sizes,
+        "normalization": "none (identity; left to the caller)",
+        "mean": [0.0],
+        "std": [1.0],
+        "fingerprint": _tensor_fingerprint(splits),
+    }
+    if task == "multiclass":
+        record["class_counts"] = {s: _class_counts(sp.y, num_classes) for s, sp in splits.items()}
+    record.update(dict(info or {}))
+    return Dataset(
+        name=name,
+        task=task,
+        num_classes=num_classes,
+        input_shape=shape,
+        class_names=names,
+        train=splits["train"],
+        val=splits["val"],
+        test=splits["test"],
+        mean=(0.0,),
+        std=(1.0,),
+        augment=None,
+        info=record,
+        default_model=default_model if default_model is not None else _shape_default_model(shape),
+    )
+
+
+_INT_DTYPES = (
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
+
+
+def _tensor_fingerprint(splits: Mapping[str, Split]) -> dict[str, Any]:
+    h = hashlib.sha256()
+    for s in ("train", "val", "test"):
+        for t in (splits[s].x, splits[s].y):
+            t = t.contiguous()
+            h.update(f"{s}:{t.dtype}:{tuple(t.shape)}\n".encode())
+            h.update(t.numpy().tobytes())
+    return {"sha256": h.hexdigest(), "method": "sha256 of the split tensors (dtype, shape, bytes)"}
+
+
+# =========================================================================== plugins
+
+_MAPPING_REQUIRED = ("train", "val", "test", "num_classes")
+_MAPPING_OPTIONAL = ("task", "class_names", "default_model", "info")
+_EXPECTED = (
+    "a cogcal.data.Dataset, or a mapping with the keys 'train', 'val', 'test' (each an (X, y) "
+    "pair, a TensorDataset or a map-style torch Dataset) and 'num_classes' (int), optionally "
+    "'task', 'class_names', 'default_model', 'info'"
+)
+
+
+def _plugin_error(spec: str, problem: str) -> DatasetPluginError:
+    return DatasetPluginError(f"dataset plugin {spec!r}: {problem}")
+
+
+def _valid_dotted(text: str) -> bool:
+    parts = text.split(".")
+    return bool(text) and all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
+
+
+def _import_plugin(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    module_name, attr = module_name.strip(), attr.strip()
+    if not _valid_dotted(module_name) or not _valid_dotted(attr):
+        raise _plugin_error(
+            spec,
+            "expected 'package.module:function' (a dotted module path, a colon, a function "
+            "name); for files use 'folder:PATH' or 'csv:PATH'.",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise _plugin_error(
+                spec,
+                f"cannot import the module {module_name!r} ({err}). Install the package that "
+                f"provides it, or add its folder to PYTHONPATH (the working directory is "
+                f"{os.getcwd()}).",
+            ) from None
+        raise _plugin_error(
+            spec,
+            f"importing the module {module_name!r} failed because it imports {missing!r}, "
+            f"which is not installed ({err}).",
+        ) from err
+    except Exception as err:
+        raise _plugin_error(
+            spec, f"importing the module {module_name!r} raised {type(err).__name__}: {err}"
+        ) from err
+    obj: Any = module
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(obj, part):
+            owner = module_name if i == 0 else f"{module_name}:{'.'.join(attr.split('.')[:i])}"
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))
+            close = difflib.get_close_matches(part, public, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise _plugin_error(
+                spec,
+                f"{owner!r} has no attribute {part!r}.{hint} It defines: {', '.join(public[:20])}.",
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise _plugin_error(
+            spec, f"{attr!r} is a {type(obj).__name__}, not a function returning {_EXPECTED}."
+        )
+    return module, obj
+
+
+def _accepts_root(fn: Any) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.name == "root" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params
+    )
+
+
+def _file_sha256(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def load_plugin(spec: str, *, root: Path, normalization: str = "auto") -> Dataset:
+    """Load a dataset from a plugin function ``package.module:function``.
+
+    The module is imported with :func:`importlib.import_module` and the function is called
+    with no arguments, or with ``root=`` (the data root, a :class:`~pathlib.Path`) when its
+    signature has a ``root`` parameter. It returns either
+
+    - a :class:`Dataset`: used as is (``normalization`` other than ``"auto"`` replaces its
+      statistics; a missing ``default_model`` is set from the input shape), or
+    - a mapping ``{"train": ..., "val": ..., "test": ..., "num_classes": int}`` with
+      optional ``"task"``, ``"class_names"``, ``"default_model"``, ``"info"``: converted
+      with :func:`dataset_from_splits`; ``normalization="auto"`` then standardises with
+      the global mean/std of the training split (one value over all entries).
+
+    Raises
+    ------
+    DatasetPluginError
+        Module not found, attribute missing or not callable, the plugin raised, or it
+        returned something else (each message names the plugin and what was expected).
+    """
+    module, fn = _import_plugin(spec)
+    try:
+        result = fn(root=root) if _accepts_root(fn) else fn()
+    except Exception as err:
+        raise _plugin_error(
+            spec, f"the plugin raised {type(err).__name__}: {err} (see the chained traceback)"
+        ) from err
+    meta = {
+        "plugin": spec,
+        "plugin_file": getattr(module, "__file__", None),
+        "plugin_file_sha256": _file_sha256(getattr(module, "__file__", None)),
+    }
+    if isinstance(result, Dataset):
+        ds = result
+        info = {**meta, **ds.info}
+        info.setdefault(
+            "fingerprint", _tensor_fingerprint({s: ds.split(s) for s in ("train", "val", "test")})
+        )
+        ds = replace(
+            ds, info=info, default_model=ds.default_model or _shape_default_model(ds.input_shape)
+        )
+        return apply_normalization(ds, normalization)
+    if not isinstance(result, Mapping):
+        raise _plugin_error(spec, f"returned a {type(result).__name__}; expected {_EXPECTED}.")
+    keys = set(map(str, result))
+    absent = [k for k in _MAPPING_REQUIRED if k not in keys]
+    unknown = sorted(keys - set(_MAPPING_REQUIRED) - set(_MAPPING_OPTIONAL))
+    if absent or unknown:
+        problems = []
+        if absent:
+            problems.append(f"lacks the key(s) {', '.join(map(repr, absent))}")
+        if unknown:
+            problems.append(f"has unknown key(s) {', '.join(map(repr, unknown))}")
+        raise _plugin_error(
+            spec, f"returned a mapping that {' and '.join(problems)}; expected {_EXPECTED}."
+        )
+    try:
+        ds = dataset_from_splits(
+            result["train"],
+            result["val"],
+            result["test"],
+            num_classes=result["num_classes"],
+            name=spec,
+            task=result.get("task", "multiclass"),
+            class_names=result.get("class_names"),
+            info={**meta, **dict(result.get("info") or {})},
+            default_model=result.get("default_model"),
+        )
+    except ArgumentError as err:
+        raise _plugin_error(spec, f"returned unusable splits: {err}") from None
+    if normalization == "auto":
+        x = ds.train.x.numpy().astype(np.float64)
+        m, s = float(x.mean()), float(x.std())
+        s = s if s > 0 else 1.0
+        info = dict(ds.info)
+        info.update(
+            {
+                "mean": [m],
+                "std": [s],
+                "normalization": "global mean/std of the training split (all entries)",
+            }
+        )
+        return replace(ds, mean=(m,), std=(s,), info=info)
+    return apply_normalization(ds, normalization)
