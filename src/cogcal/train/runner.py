@@ -31,28 +31,20 @@ from lightning_fabric import Fabric
 from torch import nn
 
 from cogcal import _io
-from cogcal.calibrators import (
-    MatrixScaling,
-    TaskAffine,
-    TaskTemperature,
-    Temperature,
-    TSTHead,
-    VectorScaling,
-    VTSTHead,
-)
 from cogcal.cog import CalibratedModel
 from cogcal.data import BatchLoader, Dataset, load_dataset
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
+from cogcal.train.assemble import posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.loop import NonFiniteLossError, Stage, deterministic, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import Grid, GridSearch, point_config, point_label, write_tables
 
 __all__ = [
     "EVAL_BATCH",
-    "FrozenBodyHead",
     "STAGE2_LR",
     "is_complete",
     "predict_logits",
@@ -61,36 +53,6 @@ __all__ = [
 ]
 
 STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), docs/method.md §2
-EVAL_BATCH = 1024
-
-
-class FrozenBodyHead(nn.Module):
-    """Stage 2 of TST / V-TST: a frozen body (eval mode, BatchNorm statistics frozen) and a
-    new trainable head on its features. ``body`` follows the backbone head contract
-    (``forward_features``)."""
-
-    def __init__(self, body: nn.Module, head: nn.Module) -> None:
-        super().__init__()
-        self.body = body
-        self.head = head
-        for p in self.body.parameters():
-            p.requires_grad_(False)
-        self.body.eval()
-
-    def train(self, mode: bool = True) -> FrozenBodyHead:
-        super().train(mode)
-        self.body.eval()  # BatchNorm statistics never drift (the original TST code let them)
-        return self
-
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.body.forward_features(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
-
-    def forward_with_kl(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.head.forward_with_kl(self.features(x))
 
 
 def _fabric(config: TrainConfig) -> Fabric:
@@ -161,7 +123,8 @@ def _robustness(
     if data.name not in ROBUSTNESS_DATASETS:
         reason = f"no OOD or shift sets are defined for {data.name!r}"
         return {}, {}, {"ood": {"all": reason}, "shift": {"all": reason}}
-    ood_inputs, ood_missing = ood_sets(data, root=config.data_root)
+    fetch = dict(download=config.download, mirror=config.mirror, progress=config.progress)
+    ood_inputs, ood_missing = ood_sets(data, root=config.data_root, **fetch)
     ood_result: dict[str, Any] = {}
     pooled = []
     for name, x in ood_inputs.items():
@@ -175,7 +138,7 @@ def _robustness(
     shift: dict[str, Any] = {}
     shift_missing: dict[str, str] = {}
     for condition in shift_conditions(data.name):  # one at a time: CIFAR-C is 150 MB each
-        loaded, missing = shift_sets(data, root=config.data_root, conditions=[condition])
+        loaded, missing = shift_sets(data, root=config.data_root, conditions=[condition], **fetch)
         shift_missing.update(missing)
         for cond, severities in loaded.items():
             shift[cond] = {
@@ -194,12 +157,6 @@ def _robustness(
     return ood_result, shift, {"ood": ood_missing, "shift": shift_missing}
 
 
-def _posthoc_calibrator(kind: str, task: str) -> nn.Module:
-    if task == "multilabel":
-        return TaskTemperature() if kind == "ts" else TaskAffine()
-    return {"ts": Temperature, "vs": VectorScaling, "ms": MatrixScaling}[kind]()
-
-
 def _stage1_groups(method: Method, model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
     lr, cal_lr = config.learning_rates()
     if isinstance(model, CalibratedModel):
@@ -208,24 +165,35 @@ def _stage1_groups(method: Method, model: nn.Module, config: TrainConfig) -> lis
     return [{"params": params, "lr": lr, "name": "network"}]
 
 
-def _check_multilabel(method: Method, data: Dataset) -> None:
-    if data.task == "multilabel" and not method.supports_multilabel:
+def _check_multilabel(method: Method, source: DataSource) -> None:
+    if source.task == "multilabel" and not method.supports_multilabel:
         usable = [m for m, spec in METHODS.items() if spec.supports_multilabel]
         raise ConfigError(
             lambda n: (
                 f"{n('method')} {method.name} has no multi-task form; on the multi-label "
-                f"dataset {data.name!r} use one of: {', '.join(usable)}."
+                f"dataset {source.name!r} use one of: {', '.join(usable)}."
             )
         )
 
 
-def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def run(
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    data: DataSource | None = None,
+    model: nn.Module | None = None,
+) -> dict[str, Any]:
     """Train, calibrate and evaluate one run; write everything into ``config.out``.
 
     ``resume`` continues an interrupted run in ``config.out`` from its last checkpoint (the
     configuration must be the same); ``overwrite`` first deletes what cogcal wrote there.
     Without either, a folder holding a finished or unfinished run is refused, and a folder
     cogcal did not write is never used unless empty (:meth:`RunDir.prepare`).
+
+    ``data`` and ``model`` replace the dataset and backbone named by ``config`` (this is
+    how :func:`cogcal.fit` trains the user's own model on the user's own data, through the
+    same loop, checks and files).
 
     Returns the content of ``metrics.json`` (:class:`~cogcal.train.rundir.RunRecord`):
     ``{"config", "val", "test", "ood", "shift", "unavailable", "timing", "status"}`` (plus
@@ -235,19 +203,20 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
     method = get_method(config.method)
     fabric = _fabric(config)
     folder = RunDir(config.out)
-    data = load_dataset(
-        config.dataset,
-        root=config.data_root,
-        download=config.download,
-        mirror=config.mirror,
-        target=config.target,
-        image_size=config.image_size,
-        normalization=config.normalization,
-        progress=config.progress,
-    )
-    _check_multilabel(method, data)
-    model_name = config.model or data.default_model
-    resolved = {**config.resolved(), "model": model_name, "task": data.task, "data": data.info}
+    source = data if data is not None else DatasetSource(_load(config))
+    _check_multilabel(method, source)
+    if model is None:
+        network, model_name = _network(config, source.dataset)
+    else:
+        network, model_name = model, config.model
+    resolved = {
+        **config.resolved(),
+        "model": model_name,
+        "task": source.task,
+        "num_classes": source.num_classes,
+        "input_shape": list(source.dataset.input_shape) if source.dataset is not None else None,
+        "data": source.info,
+    }
     failure: BaseException | None = None
     resumed = False
     if fabric.is_global_zero:
@@ -266,7 +235,7 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
             folder.write_config(resolved)
         fabric.barrier()
         try:
-            return _train(config, method, fabric, folder, data, model_name, resolved, resumed)
+            return _train(config, method, fabric, folder, source, network, resolved, resumed)
         except NonFiniteLossError as err:
             if fabric.is_global_zero:  # a result, not a crash: tune and bench record it
                 _io.write_json(
@@ -276,119 +245,144 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
             raise
 
 
+def _load(config: TrainConfig) -> Dataset:
+    return load_dataset(
+        config.dataset,
+        root=config.data_root,
+        download=config.download,
+        mirror=config.mirror,
+        target=config.target,
+        image_size=config.image_size,
+        normalization=config.normalization,
+        progress=config.progress,
+    )
+
+
+def _network(config: TrainConfig, data: Dataset) -> tuple[nn.Module, str]:
+    name = config.model or data.default_model
+    if name is None:
+        raise ConfigError(
+            lambda n: (
+                f"{n('dataset')} {config.dataset} names no default backbone; pass {n('model')}."
+            )
+        )
+    torch.manual_seed(config.seed)  # the initial weights
+    network = create_model(name, num_classes=data.num_classes, input_shape=data.input_shape)
+    return network, name
+
+
 def _train(
     config: TrainConfig,
     method: Method,
     fabric: Fabric,
     folder: RunDir,
-    data: Dataset,
-    model_name: str,
+    source: DataSource,
+    network: nn.Module,
     resolved: dict[str, Any],
     resume: bool,
 ) -> dict[str, Any]:
     started = time.perf_counter()
-    torch.manual_seed(config.seed)
-    backbone = create_model(model_name, num_classes=data.num_classes, input_shape=data.input_shape)
     if config.channels_last:
-        backbone = backbone.to(memory_format=torch.channels_last)
+        network = network.to(memory_format=torch.channels_last)
     if config.compile:
-        backbone.compile()  # in place: parameter names (and checkpoints) are unchanged
+        network.compile()  # in place: parameter names (and checkpoints) are unchanged
     world, rank = fabric.world_size, fabric.global_rank
     device = fabric.device if fabric.device.type == "cuda" else None
-    shard = dict(num_replicas=world, rank=rank, device=device)
-    train_loader = data.loader("train", config.batch_size // world, seed=config.seed, **shard)
-    val_loader = data.loader("val", EVAL_BATCH, pad=False, **shard)
+    train_loader = source.train_loader(
+        config.batch_size // world, world=world, rank=rank, seed=config.seed, device=device
+    )
+    val_loader = source.val_loader(world=world, rank=rank, device=device)
     step_size = config.step_size if config.schedule_name == "step" else None
     timing: dict[str, Any] = {}
     two_stage = method.stage2 is not None
     on_cpu = fabric.device.type == "cpu"  # deterministic kernels: runs repeat and resume exactly
 
-    # -- stage 1 ------------------------------------------------------------------------
-    model: nn.Module = backbone
-    if method.cog:
-        model = CalibratedModel(backbone, calibrator=method.cog, task=data.task)
-    stage1 = Stage(
-        "stage1",
-        model,
-        loss_function(method, data.task),
-        _stage1_groups(method, model, config),
-        config.epochs,
-        step_size=step_size,
-        patience=config.patience,
-        task=data.task,
-        seed=config.seed,
-    )
-    with deterministic(on_cpu):
-        result = fit_stage(
-            fabric, stage1, train_loader, val_loader, folder.stage_dir(two_stage),
-            log_path=folder.logs / "stage1.csv", resume=resume, progress=config.progress,
-            channels_last=config.channels_last,
-        )  # fmt: skip
-    timing["stage1"] = result.to_dict()
+    def fit(stage: Stage, ckpt_dir: Path) -> None:
+        with deterministic(on_cpu):
+            result = fit_stage(
+                fabric, stage, train_loader, val_loader, ckpt_dir,
+                log_path=folder.logs / f"{stage.name}.csv", resume=resume,
+                progress=config.progress, channels_last=config.channels_last,
+            )  # fmt: skip
+        timing[stage.name] = result.to_dict()
+
+    # -- stage 1: the network (COG: with its calibrator on λ_c) ---------------------------
+    model = stage1_model(method, network, source.task)
+    fit(
+        Stage(
+            "stage1", model, loss_function(method, source.task),
+            _stage1_groups(method, model, config), config.epochs, step_size=step_size,
+            patience=config.patience, task=source.task, seed=config.seed,
+        ),
+        folder.stage_dir(two_stage),
+    )  # fmt: skip
     final: nn.Module = model
 
     # -- stage 2: TST / V-TST head on the frozen body -----------------------------------
     if method.stage2:
         torch.manual_seed(config.seed + 1)
-        head_cls = VTSTHead if method.stage2 == "vtst" else TSTHead
-        head = head_cls(backbone.num_features, data.num_classes)
-        final = FrozenBodyHead(backbone, head)
-        stage2 = Stage(
-            "stage2",
-            final,
-            F.cross_entropy,
-            [{"params": list(head.parameters()), "lr": STAGE2_LR, "name": "head"}],
-            config.stage2_epochs,
-            task=data.task,
-            variational=method.stage2 == "vtst",
-            seed=config.seed,
-        )
-        with deterministic(on_cpu):
-            result = fit_stage(
-                fabric, stage2, train_loader, val_loader, folder.checkpoints,
-                log_path=folder.logs / "stage2.csv", resume=resume, progress=config.progress,
-                channels_last=config.channels_last,
-            )  # fmt: skip
-        timing["stage2"] = result.to_dict()
+        final = stage2_model(method, network, source.num_classes)
+        fit(
+            Stage(
+                "stage2", final, F.cross_entropy,
+                [{"params": list(final.head.parameters()), "lr": STAGE2_LR, "name": "head"}],
+                config.stage2_epochs, task=source.task, variational=method.stage2 == "vtst",
+                seed=config.seed,
+            ),
+            folder.checkpoints,
+        )  # fmt: skip
 
     if not fabric.is_global_zero:
         return {"status": "worker"}  # other processes of a multi-device run: rank 0 reports
 
-    # -- predictions, post-hoc calibration on validation only ---------------------------
+    # -- predictions; post-hoc calibration on validation only ---------------------------
     device = fabric.device
-
-    def predict(x: torch.Tensor | str) -> torch.Tensor:
-        batches = (
-            data.loader(x, EVAL_BATCH, shuffle=False) if isinstance(x, str) else _inputs(data, x)
-        )
-        logits, _ = predict_logits(final, batches, device=device, seed=config.seed)
-        with torch.no_grad():
-            return calibrator(logits)
-
     calibrator: nn.Module = nn.Identity()
-    val_logits = predict("val")
-    val_labels = data.val.y
-    names = data.class_names if data.task == "multilabel" else None
+
+    def predict(batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = predict_logits(final, batches, device=device, seed=config.seed)
+        with torch.no_grad():
+            return calibrator(logits), labels
+
+    names = source.class_names if source.task == "multilabel" else None
+
+    def metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        return evaluate(logits, labels, task=source.task, task_names=names)
+
+    val_logits, val_labels = predict(source.split("val"))
     val_uncalibrated = None
     if method.posthoc:
         start = time.perf_counter()
-        val_uncalibrated = evaluate(val_logits, val_labels, task=data.task, task_names=names)
-        calibrator = _posthoc_calibrator(method.posthoc, data.task).fit(val_logits, val_labels)
+        val_uncalibrated = metrics(val_logits, val_labels)
+        calibrator = posthoc_calibrator(method.posthoc, source.task).fit(val_logits, val_labels)
         calibrator.requires_grad_(False)
         timing["posthoc_seconds"] = time.perf_counter() - start
         _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
         with torch.no_grad():
             val_logits = calibrator(val_logits)
-    test_logits, test_labels = predict("test"), data.test.y
-    start = time.perf_counter()
-    ood_result, shift, unavailable = _robustness(predict, data, test_logits, config)
-    timing["robustness_seconds"] = time.perf_counter() - start
+    test_batches = source.split("test")
+    test: dict[str, float] = {}
+    ood_result: dict[str, Any] = {}
+    shift: dict[str, Any] = {}
+    unavailable: dict[str, Any] = {}
+    if test_batches is not None:
+        test_logits, test_labels = predict(test_batches)
+        test = metrics(test_logits, test_labels)
+        _io.save_npz(
+            folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
+        )
+        if source.dataset is not None:
+            start = time.perf_counter()
+            ood_result, shift, unavailable = _robustness(
+                lambda x: predict(_inputs(source.dataset, x))[0], source.dataset, test_logits,
+                config,
+            )  # fmt: skip
+            timing["robustness_seconds"] = time.perf_counter() - start
     timing["total_seconds"] = time.perf_counter() - started
-
     record = RunRecord(
         config=resolved,
-        val=evaluate(val_logits, val_labels, task=data.task, task_names=names),
-        test=evaluate(test_logits, test_labels, task=data.task, task_names=names),
+        val=metrics(val_logits, val_labels),
+        test=test,
         val_uncalibrated=val_uncalibrated,
         ood=ood_result,
         shift=shift,
@@ -397,9 +391,6 @@ def _train(
     )
     _io.save_npz(
         folder.path / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy()
-    )
-    _io.save_npz(
-        folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
     )
     folder.write_record(record)
     return record.to_dict()

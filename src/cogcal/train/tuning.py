@@ -65,7 +65,7 @@ def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
     out = sorted(set(out))
     if len(out) > 2:
         steps = [math.log(b / a) for a, b in zip(out, out[1:], strict=False)]
-        if max(steps) - min(steps) > 1e-6 * max(steps):
+        if max(steps) - min(steps) > 1e-2 * max(steps):  # values rounded to 3 digits pass
             raise ArgumentError(
                 f"`{name}` must be log-spaced (a constant factor between neighbours), got "
                 f"{', '.join(f'{v:g}' for v in out)}."
@@ -75,6 +75,14 @@ def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
 
 def _factor(values: tuple[float, ...]) -> float:
     return values[1] / values[0] if len(values) > 1 else _DEFAULT_FACTOR
+
+
+def _outward(values: tuple[float, ...], factor: float, side: str) -> float:
+    """The next grid value beyond the ``side`` end, on the geometric sequence through the
+    grid's values (computed from the sequence, so rounding never accumulates)."""
+    anchor = values[0]
+    k = round(math.log(values[-1] / anchor) / math.log(factor)) + 1 if side == "high" else -1
+    return _round(anchor * factor**k)
 
 
 def _round(x: float) -> float:
@@ -101,9 +109,13 @@ class Grid:
     lrs: tuple[float, ...]
     ratios: tuple[float, ...] | None = None
     allow_fast_calibrator: bool = False
+    factors: tuple[float, float] | None = None  # (λ_f step, ratio step); from the values
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lrs", _check_axis("lrs", self.lrs))
+        if self.factors is None:
+            ratio_step = _factor(tuple(sorted(self.ratios))) if self.ratios else _DEFAULT_FACTOR
+            object.__setattr__(self, "factors", (_factor(self.lrs), ratio_step))
         if self.ratios is not None:
             ratios = _check_axis("ratios", self.ratios)
             if not self.allow_fast_calibrator and max(ratios) >= 1:
@@ -139,23 +151,28 @@ class Grid:
                 out.append(f"{axis} high")
         return out
 
+    def _next(self, edge: str) -> float:
+        axis, side = edge.split()
+        factor = self.factors[0] if axis == "lr" else self.factors[1]
+        return _outward(self.values(axis), factor, side)
+
     def can_extend(self, edge: str) -> bool:
         """Whether ``edge`` can move outward (the ratio never reaches 1 unless allowed)."""
-        axis, side = edge.split()
-        if axis == "ratio" and side == "high" and not self.allow_fast_calibrator:
-            return _round(self.values(axis)[-1] * _factor(self.values(axis))) < 1
+        if edge == "ratio high" and not self.allow_fast_calibrator:
+            return self._next(edge) < 1
         return True
 
     def extended(self, edges: Sequence[str]) -> Grid:
         """The grid with one more value outward on each of ``edges``."""
         lrs, ratios = list(self.lrs), list(self.ratios or ())
         for edge in edges:
-            axis, side = edge.split()
-            values = lrs if axis == "lr" else ratios
-            f = _factor(tuple(values))
-            values.append(_round(values[0] / f) if side == "low" else _round(values[-1] * f))
-        return Grid(tuple(lrs), tuple(ratios) if self.ratios is not None else None,
-                    self.allow_fast_calibrator)  # fmt: skip
+            (lrs if edge.startswith("lr") else ratios).append(self._next(edge))
+        return Grid(
+            tuple(lrs),
+            tuple(ratios) if self.ratios is not None else None,
+            self.allow_fast_calibrator,
+            self.factors,
+        )
 
 
 def point_label(point: dict[str, float]) -> str:

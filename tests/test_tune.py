@@ -1,0 +1,165 @@
+"""Learning-rate search: extension at the grid's edges, divergence, reuse by configuration."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import cogcal.train.runner as runner
+from cogcal.cli import main
+from cogcal.train import TrainConfig
+from cogcal.train.loop import NonFiniteLossError
+from cogcal.train.rundir import RunDir, RunRecord
+from cogcal.train.tuning import Grid, GridSearch, point_config
+
+
+def _drive(search: GridSearch, nll) -> list[dict]:
+    trained = []
+    while points := search.next_points():
+        for p in points:
+            trained.append(p)
+            search.record(p, nll(p))
+    return trained
+
+
+def test_interior_choice_needs_no_extension():
+    search = GridSearch(Grid(lrs=(1e-4, 1e-3, 1e-2)), max_extensions=2)
+    trained = _drive(search, lambda p: abs(math.log10(p["lr"]) + 3))
+    assert len(trained) == 3 and search.best == {"lr": 1e-3} and search.at_edge == []
+
+
+@pytest.mark.parametrize("optimum", [1e-6, 1e0])
+def test_an_edge_choice_extends_the_grid_outward_until_the_cap(optimum):
+    search = GridSearch(Grid(lrs=(1e-4, 1e-3)), max_extensions=2)
+    trained = _drive(search, lambda p: abs(math.log10(p["lr"] / optimum)))
+    lrs = sorted(p["lr"] for p in trained)
+    if optimum < 1e-4:  # the factor of the grid itself (10) is the step
+        assert lrs == pytest.approx([1e-6, 1e-5, 1e-4, 1e-3])
+        assert search.best == {"lr": 1e-6} and search.at_edge == ["lr low"]
+    else:
+        assert lrs == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1])
+        assert search.best == {"lr": 0.1} and search.at_edge == ["lr high"]
+    summary = search.summary([])
+    assert summary["at_edge"] and summary["cap_reached"] and summary["extensions"] == 2
+
+
+def test_each_axis_of_a_cog_grid_extends_on_its_own():
+    search = GridSearch(Grid(lrs=(1e-3, 1e-2), ratios=(0.01, 0.1)), max_extensions=3)
+    # best λ_f 1e-2 (interior after one step up), best ratio 1e-3 (two steps down)
+    trained = _drive(
+        search,
+        lambda p: abs(math.log10(p["lr"]) + 2) + abs(math.log10(p["ratio"]) + 3),
+    )
+    assert search.best == {"lr": 1e-2, "ratio": 1e-3}
+    assert search.grid.lrs == pytest.approx((1e-3, 1e-2, 1e-1))
+    assert search.grid.ratios == pytest.approx((1e-4, 1e-3, 0.01, 0.1))
+    assert search.at_edge == []
+    assert len(trained) == len(search.grid.points())  # every point of the grown grid
+    assert point_config(search.best) == {"lr": 1e-2, "calibrator_lr": 1e-5}
+
+
+def test_the_ratio_never_grows_to_one():
+    search = GridSearch(Grid(lrs=(1e-3,), ratios=(0.1, 0.3)), max_extensions=3)
+    _drive(search, lambda p: -p["ratio"] + abs(math.log10(p["lr"]) + 3))
+    assert max(search.grid.ratios) < 1
+    assert "ratio high" in search.at_edge  # reported, not hidden
+
+
+def test_diverged_points_are_results_not_choices():
+    search = GridSearch(Grid(lrs=(1e-3, 1e-2, 1e-1)), max_extensions=2)
+    # 1e-1 diverges, 1e-2 is best: interior, because its diverged neighbour was evaluated
+    _drive(search, lambda p: math.inf if p["lr"] > 0.05 else -math.log10(p["lr"]))
+    assert search.best == {"lr": 1e-2} and search.at_edge == []
+    assert search.statuses[(("lr", 0.1),)] == "diverged"
+
+
+def test_grids_must_be_log_spaced_and_ratios_below_one():
+    with pytest.raises(ValueError, match="log-spaced"):
+        Grid(lrs=(1e-4, 1e-3, 3e-3))
+    with pytest.raises(ValueError, match="breaks COG's hierarchy"):
+        Grid(lrs=(1e-3,), ratios=(0.1, 1.0))
+
+
+# --------------------------------------------------------------------------- cogcal tune
+
+
+def _fake_run(nll_of, diverge=lambda cfg: False):
+    """A stand-in for `runner.run` writing a record through the run contract."""
+    calls = []
+
+    def fake(cfg: TrainConfig, *, resume=False, overwrite=False):
+        calls.append(cfg)
+        folder = RunDir(cfg.out)
+        resolved = {**cfg.resolved(), "task": "multiclass", "data": {}}
+        folder.prepare(cfg, resolved, resume=resume, overwrite=overwrite)
+        folder.write_config(resolved)
+        if diverge(cfg):
+            folder.metrics_path.write_text(json.dumps({"status": "diverged", "config": resolved}))
+            raise NonFiniteLossError("the training loss became nan")
+        nll = nll_of(cfg)
+        record = RunRecord(config=resolved, val={"nll": nll, "brier": nll / 2, "acc": 0.9}, test={})
+        folder.write_record(record)
+        return record.to_dict()
+
+    return fake, calls
+
+
+def test_tune_extends_records_and_reuses_points(tmp_path, monkeypatch):
+    fake, calls = _fake_run(lambda cfg: abs(math.log10(cfg.lr) + 2))  # optimum 1e-2
+    monkeypatch.setattr(runner, "run", fake)
+    cfg = TrainConfig(method="ce", epochs=1)
+    summary = runner.tune(cfg, Grid(lrs=(1e-4, 1e-3)), tmp_path / "t", max_extensions=3)
+    assert summary["best"] == {"lr": 0.01} and not summary["at_edge"]
+    assert [r["lr"] for r in summary["table"]] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1])
+    assert json.loads((tmp_path / "t" / "tune.json").read_text())["selection"].startswith("lowest")
+    n = len(calls)
+    again = runner.tune(cfg, Grid(lrs=(1e-4, 1e-3)), tmp_path / "t", max_extensions=3)
+    assert len(calls) == n and again["best"] == summary["best"]  # nothing retrained
+
+
+def test_tune_refuses_a_point_made_with_another_configuration(tmp_path, monkeypatch, capsys):
+    fake, calls = _fake_run(lambda cfg: 0.5)
+    monkeypatch.setattr(runner, "run", fake)
+    argv = ["tune", "--lrs", "1e-3", "--max-extensions", "0", "--out", str(tmp_path / "t")]
+    assert main([*argv, "--method", "ce", "--epochs", "1", "--no-progress"]) == 0
+    # the same folder, another method and epochs: an error naming the difference, not a reuse
+    assert main([*argv, "--method", "ls", "--epochs", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "another configuration" in err and "epochs: 1 -> 3" in err and "method: 'ce'" in err
+    assert len(calls) == 1
+    assert main([*argv, "--method", "ls", "--epochs", "3", "--no-progress", "--overwrite"]) == 0
+    assert len(calls) == 2 and calls[-1].method == "ls"
+
+
+def test_a_diverging_point_is_recorded_and_the_others_compared(tmp_path, monkeypatch, capsys):
+    fake, calls = _fake_run(lambda cfg: 1.0 / cfg.lr, diverge=lambda cfg: cfg.lr > 1)
+    monkeypatch.setattr(runner, "run", fake)
+    argv = ["tune", "--method", "ce", "--lrs", "1e-3,1e30", "--max-extensions", "0"]
+    assert main([*argv, "--out", str(tmp_path / "t")]) == 0
+    table = json.loads((tmp_path / "t" / "tune.json").read_text())["table"]
+    assert [r["status"] for r in table] == ["complete", "diverged"]
+    assert "diverged" in capsys.readouterr().out
+    n = len(calls)
+    assert main([*argv, "--out", str(tmp_path / "t")]) == 0
+    assert len(calls) == n  # the diverged point is a result: not trained again
+    fake, _ = _fake_run(lambda cfg: 1.0, diverge=lambda cfg: True)
+    monkeypatch.setattr(runner, "run", fake)
+    assert main([*argv, "--out", str(tmp_path / "all")]) == 1
+    err = capsys.readouterr().err
+    assert "every tuning point" in err and "lr0.001" in err and "lr1e+30" in err
+    assert (tmp_path / "all" / "tune.csv").is_file()
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_on_mnist1d(tmp_path):
+    root = tmp_path / "data"
+    argv = ["tune", "--method", "cog-fc", "--model", "mlp", "--epochs", "1", "--lrs", "1e-3"]
+    argv += ["--calibrator-ratios", "0.1", "--max-extensions", "0", "--data-root", str(root)]
+    assert main([*argv, "--out", str(tmp_path / "t"), "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert summary["best_config"] == {"lr": 1e-3, "calibrator_lr": 1e-4}
+    assert summary["at_edge"]  # a one-point grid is at its edge, and says so
+    assert Path(tmp_path / "t" / "lr0.001_ratio0.1" / "metrics.json").is_file()
