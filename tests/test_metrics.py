@@ -223,7 +223,8 @@ def test_probs_path_matches_logits_path():
 
 
 def test_probs_with_zero_true_probability_gives_infinite_nll():
-    m = evaluate(None, torch.tensor([1]), probs=torch.tensor([[1.0, 0.0]]))
+    with pytest.warns(UserWarning, match="1 sample"):
+        m = evaluate(None, torch.tensor([1]), probs=torch.tensor([[1.0, 0.0]]))
     assert m["nll"] == math.inf and m["brier"] == 2.0
 
 
@@ -306,11 +307,19 @@ def test_multilabel_means_and_per_task():
     per = [
         evaluate(z[:, j], y[:, j], task="binary", n_bins=(10, 15), classwise=True) for j in range(3)
     ]
-    for key in per[0]:
+    plain = [k for k in per[0] if "positive" not in k]  # positive-class keys are opt-in
+    for key in plain:
         for j, name in enumerate(names):
             assert m[f"{key}/{name}"] == pytest.approx(per[j][key], abs=1e-14)
         assert m[key] == pytest.approx(np.mean([d[key] for d in per]), abs=1e-14)
-    assert list(m)[: len(per[0])] == list(per[0])  # plain keys come first
+    assert list(m)[: len(plain)] == plain  # plain keys come first
+    both = evaluate(z, y, task="multilabel", n_bins=(10, 15), positive_class=True)
+    for key in per[0]:
+        if key.startswith("cwece"):
+            continue
+        for j in range(3):
+            assert both[f"{key}/t{j}"] == pytest.approx(per[j][key], abs=1e-14)
+        assert both[key] == pytest.approx(np.mean([d[key] for d in per]), abs=1e-14)
     default = evaluate(z, y, task="multilabel", n_bins=15)
     assert "acc/t0" in default and "ece_15/t2" in default
     mass = evaluate(z, y, task="multilabel", n_bins=15, binning="mass")

@@ -8,77 +8,72 @@ metrics of the union of the shards.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+import time
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-import cogcal
 from cogcal.metrics import StreamingMetrics, as_torchmetric, evaluate
 
-SRC = str(Path(cogcal.__file__).resolve().parents[1])
 
-WORKER = textwrap.dedent(
-    """
-    import json, sys, datetime
-    import torch
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    """One process: its own shard, then sync() / torchmetrics' synchronisation."""
+    import datetime
+
     import torch.distributed as dist
-    from cogcal.metrics import StreamingMetrics, as_torchmetric
 
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=30),
     )
-    g = torch.Generator().manual_seed(0)
-    z = torch.randn(500, 4, generator=g) * 2
-    y = torch.randint(0, 4, (500,), generator=g)
-    zb = torch.randn(500, generator=g) * 2
-    yb = torch.randint(0, 2, (500,), generator=g)
-    cut = 321  # unequal shards
-    part = slice(0, cut) if rank == 0 else slice(cut, 500)
-    res = {}
+    try:
+        z, y, zb, yb = _data()
+        part = slice(0, CUT) if rank == 0 else slice(CUT, 500)  # unequal shards
+        res = {}
 
-    s = StreamingMetrics(n_bins=(10, 15), classwise=True)
-    for i in range(part.start, part.stop, 64):
-        s.update(z[i : min(i + 64, part.stop)], y[i : min(i + 64, part.stop)])
-    res["local"] = s.compute()
-    s.sync()
-    res["multiclass"] = s.compute()
-    s.sync()  # a second call without updates in between changes nothing
-    res["multiclass_again"] = s.compute()
-    s.unsync()
-    res["unsynced"] = s.compute()
+        s = StreamingMetrics(n_bins=(10, 15), classwise=True)
+        for i in range(part.start, part.stop, 64):
+            s.update(z[i : min(i + 64, part.stop)], y[i : min(i + 64, part.stop)])
+        res["local"] = s.compute()
+        s.sync()
+        res["multiclass"] = s.compute()
+        s.sync()  # a second call without updates in between changes nothing
+        res["multiclass_again"] = s.compute()
+        s.unsync()
+        res["unsynced"] = s.compute()
 
-    b = StreamingMetrics(task="binary", n_bins=15)
-    b.update(zb[part], yb[part])
-    b.sync()
-    res["binary"] = b.compute()
+        b = StreamingMetrics(task="binary", n_bins=15)
+        b.update(zb[part], yb[part])
+        b.sync()
+        res["binary"] = b.compute()
 
-    # rank 1 sees no data at all and does not know K: sync() allocates its state
-    e = StreamingMetrics(n_bins=15)
-    if rank == 0:
-        e.update(z[:cut], y[:cut])
-    e.sync()
-    res["rank0_only"] = e.compute()
+        # rank 1 sees no data at all and does not know K: sync() allocates its state
+        e = StreamingMetrics(n_bins=15)
+        if rank == 0:
+            e.update(z[:CUT], y[:CUT])
+        e.sync()
+        res["rank0_only"] = e.compute()
 
-    t = as_torchmetric(task="multiclass", num_classes=4, n_bins=(10, 15), classwise=True)
-    t.update(z[part], y[part])
-    res["torchmetrics"] = {k: float(v) for k, v in t.compute().items()}
-    tb = as_torchmetric(task="binary", n_bins=15)
-    tb.update(zb[part], yb[part])
-    res["torchmetrics_binary"] = {k: float(v) for k, v in tb.compute().items()}
-    dist.barrier()
-    dist.destroy_process_group()
-    with open(out, "w") as f:
+        t = as_torchmetric(task="multiclass", num_classes=4, n_bins=(10, 15), classwise=True)
+        t.update(z[part], y[part])
+        res["torchmetrics"] = {k: float(v) for k, v in t.compute().items()}
+        tb = as_torchmetric(task="binary", n_bins=15)
+        tb.update(zb[part], yb[part])
+        res["torchmetrics_binary"] = {k: float(v) for k, v in tb.compute().items()}
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    with open(out.format(rank), "w") as f:
         json.dump(res, f)
-    """
-)
+
+
+CUT = 321
 
 
 def _free_port() -> int:
@@ -106,38 +101,30 @@ def test_two_processes_give_the_single_process_metrics(tmp_path):
     pytest.importorskip("torchmetrics")
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = str(_free_port())
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env["OMP_NUM_THREADS"] = "1"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), "2", port, str(tmp_path / f"r{r}.json")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for r in range(2)
-    ]
-    logs = []
+    # fork: the children start at once with torch and torchmetrics already imported
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.start_processes(
+        _worker,
+        args=(2, _free_port(), str(tmp_path / "r{}.json")),
+        nprocs=2,
+        join=False,
+        start_method=method,
+    )
+    deadline = time.monotonic() + 120
     try:
-        for p in procs:
-            out, _ = p.communicate(timeout=90)
-            logs.append(out)
+        while not ctx.join(timeout=1):
+            assert time.monotonic() < deadline, "the two processes did not finish in time"
     finally:
-        for p in procs:
-            if p.poll() is None:
+        for p in ctx.processes:
+            if p.is_alive():
                 p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
     z, y, zb, yb = _data()
     ref = evaluate(z, y, n_bins=(10, 15), classwise=True)
     ref_b = evaluate(zb, yb, task="binary", n_bins=15)
-    ref_0 = evaluate(z[:321], y[:321], n_bins=15)
+    ref_0 = evaluate(z[:CUT], y[:CUT], n_bins=15)
     for r in range(2):
         res = json.loads((tmp_path / f"r{r}.json").read_text())
-        part = slice(0, 321) if r == 0 else slice(321, 500)
+        part = slice(0, CUT) if r == 0 else slice(CUT, 500)
         local = evaluate(z[part], y[part], n_bins=(10, 15), classwise=True)
         _close(res["local"], local)
         _close(res["multiclass"], ref)
@@ -213,20 +200,6 @@ def test_torchmetric_adapter_needs_fixed_shapes():
     m = as_torchmetric(task="multiclass", num_classes=3)
     with pytest.raises(ValueError, match="4 classes"):
         m.update(torch.randn(5, 4), torch.zeros(5, dtype=torch.long))
-
-
-def test_torchmetrics_is_imported_only_by_the_adapter():
-    code = (
-        "import sys, torch, cogcal.metrics as m\n"
-        "s = m.StreamingMetrics(); s.update(torch.randn(8, 3), torch.zeros(8, dtype=torch.long))\n"
-        "s.sync(); s.compute()\n"
-        "a = 'torchmetrics' in sys.modules\n"
-        "m.as_torchmetric(task='binary')\n"
-        "print(a, 'torchmetrics' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
-    assert out.stdout.strip() == "False True", out.stdout + out.stderr
 
 
 def test_streaming_metrics_is_thin_over_evaluate_state():
