@@ -66,6 +66,22 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         tb = as_torchmetric(task="binary", n_bins=15)
         tb.update(zb[part], yb[part])
         res["torchmetrics_binary"] = {k: float(v) for k, v in tb.compute().items()}
+        # every rank raises the same error (no rank is left waiting in a collective)
+        errors = []
+        bad = StreamingMetrics(n_bins=10 if rank == 0 else 15)
+        bad.update(z[part], y[part])
+        try:
+            bad.sync()
+        except ValueError as err:
+            errors.append(str(err))
+        k = 3 if rank == 0 else 4
+        other = StreamingMetrics()
+        other.update(z[part][:, :k], y[part] % k)
+        try:
+            other.sync()
+        except ValueError as err:
+            errors.append(str(err))
+        res["errors"] = errors
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -134,6 +150,9 @@ def test_two_processes_give_the_single_process_metrics(tmp_path):
         _close(res["rank0_only"], ref_0)
         _close(res["torchmetrics"], ref)
         _close(res["torchmetrics_binary"], ref_b)
+        assert len(res["errors"]) == 2, res["errors"]
+        assert "different settings" in res["errors"][0]
+        assert "different numbers of classes (3 to 4)" in res["errors"][1]
 
 
 def test_sync_is_a_no_op_without_torch_distributed():

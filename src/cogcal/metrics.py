@@ -303,8 +303,7 @@ def _multiclass_chunk(
         s1 = e.sum(1)  # S
         s2 = torch.linalg.vector_norm(e, dim=1).square()  # sum_{k != j} e_k^2
         e_y = e.gather(1, yi)[:, 0]  # e_y, or 0 when y = j
-        hit = pred == y
-        miss = (~hit).double()
+        miss = (pred != y).double()
         # sum_{k != y} e_k and sum_{k != y} e_k^2 (the arg-max term 1 counts when y != j)
         rest1 = miss + (s1 - e_y)
         rest2 = miss + (s2 - e_y.square())
@@ -1209,13 +1208,17 @@ class StreamingMetrics:
 
 
 def _comm_device(dist: Any, group: Any, state: _State) -> torch.device:
-    """Where the all-reduce runs: CUDA for NCCL, CPU for gloo, else where the state is."""
+    """Where the all-reduce runs, decided from the backend alone (the same on every rank).
+
+    CPU when the backend includes gloo (also ``"cpu:gloo,cuda:nccl"``), the current CUDA
+    device for NCCL alone; for other backends, where the state lives.
+    """
     backend = str(dist.get_backend(group)).lower()
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    if backend == "gloo" or not state.initialised:
+    if "gloo" in backend:
         return torch.device("cpu")
-    return state.tensors["n"].device
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return state.tensors["n"].device if state.initialised else torch.device("cpu")
 
 
 def reliability_bins(
