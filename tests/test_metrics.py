@@ -223,7 +223,8 @@ def test_probs_path_matches_logits_path():
 
 
 def test_probs_with_zero_true_probability_gives_infinite_nll():
-    m = evaluate(None, torch.tensor([1]), probs=torch.tensor([[1.0, 0.0]]))
+    with pytest.warns(UserWarning, match="1 sample"):
+        m = evaluate(None, torch.tensor([1]), probs=torch.tensor([[1.0, 0.0]]))
     assert m["nll"] == math.inf and m["brier"] == 2.0
 
 
@@ -306,11 +307,19 @@ def test_multilabel_means_and_per_task():
     per = [
         evaluate(z[:, j], y[:, j], task="binary", n_bins=(10, 15), classwise=True) for j in range(3)
     ]
-    for key in per[0]:
+    plain = [k for k in per[0] if "positive" not in k]  # positive-class keys are opt-in
+    for key in plain:
         for j, name in enumerate(names):
             assert m[f"{key}/{name}"] == pytest.approx(per[j][key], abs=1e-14)
         assert m[key] == pytest.approx(np.mean([d[key] for d in per]), abs=1e-14)
-    assert list(m)[: len(per[0])] == list(per[0])  # plain keys come first
+    assert list(m)[: len(plain)] == plain  # plain keys come first
+    both = evaluate(z, y, task="multilabel", n_bins=(10, 15), positive_class=True)
+    for key in per[0]:
+        if key.startswith("cwece"):
+            continue
+        for j in range(3):
+            assert both[f"{key}/t{j}"] == pytest.approx(per[j][key], abs=1e-14)
+        assert both[key] == pytest.approx(np.mean([d[key] for d in per]), abs=1e-14)
     default = evaluate(z, y, task="multilabel", n_bins=15)
     assert "acc/t0" in default and "ece_15/t2" in default
     mass = evaluate(z, y, task="multilabel", n_bins=15, binning="mass")
@@ -546,3 +555,44 @@ def test_reliability_bins_shapes_and_values():
     assert (ml["count"].sum(1) == 50).all()
     with pytest.raises(ValueError, match="n_bins"):
         reliability_bins(logits, labels, n_bins=(5, 10))
+
+
+# ----------------------------------------------------------------------------- positive class
+
+
+def test_positive_class_option():
+    z2, y = _data(n=300, k=2, seed=20)
+    default = evaluate(z2, y, n_bins=(10, 15))
+    assert [k for k in default if "positive" in k] == [
+        f"{m}_positive_{b}" for m in ("ece", "rmsce", "mce") for b in (10, 15)
+    ]
+    assert list(default)[:9] == list(evaluate(z2, y, n_bins=(10, 15), positive_class=False))
+    z7, y7 = _data(n=300, k=7, seed=21)
+    assert not any("positive" in k for k in evaluate(z7, y7))
+    with pytest.raises(ValueError, match="needs two classes.*7"):
+        evaluate(z7, y7, positive_class=True)
+    with pytest.raises(ValueError, match="needs two classes"):
+        StreamingMetrics(num_classes=3, positive_class=True)
+    with pytest.raises(ValueError, match="positive_class"):
+        evaluate(z2, y, positive_class="yes")
+    # streaming with K from the data, and a state_dict round trip into a fresh metric
+    s = StreamingMetrics(n_bins=15)
+    s.update(z2[:100], y[:100])
+    s.update(z2[100:], y[100:])
+    ref = evaluate(z2, y, n_bins=15)
+    assert s.compute() == pytest.approx(ref, abs=1e-12)
+    fresh = StreamingMetrics(n_bins=15)
+    fresh.load_state_dict(s.state_dict())
+    assert fresh.compute() == pytest.approx(ref, abs=1e-12)
+    with pytest.raises(ValueError, match="missing keys"):
+        StreamingMetrics(n_bins=15, positive_class=False).load_state_dict(s.state_dict())
+
+
+def test_reliability_bins_of_probabilities_with_zeros_do_not_warn():
+    import warnings
+
+    p = torch.tensor([[1.0, 0.0], [0.2, 0.8]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = reliability_bins(labels=torch.tensor([1, 1]), probs=p, n_bins=5)
+    assert b["count"].tolist() == [0, 0, 0, 0, 2]

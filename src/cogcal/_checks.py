@@ -2,11 +2,18 @@
 
 Every public entry point of the core (calibrators, metrics, losses) validates its
 inputs through these helpers, so that bad input always raises the same kind of
-``ValueError``: what was wrong, what was expected, and how to fix it.
+``ValueError``, built by one template (:func:`input_error`)::
+
+    `<argument>` <what it is>; expected <what was expected>. <how to fix it>
+
+Arrays may be torch tensors, numpy arrays, (nested) lists or tuples, or anything
+``numpy.asarray`` understands, such as a pandas Series or DataFrame (pandas itself is
+never imported here).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,23 +26,87 @@ __all__ = [
     "check_multiclass",
     "check_multilabel",
     "check_binary",
+    "check_task",
+    "input_error",
 ]
 
 TASKS = ("multiclass", "binary", "multilabel")
 
+_ARRAY_TYPES = "a torch.Tensor, numpy array, list or pandas Series"
+
+
+def input_error(name: str, got: str, expected: str, fix: str = "") -> ValueError:
+    """The one template of the core's input errors (dtype, shape and value problems).
+
+    Parameters
+    ----------
+    name : str
+        The Python argument, e.g. ``"labels"``.
+    got : str
+        What the argument is, starting with a verb: ``"has shape (3, 2)"``.
+    expected : str
+        What it should be: ``"1-D class indices of shape (N,)"``.
+    fix : str, optional
+        How to fix it, a full sentence.
+
+    Returns
+    -------
+    ValueError
+        To be raised by the caller.
+
+    Examples
+    --------
+    >>> print(input_error("labels", "has shape (3, 2)", "1-D class indices of shape (N,)",
+    ...                   "For one-hot labels pass `labels.argmax(1)`."))
+    `labels` has shape (3, 2); expected 1-D class indices of shape (N,). For one-hot labels pass `labels.argmax(1)`.
+    """
+    msg = f"`{name}` {got}; expected {expected}."
+    if fix:
+        msg += f" {fix}"
+    return ValueError(msg)
+
 
 def _to_tensor(x: Any, name: str) -> torch.Tensor:
+    """A tensor view (or copy) of ``x``: a tensor as is, anything else through numpy."""
     if isinstance(x, torch.Tensor):
         return x
-    if isinstance(x, np.ndarray | list | tuple):
-        try:
-            return torch.as_tensor(np.asarray(x))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"`{name}` could not be converted to a tensor: {err}") from None
-    raise ValueError(
-        f"`{name}` must be a torch.Tensor or a numpy array, got {type(x).__name__}; "
-        "convert it with torch.as_tensor(...)."
-    )
+    if x is None or isinstance(x, str | bytes | dict | set):
+        raise input_error(
+            name,
+            f"has type {type(x).__name__}",
+            _ARRAY_TYPES,
+            f"Pass the values as an array, e.g. numpy.asarray({name}).",
+        )
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError) as err:  # ragged lists, unconvertible objects
+        raise input_error(
+            name,
+            f"of type {type(x).__name__} could not be converted to an array ({err})",
+            _ARRAY_TYPES + " of numbers with a regular shape",
+        ) from None
+    if a.dtype.kind in "OUSVMm":
+        what = "strings" if a.dtype.kind in "US" else "non-numeric values"
+        raise input_error(
+            name,
+            f"has dtype {a.dtype} ({what})",
+            "numbers (class indices, or real-valued scores)",
+            "Encode string labels as integers first (e.g. with numpy.unique(..., "
+            "return_inverse=True)) and drop missing values.",
+        )
+    if a.ndim == 0:
+        raise input_error(name, f"is a scalar ({a.item()!r})", "an array with one entry per sample")
+    if a.dtype.kind == "u" and a.dtype.itemsize > 1:  # torch lacks most uint16/32/64 ops
+        a = a.astype(np.int64)
+    if any(s < 0 for s in a.strides):  # reversed views; torch needs positive strides
+        a = a.copy()
+    if a.flags.writeable:
+        return torch.as_tensor(a)
+    # read-only arrays (e.g. pandas' copy-on-write views) are shared without a copy: the
+    # core never writes into its inputs
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(a)
 
 
 def as_float_tensor(x: Any, name: str, ndim: int | tuple[int, ...]) -> torch.Tensor:
@@ -48,14 +119,16 @@ def as_float_tensor(x: Any, name: str, ndim: int | tuple[int, ...]) -> torch.Ten
     ndims = (ndim,) if isinstance(ndim, int) else ndim
     if t.ndim not in ndims:
         want = " or ".join(f"{d}-D" for d in ndims)
-        raise ValueError(f"`{name}` must be {want}, got shape {tuple(t.shape)}.")
+        raise input_error(name, f"has shape {tuple(t.shape)}", f"a {want} array")
     if not t.is_floating_point():
-        raise ValueError(
-            f"`{name}` must be a floating tensor (float16/bfloat16/float32/float64), "
-            f"got dtype {t.dtype}; pass real-valued scores, e.g. `{name}.float()`."
+        raise input_error(
+            name,
+            f"has dtype {t.dtype}",
+            "a floating dtype (float16/bfloat16/float32/float64)",
+            f"Pass real-valued scores, e.g. `{name}.float()`.",
         )
     if t.numel() == 0:
-        raise ValueError(f"`{name}` is empty (shape {tuple(t.shape)}); pass at least one sample.")
+        raise input_error(name, f"is empty (shape {tuple(t.shape)})", "at least one sample")
     check_finite(t, name)
     return t
 
@@ -75,9 +148,11 @@ def check_finite(t: torch.Tensor, name: str) -> None:
     if bool(bad.any()):
         n_nan = int(torch.isnan(t).sum())
         n_inf = int(bad.sum()) - n_nan
-        raise ValueError(
-            f"`{name}` contains {n_nan} NaN and {n_inf} infinite value(s); "
-            "every entry must be finite (check the model output or the loss for divergence)."
+        raise input_error(
+            name,
+            f"contains {n_nan} NaN and {n_inf} infinite value(s)",
+            "finite values everywhere",
+            "Check the model output or the loss for divergence.",
         )
 
 
@@ -86,16 +161,31 @@ def as_label_tensor(y: Any, name: str = "labels") -> torch.Tensor:
     t = _to_tensor(y, name)
     if t.dtype == torch.bool:
         return t.long()
+    if t.is_complex():
+        raise input_error(
+            name, f"has dtype {t.dtype} (complex)", "integer class indices", "Pass real labels."
+        )
     if t.is_floating_point():
         check_finite(t, name)
-        if not bool((t == t.round()).all()):
-            raise ValueError(
-                f"`{name}` must hold integer class indices, got non-integral floats; "
-                "pass class indices (e.g. `labels.long()`), not probabilities or one-hot rows."
+        frac = t != t.round()
+        if bool(frac.any()):
+            example = float(t[frac].reshape(-1)[0])
+            raise input_error(
+                name,
+                f"has non-integral float values (e.g. {example:g})",
+                "integer class indices",
+                "Pass class indices (e.g. `labels.long()`), not probabilities or one-hot rows.",
             )
-    elif t.is_complex():
-        raise ValueError(f"`{name}` must hold integer class indices, got dtype {t.dtype}.")
     return t.long()
+
+
+def _check_length(y: torch.Tensor, n: int, labels_name: str, logits_name: str) -> None:
+    if y.shape[0] != n:
+        raise input_error(
+            labels_name,
+            f"has {y.shape[0]} entries but `{logits_name}` has {n} rows",
+            "one label per row (the same samples)",
+        )
 
 
 def check_multiclass(
@@ -104,27 +194,28 @@ def check_multiclass(
     """Validate (N, K) logits with N integer labels in [0, K)."""
     z = as_float_tensor(logits, logits_name, 2)
     if z.shape[1] < 2:
-        raise ValueError(
-            f"`{logits_name}` has {z.shape[1]} column(s); a multiclass problem needs K >= 2 "
-            "columns. For one logit per sample use task='binary'."
+        raise input_error(
+            logits_name,
+            f"has shape {tuple(z.shape)} ({z.shape[1]} column)",
+            "K >= 2 columns for a multiclass problem",
+            "For one logit per sample use task='binary'.",
         )
     y = as_label_tensor(labels, labels_name)
     if y.ndim != 1:
-        raise ValueError(
-            f"`{labels_name}` must be 1-D class indices of shape (N,), got shape {tuple(y.shape)}; "
-            "for one-hot labels pass `labels.argmax(1)`."
+        raise input_error(
+            labels_name,
+            f"has shape {tuple(y.shape)}",
+            "1-D class indices of shape (N,)",
+            "For one-hot labels pass `labels.argmax(1)`.",
         )
-    if y.shape[0] != z.shape[0]:
-        raise ValueError(
-            f"`{logits_name}` has {z.shape[0]} rows but `{labels_name}` has {y.shape[0]} entries; "
-            "they must describe the same samples."
-        )
+    _check_length(y, z.shape[0], labels_name, logits_name)
     ylo, yhi = torch.aminmax(y)
     lo, hi = int(ylo), int(yhi)
     if lo < 0 or hi >= z.shape[1]:
-        raise ValueError(
-            f"`{labels_name}` must lie in [0, {z.shape[1] - 1}] for {z.shape[1]} classes, "
-            f"got values in [{lo}, {hi}]."
+        raise input_error(
+            labels_name,
+            f"has values in [{lo}, {hi}]",
+            f"class indices in [0, {z.shape[1] - 1}] for {z.shape[1]} classes",
         )
     return z, y.to(z.device)
 
@@ -132,7 +223,11 @@ def check_multiclass(
 def _check_binary_targets(y: torch.Tensor, name: str) -> None:
     if not bool(((y == 0) | (y == 1)).all()):
         bad = sorted(set(y.unique().tolist()) - {0, 1})[:5]
-        raise ValueError(f"`{name}` must be 0/1 for binary tasks, got other values such as {bad}.")
+        raise input_error(
+            name,
+            f"has values other than 0/1 (e.g. {bad})",
+            "0/1 targets for binary tasks",
+        )
 
 
 def check_binary(
@@ -142,19 +237,19 @@ def check_binary(
     z = as_float_tensor(logits, logits_name, (1, 2))
     if z.ndim == 2:
         if z.shape[1] != 1:
-            raise ValueError(
-                f"binary `{logits_name}` must have shape (N,) or (N, 1), got {tuple(z.shape)}; "
-                "for several binary tasks use task='multilabel'."
+            raise input_error(
+                logits_name,
+                f"has shape {tuple(z.shape)}",
+                "shape (N,) or (N, 1) for a binary task",
+                "For several binary tasks use task='multilabel'.",
             )
         z = z[:, 0]
     y = as_label_tensor(labels, labels_name)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
-    if y.ndim != 1 or y.shape[0] != z.shape[0]:
-        raise ValueError(
-            f"`{labels_name}` must have {z.shape[0]} entries to match `{logits_name}`, "
-            f"got shape {tuple(y.shape)}."
-        )
+    if y.ndim != 1:
+        raise input_error(labels_name, f"has shape {tuple(y.shape)}", "0/1 labels of shape (N,)")
+    _check_length(y, z.shape[0], labels_name, logits_name)
     _check_binary_targets(y, labels_name)
     return z, y.to(z.device)
 
@@ -166,15 +261,18 @@ def check_multilabel(
     z = as_float_tensor(logits, logits_name, 2)
     y = as_label_tensor(labels, labels_name)
     if tuple(y.shape) != tuple(z.shape):
-        raise ValueError(
-            f"multilabel `{labels_name}` must have the shape of `{logits_name}` {tuple(z.shape)} "
-            f"(N samples x T tasks), got {tuple(y.shape)}."
+        raise input_error(
+            labels_name,
+            f"has shape {tuple(y.shape)}",
+            f"the shape of `{logits_name}` {tuple(z.shape)} (N samples x T tasks) for "
+            "multilabel targets",
         )
     _check_binary_targets(y, labels_name)
     return z, y.to(z.device)
 
 
 def check_task(task: str) -> str:
+    """Return ``task`` if it is one of ``"multiclass"``, ``"binary"``, ``"multilabel"``."""
     if task not in TASKS:
         raise ValueError(f"`task` must be one of {', '.join(map(repr, TASKS))}, got {task!r}.")
     return task

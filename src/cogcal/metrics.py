@@ -1,28 +1,36 @@
 """Evaluation metrics: accuracy, NLL, Brier, binned calibration errors, OOD detection.
 
-The definitions follow SPEC §3 and are part of the API:
+The definitions follow docs/method.md §3 and are part of the API:
 
 * ``acc`` -- fraction of samples whose arg-max class equals the label;
-* ``nll`` -- mean of ``-log p_y``, computed from the logits with ``log-sum-exp``;
+* ``nll`` -- mean of ``-log p_y``, computed in float64 from ``log_softmax`` of the logits;
 * ``brier`` -- mean over samples of ``sum_k (p_k - 1[y = k])**2`` (a *sum* over classes,
   not divided by ``K``); for a binary task ``(p - y)**2`` with ``p = sigmoid(z)``;
 * ``ece_B``, ``rmsce_B``, ``mce_B`` -- calibration errors of the top-label confidence
   ``c = max_k p_k`` on ``B`` equal-width bins ``[b/B, (b+1)/B)``, the last bin closed
-  so that ``c = 1.0`` lands in bin ``B - 1``.
+  so that ``c = 1.0`` lands in bin ``B - 1``;
+* ``ece_positive_B``, ``rmsce_positive_B``, ``mce_positive_B`` -- for two classes (binary
+  tasks and two-class multiclass input), the same errors of ``P(y = 1)`` against the
+  fraction of positives (scikit-learn's ``calibration_curve`` convention).
 
-Every public function validates its input and raises ``ValueError`` naming what was wrong.
-Everything is computed in float32 chunks (float64 when the input is float64) and
-accumulated in float64, so float16/bfloat16 input is safe and memory stays bounded.
+Every public function validates its input and raises ``ValueError`` naming what was wrong
+(one template for every dtype / shape problem: :func:`cogcal._checks.input_error`).
+Probabilities, confidences, NLL and Brier are computed in float64 whatever the input
+dtype (float16 / bfloat16 / float32 input is upcast chunk by chunk, so memory stays
+bounded) and accumulated in float64.
 
-The one-shot :func:`evaluate` and the streaming :class:`StreamingMetrics` share the same
-private stages: argument checks, tensor checks, ``_update`` (sufficient statistics per
-bin, O(bins x classes x tasks) memory, independent of the number of samples) and
-``_compute`` (metrics from those statistics).
+The one-shot :func:`evaluate`, the streaming :class:`StreamingMetrics` and the
+torchmetrics adapter :func:`as_torchmetric` share the same private stages: argument
+checks, tensor checks, ``_update`` (sufficient statistics per bin, O(bins x classes x
+tasks) memory, independent of the number of samples) and ``_compute`` (metrics from
+those statistics).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -35,25 +43,27 @@ from cogcal._checks import (
     check_multiclass,
     check_multilabel,
     check_task,
+    input_error,
 )
 
 __all__ = [
     "DEFAULT_N_BINS",
     "StreamingMetrics",
+    "as_torchmetric",
     "evaluate",
     "ood",
     "ood_scores",
     "reliability_bins",
 ]
 
-#: The default sweep of bin counts (SPEC §3).
+#: The default sweep of bin counts (docs/method.md §3).
 DEFAULT_N_BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
 
 _BINNINGS = ("width", "mass")
 _OOD_SCORES = ("msp", "energy", "entropy")
-#: Scores processed at once (rows x columns): small enough to stay in cache between the
-#: few passes over a chunk, large enough to amortise the per-call overhead.
-_CHUNK_ELEMS = 1 << 21
+#: Scores processed at once (rows x columns): the float64 temporaries of a chunk stay
+#: small (8 MiB), large enough to amortise the per-call overhead.
+_CHUNK_ELEMS = 1 << 20
 #: Largest ``tasks x lcm(n_bins)`` histogram built before folding into the coarser bins.
 _MAX_FINE = 1 << 22
 
@@ -107,6 +117,39 @@ def _check_task_names(task_names: Sequence[str] | None, n_tasks: int) -> list[st
     return names
 
 
+def _check_eps(eps: Any) -> float | None:
+    if eps is None:
+        return None
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, int | float | np.floating | np.integer)
+        or not (0.0 < float(eps) < 1.0)
+    ):
+        raise ValueError(
+            f"`eps` must be None (no clipping) or a number in (0, 1), got {eps!r}; e.g. "
+            "eps=1e-15 clips the probability of the true class at 1e-15 in the NLL."
+        )
+    return float(eps)
+
+
+def _check_positive_class(positive_class: Any, task: str) -> bool | None:
+    if positive_class is not None and not isinstance(positive_class, bool):
+        raise ValueError(
+            f"`positive_class` must be None (automatic), True or False, got {positive_class!r}."
+        )
+    return positive_class
+
+
+def _check_num_classes(num_classes: Any) -> int | None:
+    if num_classes is not None and (
+        isinstance(num_classes, bool)
+        or not isinstance(num_classes, int | np.integer)
+        or num_classes < 2
+    ):
+        raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes!r}.")
+    return None if num_classes is None else int(num_classes)
+
+
 # --------------------------------------------------------------------------------------
 # tensor checks
 # --------------------------------------------------------------------------------------
@@ -116,17 +159,59 @@ def _prob_tolerance(dtype: torch.dtype) -> float:
     return max(1e-4, 4.0 * torch.finfo(dtype).eps)
 
 
-def _check_prob_range(p: torch.Tensor) -> None:
+def _check_probs(p: torch.Tensor, name: str, *, rows: bool) -> None:
+    """Probabilities lie in [0, 1]; with ``rows``, every row sums to 1 within tolerance."""
     lo, hi = (float(v) for v in torch.aminmax(p))
     if lo < 0.0 or hi > 1.0:
-        raise ValueError(
-            f"`probs` must lie in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; "
-            "if these are logits, pass them as `logits` instead of `probs=`."
+        alt = name.replace("probs", "logits")
+        raise input_error(
+            name,
+            f"has values in [{lo:.4g}, {hi:.4g}]",
+            "probabilities in [0, 1]",
+            f"If these are logits, pass them as `{alt}` instead.",
         )
+    if rows:
+        dev = (p.sum(1, dtype=torch.float64) - 1.0).abs()
+        tol = _prob_tolerance(p.dtype)
+        if float(dev.max()) > tol:
+            i = int(dev.argmax())
+            raise input_error(
+                name,
+                f"has row {i} summing to {float(p[i].sum(dtype=torch.float64)):.6g} "
+                f"({int((dev > tol).sum())} bad row(s))",
+                f"rows that sum to 1 (tolerance {tol:.1e})",
+                "Pass normalised probabilities, or pass logits as `logits`.",
+            )
+
+
+def _warn_if_probabilities(z: torch.Tensor, name: str, alt: str, rows: bool) -> None:
+    """Warn (never convert) when logits look like probabilities.
+
+    Multiclass: every value in [0, 1] and every row summing to 1 within the probability
+    tolerance. Binary / multilabel (``rows=False``): every value in [0, 1], not all equal.
+    """
+    lo, hi = (float(v) for v in torch.aminmax(z))
+    if lo < 0.0 or hi > 1.0:
+        return
+    if rows:
+        dev = (z.sum(1, dtype=torch.float64) - 1.0).abs()
+        if float(dev.max()) > _prob_tolerance(z.dtype):
+            return
+        what = "every value lies in [0, 1] and every row sums to 1"
+    else:
+        if lo == hi:
+            return
+        what = "every value lies in [0, 1]"
+    warnings.warn(
+        f"`{name}` look like probabilities ({what}); they are used as logits, unchanged. "
+        f"If they are probabilities, pass them as `{alt}=` instead.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _check_tensors(
-    logits: Any, labels: Any, probs: Any, task: str
+    logits: Any, labels: Any, probs: Any, task: str, eps: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validate the inputs; return ``(scores, labels, is_prob)``.
 
@@ -134,11 +219,24 @@ def _check_tensors(
     """
     if (logits is None) == (probs is None):
         raise ValueError(
-            "pass exactly one of `logits` and `probs=`: got "
+            "pass exactly one of `logits` and `probs` (by keyword, e.g. "
+            "evaluate(labels=y, probs=p)): got "
             + ("both" if logits is not None else "neither")
-            + "; probabilities are never guessed from the values, use `probs=` explicitly."
+            + "; probabilities are never guessed from the values."
+        )
+    if labels is None:
+        raise input_error(
+            "labels",
+            "is required but was not given",
+            "class indices (multiclass) or 0/1 targets (binary, multilabel)",
+            "Call e.g. evaluate(logits, labels) or evaluate(labels=y, probs=p).",
         )
     is_prob = probs is not None
+    if eps is not None and not is_prob:
+        raise ValueError(
+            "`eps` clips probabilities and applies to `probs=` input only; the NLL of logits "
+            "is computed exactly from log-softmax / log-sigmoid, so drop `eps`."
+        )
     x = probs if is_prob else logits
     name = "probs" if is_prob else "logits"
     if task == "multiclass":
@@ -149,104 +247,127 @@ def _check_tensors(
     else:
         z, y = check_multilabel(x, labels, logits_name=name)
     if is_prob:
-        _check_prob_range(z)
-        if task == "multiclass":
-            dev = (z.sum(1, dtype=torch.float64) - 1.0).abs()
-            tol = _prob_tolerance(z.dtype)
-            if float(dev.max()) > tol:
-                i = int(dev.argmax())
-                raise ValueError(
-                    f"`probs` rows must sum to 1 (tolerance {tol:.1e}), but row {i} sums to "
-                    f"{float(z[i].sum(dtype=torch.float64)):.6g} ({int((dev > tol).sum())} bad row(s)); "
-                    "pass normalised probabilities, or pass logits as `logits`."
-                )
+        _check_probs(z, name, rows=task == "multiclass")
+    else:
+        _warn_if_probabilities(z, name, "probs", rows=task == "multiclass")
     return z, y, is_prob
 
 
 # --------------------------------------------------------------------------------------
-# per-sample statistics
+# per-sample statistics (float64)
 # --------------------------------------------------------------------------------------
 
 
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
+def _neg_log(p: torch.Tensor, eps: float | None) -> torch.Tensor:
+    return -torch.log(p if eps is None else p.clamp(min=eps))
 
 
 def _multiclass_chunk(
-    z: torch.Tensor, y: torch.Tensor, is_prob: bool, want_probs: bool
-) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """Per-sample raw statistics of one chunk of (n, K) scores, and its (n, 1, K) probs.
+    z: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    is_prob: bool,
+    eps: float | None,
+    positive: bool,
+    want_probs: bool,
+) -> dict[str, torch.Tensor]:
+    """Per-sample statistics of one chunk of (n, K) scores, each of shape (n, 1).
 
-    Only the operations on the (n, K) chunk happen here (one fused softmax, a max, a norm
-    and gathers); the element-wise arithmetic on the per-sample vectors is left to
-    :func:`_multiclass_final`, which runs once on the whole batch.
+    ``conf`` (top-label confidence), ``correct``, ``nll``, ``brier`` and, with
+    ``positive``, ``pos_conf`` = p_1 and ``pos_label`` = 1[y = 1]; ``probs`` (n, 1, K)
+    with ``want_probs``.
+
+    From logits, in float64: with the arg-max ``j``, ``e_k = exp(z_k - z_j)`` and the mass
+    of the other classes ``S = sum_{k != j} e_k``, ``p_k = e_k / (1 + S)``,
+    ``-log p_y = log1p(S) - (z_y - z_j)`` and, without cancellation,
+    ``1 - p_y = sum_{k != y} e_k / (1 + S)``, so NLL and Brier keep their full relative
+    precision however confident the prediction (no ``1 - p`` is ever formed).
     """
-    z = z.to(_work_dtype(z))
+    yi = y[:, None]
+    out: dict[str, torch.Tensor] = {}
     if is_prob:
-        p = z
+        p = z.double()
         conf, pred = p.max(1)
-        p_y = p.gather(1, y[:, None])[:, 0].double()
-        raw = {
-            "conf": conf,
-            "correct": pred == y,
-            "nll": -torch.log(p_y),
-            "brier": (p.double().square().sum(1)) - 2.0 * p_y + 1.0,
-        }
+        p_y = p.gather(1, yi)[:, 0]
+        nll = _neg_log(p_y, eps)
+        brier = torch.linalg.vector_norm(p.scatter(1, yi, 0.0), dim=1).square()
+        brier += (1.0 - p_y).square()
+        if positive:
+            out["pos_conf"] = p[:, 1:2]
     else:
-        p = torch.softmax(z, dim=1)
-        conf, pred = p.max(1)
-        raw = {
-            "conf": conf,
-            "correct": pred == y,
-            "z_pred_y": z.gather(1, torch.stack([pred, y], dim=1)),
-            "p_y": p.gather(1, y[:, None])[:, 0],
-            "norm": torch.linalg.vector_norm(p, dim=1),
-        }
-    return raw, (p[:, None, :] if want_probs else None)
-
-
-def _multiclass_final(raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """(conf, correct, nll, brier), each of shape (n, 1), from the raw statistics."""
-    if "nll" not in raw:
-        zz = raw["z_pred_y"].double()
-        # log-sum-exp = z_j - log p_j for the arg-max j, so -log p_y = z_j - z_y - log p_j
-        raw["nll"] = zz[:, 0] - zz[:, 1] - torch.log(raw["conf"].double())
-        # sum_k (p_k - 1[k = y])^2 = sum_k p_k^2 - 2 p_y + 1
-        raw["brier"] = raw["norm"].double().square() - 2.0 * raw["p_y"].double() + 1.0
-    return tuple(raw[k][:, None] for k in ("conf", "correct", "nll", "brier"))
+        zmax, pred = z.max(1)  # exact in the input dtype
+        zmax = zmax.double()
+        pi = pred[:, None]
+        e = z.to(torch.float64, copy=True).sub_(zmax[:, None]).exp_()  # e_j = 1 at the arg-max
+        e.scatter_(1, pi, 0.0)  # now the other classes only
+        s1 = e.sum(1)  # S
+        s2 = torch.linalg.vector_norm(e, dim=1).square()  # sum_{k != j} e_k^2
+        e_y = e.gather(1, yi)[:, 0]  # e_y, or 0 when y = j
+        miss = (pred != y).double()
+        # sum_{k != y} e_k and sum_{k != y} e_k^2 (the arg-max term 1 counts when y != j)
+        rest1 = miss + (s1 - e_y)
+        rest2 = miss + (s2 - e_y.square())
+        denom = 1.0 + s1
+        conf = denom.reciprocal()
+        nll = torch.log1p(s1) - (z.gather(1, yi)[:, 0].double() - zmax)
+        brier = (rest2 + rest1.square()) / denom.square()
+        if positive:
+            e1 = torch.where(pred == 1, 1.0, e[:, 1])
+            out["pos_conf"] = (e1 / denom)[:, None]
+        if want_probs:
+            p = e.scatter_(1, pi, 1.0).div_(denom[:, None])
+    out.update(
+        conf=conf[:, None],
+        correct=(pred == y)[:, None],
+        nll=nll[:, None],
+        brier=brier[:, None],
+    )
+    if positive:
+        out["pos_label"] = yi == 1
+    if want_probs:
+        out["probs"] = p[:, None, :]
+    return out
 
 
 def _binary_chunk(
-    z: torch.Tensor, y: torch.Tensor, is_prob: bool, want_probs: bool
-) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
-    """Per-sample, per-task (conf, correct, nll, brier) of (n, T) binary scores, and the
-    (n, T, 2) class probabilities ``(1 - p, p)``."""
-    z = z.to(_work_dtype(z))
-    yf = y.to(z.dtype)
+    z: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    is_prob: bool,
+    eps: float | None,
+    positive: bool,
+    want_probs: bool,
+) -> dict[str, torch.Tensor]:
+    """Per-sample, per-task statistics of (n, T) binary scores (see :func:`_multiclass_chunk`).
+
+    From logits: with the margin against the truth ``s = z`` (y = 0) or ``-z`` (y = 1),
+    ``|p - y| = sigmoid(s)`` and ``-log p_y = log(1 + e^s)``, both without cancellation.
+    """
+    z = z.double()
+    y1 = y == 1
+    out: dict[str, torch.Tensor] = {}
     if is_prob:
         p = z
-        conf = torch.maximum(p, 1.0 - p)
-        pred = p > 0.5
-        pd = p.double()
-        nll = torch.where(y == 1, -torch.log(pd), -torch.log1p(-pd))
+        pt = torch.where(y1, p, 1.0 - p)  # probability of the true class
+        out["nll"] = _neg_log(pt, eps)
+        out["brier"] = (1.0 - pt).square()
+        out["conf"] = torch.maximum(p, 1.0 - p)
+        out["correct"] = (p > 0.5) == y1
+        if want_probs:
+            out["probs"] = torch.stack([1.0 - p, p], dim=-1)
     else:
+        s = torch.where(y1, -z, z)
+        out["nll"] = s.clamp(min=0) + torch.log1p(torch.exp(-s.abs()))
+        out["brier"] = torch.sigmoid(s).square()
+        out["conf"] = torch.sigmoid(z.abs())
+        out["correct"] = (z > 0) == y1
         p = torch.sigmoid(z)
-        conf = torch.sigmoid(z.abs())
-        pred = z > 0
-        zd = z.double()
-        # log(1 + e^z) - y z, written without overflow or cancellation
-        nll = zd.clamp(min=0) + torch.log1p(torch.exp(-zd.abs())) - y.double() * zd
-    raw = {
-        "conf": conf,
-        "correct": pred == (y == 1),
-        "nll": nll,
-        "brier": (p.double() - yf.double()).square(),
-    }
-    return raw, (torch.stack([1.0 - p, p], dim=-1) if want_probs else None)
-
-
-def _binary_final(raw: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    return tuple(raw[k] for k in ("conf", "correct", "nll", "brier"))
+        if want_probs:
+            out["probs"] = torch.stack([torch.sigmoid(-z), p], dim=-1)
+    if positive:
+        out["pos_conf"] = p
+        out["pos_label"] = y1
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -264,8 +385,9 @@ def _lcm(values: Iterable[int]) -> int:
 def _width_bin(c: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Bin index ``floor(c * B)`` clipped to ``B - 1`` (so ``c = 1`` is in the last bin).
 
-    The product is taken in float64, which is exact for a float32 ``c`` and ``B < 2**29``:
-    a confidence lands in bin ``b`` exactly when ``b/B <= c < (b+1)/B`` as real numbers.
+    ``c`` is float64; the product ``c * B`` is correctly rounded, so a confidence lands
+    in bin ``b`` exactly when ``b/B <= c < (b+1)/B`` except within one float64 rounding
+    of an edge (and exactly for any float32 ``c`` and ``B < 2**29``).
     """
     return torch.floor(c.double() * n_bins).long().clamp_(0, n_bins - 1)
 
@@ -276,7 +398,11 @@ def _hist(idx: torch.Tensor, weights: torch.Tensor | None, size: int) -> torch.T
 
 
 class _State:
-    """Sufficient statistics of a stream of predictions (every tensor is a sum over samples)."""
+    """Sufficient statistics of a stream of predictions (every tensor is a sum over samples).
+
+    ``positive`` is the requested positive-class setting (None: automatic); it is resolved
+    into ``positive_`` once the number of classes is known (:meth:`allocate`).
+    """
 
     def __init__(
         self,
@@ -286,10 +412,12 @@ class _State:
         classwise: bool,
         num_classes: int | None,
         num_tasks: int | None,
+        positive: bool | None = False,
     ) -> None:
         self.task = task
         self.n_bins = n_bins
         self.classwise = classwise
+        self.positive = positive
         # multiclass: one "task" with K classes; binary / multilabel: T tasks with 2 classes.
         self.num_classes = 2 if task != "multiclass" else num_classes
         self.num_tasks = 1 if task != "multilabel" else num_tasks
@@ -298,6 +426,24 @@ class _State:
     @property
     def initialised(self) -> bool:
         return bool(self.tensors)
+
+    @property
+    def known(self) -> bool:
+        """Whether the shapes are known (classes for multiclass, tasks for multilabel)."""
+        return self.num_classes is not None and self.num_tasks is not None
+
+    @property
+    def positive_(self) -> bool:
+        """The resolved positive-class setting (needs the number of classes)."""
+        if self.positive is None:
+            return self.task == "binary" or (self.task == "multiclass" and self.num_classes == 2)
+        if self.positive and self.task == "multiclass" and self.num_classes != 2:
+            raise ValueError(
+                f"`positive_class=True` needs two classes (P(y = 1) against the fraction of "
+                f"positives), but the input has {self.num_classes}; for K classes use "
+                "classwise=True (the mean over classes of each class's calibration error)."
+            )
+        return bool(self.positive)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         t, k = self.num_tasks, self.num_classes
@@ -311,6 +457,10 @@ class _State:
             shapes[f"count_{b}"] = (t, b)
             shapes[f"conf_{b}"] = (t, b)
             shapes[f"acc_{b}"] = (t, b)
+            if self.positive_:
+                shapes[f"pos_count_{b}"] = (t, b)
+                shapes[f"pos_conf_{b}"] = (t, b)
+                shapes[f"pos_label_{b}"] = (t, b)
             if self.classwise:
                 shapes[f"cw_count_{b}"] = (t, k, b)
                 shapes[f"cw_prob_{b}"] = (t, k, b)
@@ -324,13 +474,25 @@ class _State:
         }
 
     def config(self) -> tuple:
-        return (self.task, self.n_bins, self.classwise, self.num_classes, self.num_tasks)
+        return (
+            self.task,
+            self.n_bins,
+            self.classwise,
+            self.positive,
+            self.num_classes,
+            self.num_tasks,
+        )
+
+    def fingerprint(self) -> int:
+        """A 32-bit hash of the settings every process must share (shapes excluded)."""
+        key = repr((self.task, self.n_bins, self.classwise, self.positive))
+        return zlib.crc32(key.encode())
 
 
 def _binned_sums(
-    conf: torch.Tensor, correct: torch.Tensor, n_bins: tuple[int, ...]
+    conf: torch.Tensor, hit: torch.Tensor, n_bins: tuple[int, ...]
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per-bin (count, sum of confidence, sum of correct) of (n, T) values, for every B.
+    """Per-bin (count, sum of confidence, sum of hits) of (n, T) values, for every B.
 
     When ``T * lcm(n_bins)`` is small, one histogram at the finest common resolution
     ``L = lcm(n_bins)`` is folded into each ``B`` (exact: ``floor(floor(c L) / (L/B)) =
@@ -343,14 +505,22 @@ def _binned_sums(
     out = {}
     if t * fine <= _MAX_FINE:
         idx = _width_bin(cd, fine) + offs * fine
-        hs = [_hist(idx, w, t * fine).view(t, fine) for w in (None, cd, correct)]
+        hs = [_hist(idx, w, t * fine).view(t, fine) for w in (None, cd, hit)]
         for b in n_bins:
             out[b] = tuple(h.view(t, b, fine // b).sum(-1) for h in hs)
     else:
         for b in n_bins:
             idx = _width_bin(cd, b) + offs * b
-            out[b] = tuple(_hist(idx, w, t * b).view(t, b) for w in (None, cd, correct))
+            out[b] = tuple(_hist(idx, w, t * b).view(t, b) for w in (None, cd, hit))
     return out
+
+
+def _onehot(y: torch.Tensor, n: int, k: int, task: str) -> torch.Tensor:
+    if task == "multiclass":
+        onehot = torch.zeros((n, 1, k), dtype=torch.float64, device=y.device)
+        return onehot.scatter_(2, y.reshape(n, 1, 1), 1.0)
+    y1 = y.double()
+    return torch.stack([1.0 - y1, y1], dim=-1)
 
 
 def _classwise_sums(
@@ -358,12 +528,7 @@ def _classwise_sums(
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per-(task, class, bin) (count, sum p_k, sum 1[y = k]) of (n, T, K) probabilities."""
     n, t, k = probs.shape
-    if task == "multiclass":
-        onehot = torch.zeros((n, 1, k), dtype=torch.float64, device=probs.device)
-        onehot.scatter_(2, y.reshape(n, 1, 1), 1.0)
-    else:
-        y1 = y.double()
-        onehot = torch.stack([1.0 - y1, y1], dim=-1)
+    onehot = _onehot(y, n, k, task)
     pd = probs.double()
     offs = torch.arange(t * k, device=probs.device).view(1, t, k)
     out = {}
@@ -373,20 +538,8 @@ def _classwise_sums(
     return out
 
 
-def _update(
-    state: _State,
-    scores: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    is_prob: bool,
-    return_samples: bool = False,
-    return_probs: bool = False,
-) -> dict[str, torch.Tensor] | None:
-    """Add validated ``scores`` / ``labels`` to ``state``, chunk by chunk.
-
-    With ``return_samples``, return this batch's per-sample ``conf`` and ``correct``
-    (plus ``probs`` and ``y`` with ``return_probs``), for the one-shot equal-mass binning.
-    """
+def _fix_shapes(state: _State, scores: torch.Tensor) -> None:
+    """Take K (multiclass) or T (multilabel) from the first batch; check later batches."""
     if state.task == "multiclass":
         k = scores.shape[1]
         if state.num_classes is None:
@@ -396,7 +549,7 @@ def _update(
                 f"`logits` has {k} classes but this metric state was built for "
                 f"{state.num_classes}; every update must use the same number of classes."
             )
-    else:
+    elif state.task == "multilabel":
         t = scores.shape[1]
         if state.num_tasks is None:
             state.num_tasks = t
@@ -405,26 +558,48 @@ def _update(
                 f"`logits` has {t} task column(s) but this metric state was built for "
                 f"{state.num_tasks}; every update must use the same tasks."
             )
+
+
+def _update(
+    state: _State,
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    is_prob: bool,
+    eps: float | None = None,
+    return_samples: bool = False,
+    return_probs: bool = False,
+) -> dict[str, torch.Tensor] | None:
+    """Add validated ``scores`` / ``labels`` to ``state``, chunk by chunk.
+
+    With ``return_samples``, return this batch's per-sample ``conf`` and ``correct`` (and
+    ``pos_conf`` / ``pos_label`` for the positive class; ``probs`` and ``y`` with
+    ``return_probs``), for the one-shot equal-mass binning.
+    """
+    _fix_shapes(state, scores)
+    positive = state.positive_
     if not state.initialised:
         state.allocate(scores.device)
     s = state.tensors
+    if positive and state.n_bins and f"pos_count_{state.n_bins[0]}" not in s:
+        raise ValueError(
+            "this metric state holds no positive-class sums (it was loaded from a state of "
+            "another number of classes, or positive_class=False); two-class input needs "
+            "them: build a new StreamingMetrics, or pass positive_class=False."
+        )
     dev = s["n"].device
     want_probs = state.classwise or return_probs
-    if state.task == "multiclass":
-        chunk_fn, final_fn = _multiclass_chunk, _multiclass_final
-    else:
-        chunk_fn, final_fn = _binary_chunk, _binary_final
+    chunk_fn = _multiclass_chunk if state.task == "multiclass" else _binary_chunk
     with torch.no_grad():
-        # chunks bound the (rows x K) temporaries; the per-sample vectors of this batch
-        # are concatenated and reduced / binned once, with few large operations
+        # chunks bound the (rows x K) float64 temporaries; the per-sample vectors of this
+        # batch are concatenated and reduced / binned once, with few large operations
         rows = max(1, _CHUNK_ELEMS // max(1, scores.shape[1]))
         parts: list[dict[str, torch.Tensor]] = []
-        prob_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for start in range(0, scores.shape[0], rows):
             z = scores[start : start + rows].to(dev)
             y = labels[start : start + rows].to(dev)
-            raw, probs = chunk_fn(z, y, is_prob, want_probs)
-            parts.append(raw)
+            raw = chunk_fn(z, y, is_prob=is_prob, eps=eps, positive=positive, want_probs=want_probs)
+            probs = raw.pop("probs", None)
             if state.classwise and state.n_bins:
                 for b, (cnt, psum, ysum) in _classwise_sums(
                     probs, y, state.n_bins, state.task
@@ -433,28 +608,42 @@ def _update(
                     s[f"cw_prob_{b}"] += psum
                     s[f"cw_label_{b}"] += ysum
             if return_probs:
-                prob_parts.append((probs.double(), y))
+                raw["probs"], raw["y"] = probs, y
+            parts.append(raw)
         if len(parts) == 1:
             raw = parts[0]
         else:
             raw = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
-        conf, correct, nll, brier = final_fn(raw)
+        conf, correct, nll = raw["conf"], raw["correct"], raw["nll"]
+        if is_prob and eps is None:
+            n_zero = int(torch.isinf(nll).sum())
+            if n_zero:
+                warnings.warn(
+                    f"{n_zero} sample(s) give their true class probability 0, so `nll` is "
+                    "infinite; pass `eps=` (e.g. eps=1e-15) to clip the probability of the "
+                    "true class at eps in the NLL.",
+                    UserWarning,
+                    stacklevel=3,
+                )
         s["n"] += conf.shape[0]
         s["correct"] += correct.sum(0)
         s["nll"] += nll.sum(0)
-        s["brier"] += brier.sum(0)
+        s["brier"] += raw["brier"].sum(0)
         if state.n_bins:
             for b, (cnt, csum, asum) in _binned_sums(conf, correct, state.n_bins).items():
                 s[f"count_{b}"] += cnt
                 s[f"conf_{b}"] += csum
                 s[f"acc_{b}"] += asum
+            if positive:
+                sums = _binned_sums(raw["pos_conf"], raw["pos_label"], state.n_bins)
+                for b, (cnt, csum, ysum) in sums.items():
+                    s[f"pos_count_{b}"] += cnt
+                    s[f"pos_conf_{b}"] += csum
+                    s[f"pos_label_{b}"] += ysum
         if not return_samples:
             return None
-        out = {"conf": conf.double(), "correct": correct}
-        if return_probs:
-            out["probs"] = torch.cat([p for p, _ in prob_parts])
-            out["y"] = torch.cat([y for _, y in prob_parts])
-        return out
+        keep = ("conf", "correct", "pos_conf", "pos_label", "probs", "y")
+        return {k: raw[k] for k in keep if k in raw}
 
 
 def _errors(
@@ -485,10 +674,16 @@ def _compute(state: _State, task_names: list[str] | None = None) -> dict[str, fl
         "nll": s["nll"] / n,
         "brier": s["brier"] / n,
     }
-    errs = {b: _errors(s[f"count_{b}"], s[f"conf_{b}"], s[f"acc_{b}"], n) for b in state.n_bins}
-    for i, name in enumerate(("ece", "rmsce", "mce")):
-        for b in state.n_bins:
-            per[f"{name}_{b}"] = errs[b][i]
+    groups = [("", "count", "conf", "acc")]
+    if state.positive_:
+        groups.append(("_positive", "pos_count", "pos_conf", "pos_label"))
+    for suffix, cnt, csum, asum in groups:
+        errs = {
+            b: _errors(s[f"{cnt}_{b}"], s[f"{csum}_{b}"], s[f"{asum}_{b}"], n) for b in state.n_bins
+        }
+        for i, name in enumerate(("ece", "rmsce", "mce")):
+            for b in state.n_bins:
+                per[f"{name}{suffix}_{b}"] = errs[b][i]
     if state.classwise:
         for b in state.n_bins:
             ece_k = _errors(s[f"cw_count_{b}"], s[f"cw_prob_{b}"], s[f"cw_label_{b}"], n)[0]
@@ -536,27 +731,28 @@ def _compute_mass(
     task_names: list[str] | None,
 ) -> dict[str, float]:
     """One-shot equal-mass calibration errors from the per-sample values."""
-    conf = samples["conf"].cpu()
-    correct = samples["correct"].cpu().double()
+    conf = samples["conf"].cpu().double()
     n, t = conf.shape
     offs = torch.arange(t)[None, :]
     per: dict[str, torch.Tensor] = {}
-    errs = {}
-    for b in n_bins:
-        idx = _mass_bin(conf, b) + offs * b
-        sums = [_hist(idx, w, t * b).view(t, b) for w in (None, conf, correct)]
-        errs[b] = _errors(*sums, n)
-    for i, name in enumerate(("ece", "rmsce", "mce")):
+    groups = [("", conf, samples["correct"].cpu().double())]
+    if "pos_conf" in samples:
+        groups.append(
+            ("_positive", samples["pos_conf"].cpu().double(), samples["pos_label"].cpu().double())
+        )
+    for suffix, c, hit in groups:
+        errs = {}
         for b in n_bins:
-            per[f"{name}_mass_{b}"] = errs[b][i]
+            idx = _mass_bin(c, b) + offs * b
+            sums = [_hist(idx, w, t * b).view(t, b) for w in (None, c, hit)]
+            errs[b] = _errors(*sums, n)
+        for i, name in enumerate(("ece", "rmsce", "mce")):
+            for b in n_bins:
+                per[f"{name}{suffix}_mass_{b}"] = errs[b][i]
     if state.classwise:
-        probs, y = samples["probs"].cpu(), samples["y"].cpu()
+        probs, y = samples["probs"].cpu().double(), samples["y"].cpu()
         k = probs.shape[2]
-        if state.task == "multiclass":
-            onehot = torch.zeros((n, 1, k), dtype=torch.float64)
-            onehot.scatter_(2, y.reshape(n, 1, 1), 1.0)
-        else:
-            onehot = torch.stack([1.0 - y.double(), y.double()], dim=-1)
+        onehot = _onehot(y, n, k, state.task)
         offs_k = torch.arange(t * k).view(1, t, k)
         for b in n_bins:
             idx = _mass_bin(probs, b) + offs_k * b
@@ -571,8 +767,8 @@ def _compute_mass(
 
 
 def evaluate(
-    logits: Any,
-    labels: Any,
+    logits: Any = None,
+    labels: Any = None,
     *,
     task: str = "multiclass",
     n_bins: int | Sequence[int] = DEFAULT_N_BINS,
@@ -580,19 +776,27 @@ def evaluate(
     classwise: bool = False,
     probs: Any = None,
     task_names: Sequence[str] | None = None,
+    positive_class: bool | None = None,
+    eps: float | None = None,
 ) -> dict[str, float]:
     r"""Accuracy, NLL, Brier score and binned calibration errors of a classifier.
 
+    Call it as ``evaluate(logits, labels)``, ``evaluate(labels=y, logits=z)`` or
+    ``evaluate(labels=y, probs=p)``: exactly one of ``logits`` and ``probs``.
+
     Parameters
     ----------
-    logits : Tensor or ndarray, shape (N, K), (N,) / (N, 1) or (N, T)
+    logits : array-like, shape (N, K), (N,) / (N, 1) or (N, T)
         Unnormalised scores: (N, K) for ``task="multiclass"``, (N,) or (N, 1) for
         ``"binary"`` (``p = sigmoid(z)``), (N, T) for ``"multilabel"`` (T binary tasks).
-        Any floating dtype; half precision is upcast to float32 internally. Pass ``None``
-        when giving ``probs=``.
-    labels : Tensor or ndarray
+        A tensor of any floating dtype, a numpy array, a list, or anything
+        ``numpy.asarray`` accepts (e.g. a pandas DataFrame). Logits that look like
+        probabilities (all in [0, 1], multiclass rows summing to 1) are used unchanged,
+        with a warning naming ``probs=``.
+    labels : array-like
         Class indices of shape (N,) (multiclass), 0/1 of shape (N,) (binary) or (N, T)
-        (multilabel).
+        (multilabel): a tensor, numpy array, list or pandas Series; integral floats and
+        booleans are accepted.
     task : {"multiclass", "binary", "multilabel"}
         Kind of problem.
     n_bins : int or sequence of int
@@ -601,38 +805,53 @@ def evaluate(
         Equal-width bins (keys ``ece_B``...) or equal-mass bins (keys ``ece_mass_B``...).
     classwise : bool
         Also report the classwise ECE under ``cwece_B`` (``cwece_mass_B``).
-    probs : Tensor or ndarray, optional
-        Probabilities instead of logits: (N, K) rows summing to 1 within
+    probs : array-like, optional
+        Probabilities instead of logits: (N, K) rows in [0, 1] summing to 1 within
         ``max(1e-4, 4 eps(dtype))`` for multiclass; ``P(y = 1)`` for binary / multilabel.
         Never inferred from the values of ``logits``.
     task_names : sequence of str, optional
         Names of the T multilabel tasks for the per-task keys; default ``t0 ... t{T-1}``.
+    positive_class : bool, optional
+        Also report the positive-class errors ``ece_positive_B``, ``rmsce_positive_B``,
+        ``mce_positive_B`` (``P(y = 1)`` against the fraction of positives). Default
+        (None): yes for ``task="binary"`` and two-class multiclass input, no for
+        multilabel (pass True to get them per task) and for K > 2 (True raises).
+    eps : float in (0, 1), optional
+        For ``probs=`` only: the NLL uses ``max(p_true, eps)``. Default None: no
+        clipping, so a true class of probability 0 gives ``nll = inf`` (with a warning
+        giving the number of such samples). scikit-learn's ``log_loss`` clips at the
+        machine epsilon of the dtype (``eps=numpy.finfo(numpy.float64).eps``).
 
     Returns
     -------
     dict of str to float
-        ``acc``, ``nll``, ``brier`` and, for each ``B``, ``ece_B``, ``rmsce_B``, ``mce_B``
-        (``*_mass_B`` with equal-mass bins; plus ``cwece_B`` when ``classwise``). For
+        ``acc``, ``nll``, ``brier`` and, for each ``B``, ``ece_B``, ``rmsce_B``, ``mce_B``,
+        then ``ece_positive_B``, ``rmsce_positive_B``, ``mce_positive_B`` for two classes
+        (``*_mass_B`` with equal-mass bins; then ``cwece_B`` when ``classwise``). For
         multilabel, these keys hold the unweighted mean over tasks and every metric is
         also given per task under ``"{metric}/{task_name}"``.
 
     Notes
     -----
     With :math:`p = \mathrm{softmax}(z)`, top-label confidence :math:`c_i = \max_k p_{ik}`
-    and prediction :math:`\hat y_i = \arg\max_k p_{ik}` (first index on ties, taken on
-    the float32 probabilities):
+    and prediction :math:`\hat y_i = \arg\max_k p_{ik}` (first index on ties):
 
     .. math::
 
         \mathrm{acc} = \frac1N \sum_i 1[\hat y_i = y_i], \quad
-        \mathrm{nll} = \frac1N \sum_i \Big(\log\sum_k e^{z_{ik}} - z_{i y_i}\Big), \quad
-        \mathrm{brier} = \frac1N \sum_i \sum_k (p_{ik} - 1[y_i = k])^2 .
+        \mathrm{nll} = -\frac1N \sum_i \log p_{i y_i}, \quad
+        \mathrm{brier} = \frac1N \sum_i \Big(\sum_{k \ne y_i} p_{ik}^2
+            + (1 - p_{i y_i})^2\Big) .
+
+    Everything is computed in float64 whatever the input dtype: :math:`\log p` by
+    ``log_softmax`` of the upcast logits, and :math:`1 - p_y = -\mathrm{expm1}(\log p_y)`,
+    so Brier keeps its relative precision for confident predictions (logits ``[9, 0]``,
+    label 0: ``2 (1 - \sigma(9))^2 = 3.05e-8``).
 
     Equal-width bin :math:`b \in \{0..B-1\}` holds :math:`b/B \le c < (b+1)/B`, the last bin
-    closed (``c = 1.0``, common in float32, is in bin ``B - 1``); the index is
-    ``floor(c B)`` evaluated in float64, which is exact for float32 (and half-precision)
-    confidences, so a stored ``c`` lands in the bin its exact value belongs to. With :math:`n_b` samples, mean accuracy
-    :math:`a_b` and mean confidence :math:`\bar c_b` in bin ``b``:
+    closed (``c = 1.0`` is in bin ``B - 1``); the index is ``floor(c B)`` in float64. With
+    :math:`n_b` samples, mean accuracy :math:`a_b` and mean confidence :math:`\bar c_b` in
+    bin ``b``:
 
     .. math::
 
@@ -647,13 +866,19 @@ def evaluate(
     over the K classes (absent classes included) of the ECE of :math:`p_{\cdot k}` against
     :math:`1[y = k]`, each on its own bins.
 
-    Binary tasks use :math:`p = \sigma(z)`, confidence :math:`\max(p, 1 - p)`, prediction
-    ``z > 0`` (``p > 0.5`` for ``probs=``; a tie predicts 0), NLL
-    :math:`-y\log p - (1 - y)\log(1 - p)` from the logits stably, and Brier
-    :math:`(p - y)^2`; classwise ECE uses the two classes ``1 - p`` and ``p``.
+    Binary tasks use :math:`p = \sigma(z)`, top-label confidence :math:`\max(p, 1 - p)`,
+    prediction ``z > 0`` (``p > 0.5`` for ``probs=``; a tie predicts 0), and with the
+    margin against the truth :math:`s = (1 - 2y) z`: NLL :math:`\log(1 + e^{s})` and Brier
+    :math:`(p - y)^2 = \sigma(s)^2`; classwise ECE uses the two classes ``1 - p`` and ``p``.
+    The positive-class errors bin :math:`p = P(y = 1)` (column 1 of two-class
+    multiclass input) and compare each bin's mean :math:`p` with its fraction of
+    positives :math:`\frac{1}{n_b}\sum_{i \in b} y_i`. Top-label and positive-class
+    errors differ in general: with ``P(y = 1) = 0.3`` for ten samples (one positive) and
+    ``0.7`` for ten (five positive), every top-label confidence is 0.7 and 14 of 20
+    predictions are right, so ``ece_10 = 0``, while ``ece_positive_10 = 0.2``.
 
-    Computation is chunked in float32 (float64 for float64 input) with float64 sums. With
-    ``probs=``, a true class of probability 0 gives an infinite NLL (no clipping).
+    With ``probs=``: :math:`\mathrm{nll} = -\frac1N\sum_i \log \max(p_{i y_i}, \epsilon)`
+    (no clipping when ``eps`` is None) and Brier as above from the given values.
 
     Examples
     --------
@@ -667,11 +892,21 @@ def evaluate(
     (0.6667, 0.6286, 0.3594)
     >>> round(m["ece_10"], 4), round(m["mce_10"], 4)
     (0.2932, 0.5761)
+
+    Two classes get the positive-class errors alongside the top-label ones:
+
+    >>> p1 = [0.3] * 10 + [0.7] * 10
+    >>> y = [1] + [0] * 9 + [1] * 5 + [0] * 5
+    >>> m = evaluate(labels=y, probs=p1, task="binary", n_bins=10)
+    >>> round(m["ece_10"], 4), round(m["ece_positive_10"], 4)
+    (0.0, 0.2)
     """
     task = check_task(task)
     bins = _check_n_bins(n_bins)
     binning = _check_binning(binning)
-    scores, y, is_prob = _check_tensors(logits, labels, probs, task)
+    positive_class = _check_positive_class(positive_class, task)
+    eps = _check_eps(eps)
+    scores, y, is_prob = _check_tensors(logits, labels, probs, task, eps)
     names = _check_task_names(task_names, scores.shape[1]) if task == "multilabel" else None
     mass = binning == "mass"
     state = _State(
@@ -680,11 +915,18 @@ def evaluate(
         classwise=bool(classwise),
         num_classes=None,
         num_tasks=None,
+        positive=positive_class,
     )
     if mass:
         state.classwise = False  # no width-bin classwise sums with equal-mass bins
     samples = _update(
-        state, scores, y, is_prob=is_prob, return_samples=mass, return_probs=mass and classwise
+        state,
+        scores,
+        y,
+        is_prob=is_prob,
+        eps=eps,
+        return_samples=mass,
+        return_probs=mass and classwise,
     )
     out = _compute(state, names)
     if mass:
@@ -701,8 +943,8 @@ class StreamingMetrics:
     The state is O(bins x classes x tasks), independent of the number of samples (each
     ``update`` only needs temporary memory proportional to its own batch); the state
     is a dict of float64 tensors that are all *sums* over samples, so states from several
-    processes combine by addition (:meth:`merge`, or an all-reduce with SUM of
-    :meth:`state_dict`).
+    processes combine by addition: :meth:`sync` all-reduces them under
+    ``torch.distributed``; :meth:`merge` and :meth:`state_dict` do it by hand.
 
     Parameters
     ----------
@@ -719,7 +961,11 @@ class StreamingMetrics:
         equal-mass bins need every confidence at once (use :func:`evaluate`).
     num_classes : int, optional
         K for multiclass; by default taken from the first update. Give it to allocate the
-        state up front (e.g. so that every process holds tensors of the same shape).
+        state up front.
+    positive_class : bool, optional
+        The positive-class errors, as in :func:`evaluate` (default: for two classes).
+    eps : float in (0, 1), optional
+        NLL clipping for ``probs=`` updates, as in :func:`evaluate`.
 
     Examples
     --------
@@ -729,6 +975,8 @@ class StreamingMetrics:
     >>> m = StreamingMetrics(n_bins=(10, 15))
     >>> for i in range(0, 100, 32):
     ...     m.update(logits[i : i + 32], labels[i : i + 32])
+    >>> m.sync()  # no-op unless torch.distributed is initialised  # doctest: +ELLIPSIS
+    <cogcal.metrics.StreamingMetrics object at ...>
     >>> one_shot = evaluate(logits, labels, n_bins=(10, 15))
     >>> all(abs(m.compute()[k] - one_shot[k]) < 1e-12 for k in one_shot)
     True
@@ -743,6 +991,8 @@ class StreamingMetrics:
         classwise: bool = False,
         binning: str = "width",
         num_classes: int | None = None,
+        positive_class: bool | None = None,
+        eps: float | None = None,
     ) -> None:
         task = check_task(task)
         bins = _check_n_bins(n_bins)
@@ -752,12 +1002,11 @@ class StreamingMetrics:
                 "in O(bins) memory; use StreamingMetrics(binning='width'), or call "
                 "evaluate(logits, labels, binning='mass') on the concatenated outputs."
             )
-        if num_classes is not None and (
-            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
-        ):
-            raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes!r}.")
+        num_classes = _check_num_classes(num_classes)
         if num_classes is not None and task != "multiclass":
             raise ValueError("`num_classes` applies to task='multiclass' only.")
+        self.eps = _check_eps(eps)
+        positive_class = _check_positive_class(positive_class, task)
         n_tasks = None
         self._task_names = None
         if task_names is not None:
@@ -771,34 +1020,121 @@ class StreamingMetrics:
             classwise=bool(classwise),
             num_classes=num_classes,
             num_tasks=n_tasks,
+            positive=positive_class,
         )
-        if (task != "multiclass" or num_classes is not None) and (
-            task != "multilabel" or n_tasks is not None
-        ):
+        # the local sums while the state holds the global ones (between sync and update)
+        self._local: dict[str, torch.Tensor] | None = None
+        if self._state.known:
+            self._state.positive_  # noqa: B018  (raises early for positive_class=True, K > 2)
             self._state.allocate(torch.device("cpu"))
 
-    def update(self, logits: Any, labels: Any, *, probs: Any = None) -> None:
-        """Add a batch: same inputs and checks as :func:`evaluate`."""
-        scores, y, is_prob = _check_tensors(logits, labels, probs, self._state.task)
+    def update(self, logits: Any = None, labels: Any = None, *, probs: Any = None) -> None:
+        """Add a batch: same inputs and checks as :func:`evaluate` (logits or ``probs=``)."""
+        scores, y, is_prob = _check_tensors(logits, labels, probs, self._state.task, self.eps)
+        self.unsync()
         if (
             self._state.initialised
             and float(self._state.tensors["n"]) == 0
             and self._state.tensors["n"].device != scores.device
         ):
             self.to(scores.device)  # follow the data until the first samples arrive
-        _update(self._state, scores, y, is_prob=is_prob)
+        _update(self._state, scores, y, is_prob=is_prob, eps=self.eps)
 
     def compute(self) -> dict[str, float]:
-        """Metrics of every sample seen so far (same keys and values as :func:`evaluate`)."""
+        """Metrics of every sample seen so far (same keys and values as :func:`evaluate`).
+
+        After :meth:`sync`, the samples seen by every process.
+        """
         names = self._task_names
         if names is None and self._state.task == "multilabel" and self._state.initialised:
             names = _check_task_names(None, self._state.num_tasks)
         return _compute(self._state, names)
 
+    def sync(self, group: Any = None) -> StreamingMetrics:
+        """All-reduce (SUM) the statistics over the processes of ``torch.distributed``.
+
+        A no-op when ``torch.distributed`` is not available or not initialised (or has
+        one process). Otherwise it is a collective: **call it on every rank** of
+        ``group`` (default: the whole world), after the last :meth:`update`; then
+        :meth:`compute` on any rank gives the metrics of the union of every rank's
+        samples (equal to :func:`evaluate` on the concatenated data). Ranks that saw no
+        data take the shapes from the others. A second call without an update in between
+        changes nothing; the next :meth:`update` (or :meth:`unsync`) first restores this
+        process's own sums, so the local stream simply continues.
+
+        Parameters
+        ----------
+        group : ProcessGroup, optional
+            The process group (default: the world).
+
+        Returns
+        -------
+        StreamingMetrics
+            ``self``.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        if self._local is not None or dist.get_world_size(group) == 1:
+            return self
+        st = self._state
+        dev = _comm_device(dist, group, st)
+        # 1) agree on the settings and shapes (every rank takes the same decision)
+        dim = st.num_classes if st.task == "multiclass" else st.num_tasks
+        fp = float(st.fingerprint())
+        big = float(2**40)
+        have = float(dim) if st.initialised else 0.0
+        desc = torch.tensor(
+            [fp, -fp, have, -have if st.initialised else -big], dtype=torch.float64, device=dev
+        )
+        dist.all_reduce(desc, op=dist.ReduceOp.MAX, group=group)
+        fp_max, fp_min, dim_max, dim_min = (float(desc[0]), -float(desc[1]), float(desc[2]),
+                                            -float(desc[3]))  # fmt: skip
+        if fp_max != fp_min:
+            raise ValueError(
+                "StreamingMetrics.sync(): the processes were built with different settings "
+                "(task, n_bins, classwise, positive_class); build them identically."
+            )
+        if dim_max == 0:
+            return self  # no process has seen any data
+        if dim_min != dim_max:
+            what = "classes" if st.task == "multiclass" else "tasks"
+            raise ValueError(
+                f"StreamingMetrics.sync(): the processes saw different numbers of {what} "
+                f"({int(dim_min)} to {int(dim_max)}); every process must use the same model."
+            )
+        if not st.initialised:
+            if st.task == "multiclass":
+                st.num_classes = int(dim_max)
+            else:
+                st.num_tasks = int(dim_max)
+            st.allocate(dev)
+        # 2) one flat all-reduce of every sum
+        self._local = {k: v.clone() for k, v in st.tensors.items()}
+        keys = list(st.tensors)
+        flat = torch.cat([st.tensors[k].reshape(-1).to(dev) for k in keys])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        out, at = {}, 0
+        for k in keys:
+            v = st.tensors[k]
+            out[k] = flat[at : at + v.numel()].view(v.shape).to(v.device)
+            at += v.numel()
+        st.tensors = out
+        return self
+
+    def unsync(self) -> StreamingMetrics:
+        """Undo :meth:`sync`: restore this process's own sums (no-op if not synced)."""
+        if self._local is not None:
+            self._state.tensors = self._local
+            self._local = None
+        return self
+
     def merge(self, other: StreamingMetrics) -> StreamingMetrics:
         """Add the statistics of ``other`` (e.g. from another process) into ``self``."""
         if not isinstance(other, StreamingMetrics):
             raise ValueError(f"can only merge a StreamingMetrics, got {type(other).__name__}.")
+        self._local = None
         a, b = self._state, other._state
         if not b.initialised:
             return self
@@ -807,7 +1143,7 @@ class StreamingMetrics:
         if a.config() != b.config():
             raise ValueError(
                 f"cannot merge metric states with different settings: {a.config()} vs "
-                f"{b.config()} (task, n_bins, classwise, classes, tasks)."
+                f"{b.config()} (task, n_bins, classwise, positive_class, classes, tasks)."
             )
         if not a.initialised:
             a.tensors = {k: v.clone() for k, v in b.tensors.items()}
@@ -827,13 +1163,16 @@ class StreamingMetrics:
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Restore a state saved by :meth:`state_dict` with the same settings."""
         st = self._state
+        self._local = None
         if not state_dict:
             st.tensors = {}
             return
-        if st.task == "multiclass" and st.num_classes is None and st.classwise:
-            cw = [k for k in state_dict if k.startswith("cw_count_")]
-            if cw:
-                st.num_classes = int(state_dict[cw[0]].shape[1])
+        if st.task == "multiclass" and st.num_classes is None:
+            with_k = [k for k in state_dict if k.startswith("cw_count_")]
+            if with_k:
+                st.num_classes = int(state_dict[with_k[0]].shape[1])
+            elif st.positive is True or any(k.startswith("pos_count_") for k in state_dict):
+                st.num_classes = 2  # positive-class sums exist for two classes only
         if st.task == "multilabel" and st.num_tasks is None and "correct" in state_dict:
             st.num_tasks = int(state_dict["correct"].shape[0])
         expected = st.shapes()
@@ -842,7 +1181,7 @@ class StreamingMetrics:
             raise ValueError(
                 f"state_dict does not match this metric's settings: unexpected or missing keys "
                 f"{sorted(bad)[:6]}; build StreamingMetrics with the same task / n_bins / "
-                "classwise as the one that saved it."
+                "classwise / positive_class as the one that saved it."
             )
         for key, shape in expected.items():
             if tuple(state_dict[key].shape) != shape:
@@ -856,18 +1195,35 @@ class StreamingMetrics:
 
     def reset(self) -> None:
         """Forget every sample (keeps the settings and the device)."""
+        self._local = None
         for v in self._state.tensors.values():
             v.zero_()
 
     def to(self, device: str | torch.device) -> StreamingMetrics:
         """Move the state tensors to ``device`` (they start where the first batch lives)."""
         self._state.tensors = {k: v.to(device) for k, v in self._state.tensors.items()}
+        if self._local is not None:
+            self._local = {k: v.to(device) for k, v in self._local.items()}
         return self
 
 
+def _comm_device(dist: Any, group: Any, state: _State) -> torch.device:
+    """Where the all-reduce runs, decided from the backend alone (the same on every rank).
+
+    CPU when the backend includes gloo (also ``"cpu:gloo,cuda:nccl"``), the current CUDA
+    device for NCCL alone; for other backends, where the state lives.
+    """
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend:
+        return torch.device("cpu")
+    if "nccl" in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return state.tensors["n"].device if state.initialised else torch.device("cpu")
+
+
 def reliability_bins(
-    logits: Any,
-    labels: Any,
+    logits: Any = None,
+    labels: Any = None,
     *,
     n_bins: int = 15,
     task: str = "multiclass",
@@ -878,16 +1234,16 @@ def reliability_bins(
     Parameters
     ----------
     logits, labels, task, probs
-        As in :func:`evaluate`.
+        As in :func:`evaluate` (exactly one of ``logits`` and ``probs``).
     n_bins : int
         Number of equal-width bins ``B`` (last bin closed, as in :func:`evaluate`).
 
     Returns
     -------
     dict of str to ndarray
-        ``count`` (samples per bin), ``confidence`` (mean confidence, NaN where empty),
-        ``accuracy`` (fraction correct, NaN where empty), each of shape (B,) -- (T, B) for
-        multilabel -- and ``edges`` of shape (B + 1,).
+        ``count`` (samples per bin), ``confidence`` (mean top-label confidence, NaN where
+        empty), ``accuracy`` (fraction correct, NaN where empty), each of shape (B,) --
+        (T, B) for multilabel -- and ``edges`` of shape (B + 1,).
         Then ``ece = nansum(count * |accuracy - confidence|) / count.sum()``.
 
     Examples
@@ -906,7 +1262,9 @@ def reliability_bins(
     b = int(n_bins)
     scores, y, is_prob = _check_tensors(logits, labels, probs, task)
     state = _State(task=task, n_bins=(b,), classwise=False, num_classes=None, num_tasks=None)
-    _update(state, scores, y, is_prob=is_prob)
+    with warnings.catch_warnings():  # a zero true-class probability only matters to the NLL
+        warnings.filterwarnings("ignore", message=r".*true class probability 0")
+        _update(state, scores, y, is_prob=is_prob)
     s = {k: v.cpu().numpy() for k, v in state.tensors.items()}
     count = s[f"count_{b}"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -920,75 +1278,300 @@ def reliability_bins(
 
 
 # --------------------------------------------------------------------------------------
+# torchmetrics adapter (torchmetrics is imported here only, on first use)
+# --------------------------------------------------------------------------------------
+
+_TORCHMETRIC_CLASS: type | None = None
+
+
+def _torchmetric_class() -> type:
+    """Build (once) the ``torchmetrics.Metric`` subclass ``CalibrationMetric``."""
+    global _TORCHMETRIC_CLASS
+    if _TORCHMETRIC_CLASS is not None:
+        return _TORCHMETRIC_CLASS
+    try:
+        import torchmetrics
+    except ImportError as err:  # an optional dependency
+        raise ImportError(
+            "cogcal.metrics.CalibrationMetric / as_torchmetric need torchmetrics: "
+            "pip install torchmetrics (or use StreamingMetrics, which needs nothing more)."
+        ) from err
+
+    class CalibrationMetric(torchmetrics.Metric):
+        """:func:`evaluate` as a ``torchmetrics.Metric`` (sum states, DDP-ready).
+
+        Every state is a float64 sum with ``dist_reduce_fx="sum"``, so torchmetrics'
+        own synchronisation (on ``compute``, or ``sync_dist`` in Lightning) gives the
+        metrics of every process's samples. The state shapes are fixed at construction:
+        ``num_classes`` is required for multiclass, ``task_names`` or ``num_tasks`` for
+        multilabel. ``compute()`` returns a dict of 0-d float64 tensors with the keys of
+        :func:`evaluate`.
+
+        Parameters
+        ----------
+        task, n_bins, classwise, positive_class, eps, task_names
+            As in :func:`evaluate` (width bins only).
+        num_classes : int
+            K, required for ``task="multiclass"``.
+        num_tasks : int
+            T for ``task="multilabel"`` (or give ``task_names``).
+        input_type : {"logits", "probs"}
+            What ``update(preds, target)`` receives.
+        **kwargs
+            Passed to ``torchmetrics.Metric`` (e.g. ``sync_on_compute``).
+        """
+
+        is_differentiable = False
+        higher_is_better = None
+        full_state_update = False
+
+        def __init__(
+            self,
+            *,
+            task: str = "multiclass",
+            num_classes: int | None = None,
+            num_tasks: int | None = None,
+            task_names: Sequence[str] | None = None,
+            n_bins: int | Sequence[int] = DEFAULT_N_BINS,
+            classwise: bool = False,
+            positive_class: bool | None = None,
+            input_type: str = "logits",
+            eps: float | None = None,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(**kwargs)
+            task = check_task(task)
+            bins = _check_n_bins(n_bins)
+            if input_type not in ("logits", "probs"):
+                raise ValueError(f"`input_type` must be 'logits' or 'probs', got {input_type!r}.")
+            eps = _check_eps(eps)
+            if eps is not None and input_type != "probs":
+                raise ValueError("`eps` applies to input_type='probs' only.")
+            num_classes = _check_num_classes(num_classes)
+            if task == "multiclass" and num_classes is None:
+                raise ValueError(
+                    "`num_classes` is required for task='multiclass': torchmetrics states "
+                    "need fixed shapes (e.g. as_torchmetric(task='multiclass', num_classes=10))."
+                )
+            if task != "multiclass" and num_classes is not None:
+                raise ValueError("`num_classes` applies to task='multiclass' only.")
+            names = None
+            if task == "multilabel":
+                if task_names is None and num_tasks is None:
+                    raise ValueError(
+                        "task='multilabel' needs `task_names` or `num_tasks`: torchmetrics "
+                        "states need fixed shapes."
+                    )
+                if num_tasks is not None and (
+                    isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1
+                ):
+                    raise ValueError(f"`num_tasks` must be a positive integer, got {num_tasks!r}.")
+                t = len(list(task_names)) if task_names is not None else num_tasks
+                if num_tasks is not None and t != num_tasks:
+                    raise ValueError(f"`task_names` has {t} names but `num_tasks` is {num_tasks}.")
+                names = _check_task_names(task_names, t)
+                num_tasks = t
+            elif task_names is not None or num_tasks is not None:
+                raise ValueError("`task_names` / `num_tasks` apply to task='multilabel' only.")
+            self.task = task
+            self.input_type = input_type
+            self.eps = eps
+            self._names = names
+            self._cc = _State(
+                task=task,
+                n_bins=bins,
+                classwise=bool(classwise),
+                num_classes=num_classes,
+                num_tasks=num_tasks,
+                positive=_check_positive_class(positive_class, task),
+            )
+            self._cc.allocate(torch.device("cpu"))
+            self._cc_keys = list(self._cc.tensors)
+            for key, value in self._cc.tensors.items():
+                self.add_state(f"stat_{key}", default=value, dist_reduce_fx="sum")
+
+        def _bind(self) -> _State:
+            # torchmetrics replaces the state tensors on reset / to / sync: look them up
+            self._cc.tensors = {k: getattr(self, f"stat_{k}") for k in self._cc_keys}
+            return self._cc
+
+        def update(self, preds: Any, target: Any) -> None:
+            """Add a batch of logits (or probabilities, see ``input_type``) and labels."""
+            logits, probs = (preds, None) if self.input_type == "logits" else (None, preds)
+            scores, y, is_prob = _check_tensors(logits, target, probs, self.task, self.eps)
+            _update(self._bind(), scores, y, is_prob=is_prob, eps=self.eps)
+
+        def compute(self) -> dict[str, torch.Tensor]:
+            """The metrics of :func:`evaluate`, as 0-d float64 tensors."""
+            out = _compute(self._bind(), self._names)
+            return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
+
+    CalibrationMetric.__module__ = __name__  # picklable as cogcal.metrics.CalibrationMetric
+    CalibrationMetric.__qualname__ = "CalibrationMetric"
+    _TORCHMETRIC_CLASS = CalibrationMetric
+    return CalibrationMetric
+
+
+def as_torchmetric(**kwargs: Any) -> Any:
+    """A ``torchmetrics.Metric`` computing :func:`evaluate`'s metrics (needs torchmetrics).
+
+    The class is ``cogcal.metrics.CalibrationMetric`` (built on first access; torchmetrics
+    is only imported then). Its states are float64 sums reduced with ``"sum"``, so it
+    works under DDP with torchmetrics' own synchronisation, in a ``MetricCollection``
+    and with Lightning's ``self.log_dict``.
+
+    Parameters
+    ----------
+    **kwargs
+        ``task``, ``num_classes`` (required for multiclass), ``num_tasks`` or
+        ``task_names`` (multilabel), ``n_bins``, ``classwise``, ``positive_class``,
+        ``input_type`` ("logits" or "probs"), ``eps``, and ``torchmetrics.Metric``
+        options such as ``sync_on_compute``.
+
+    Returns
+    -------
+    CalibrationMetric
+        A fresh metric; ``update(preds, target)``, ``compute()`` (a dict of 0-d tensors),
+        ``reset()``, ``forward``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = as_torchmetric(task="multiclass", num_classes=3, n_bins=10)
+    >>> m.update(torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), torch.tensor([0, 2]))
+    >>> out = m.compute()
+    >>> sorted(out), float(out["acc"])
+    (['acc', 'brier', 'ece_10', 'mce_10', 'nll', 'rmsce_10'], 0.5)
+    """
+    return _torchmetric_class()(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CalibrationMetric":
+        return _torchmetric_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------
 # OOD detection
 # --------------------------------------------------------------------------------------
 
 
-def _check_ood_logits(x: Any, name: str, task: str) -> torch.Tensor:
+def _check_ood_task(task: str) -> str:
+    if task not in ("multiclass", "binary"):
+        raise ValueError(
+            f"`task` must be 'multiclass' or 'binary' for OOD detection, got {task!r}; for "
+            "multi-label outputs evaluate each task with task='binary'."
+        )
+    return task
+
+
+def _check_score(score: str) -> str:
+    if score not in _OOD_SCORES:
+        raise ValueError(
+            f"`score` must be one of {', '.join(map(repr, _OOD_SCORES))}, got {score!r}."
+        )
+    return score
+
+
+def _ood_input(
+    logits: Any, probs: Any, names: tuple[str, str], task: str, score: str
+) -> tuple[torch.Tensor, bool]:
+    """(N, K) logits or probabilities of one side of an OOD comparison, and ``is_prob``.
+
+    A binary logit ``z`` is the 2-class problem with logits ``(0, z)``; a binary
+    probability ``p`` the probabilities ``(1 - p, p)``.
+    """
+    lname, pname = names
+    if (logits is None) == (probs is None):
+        raise ValueError(
+            f"pass exactly one of `{lname}` and `{pname}`: got "
+            + ("both" if logits is not None else "neither")
+            + "; probabilities are never guessed from the values."
+        )
+    is_prob = probs is not None
+    name = pname if is_prob else lname
+    x = probs if is_prob else logits
+    if is_prob and score == "energy":
+        raise ValueError(
+            "score='energy' (log-sum-exp of the logits) needs logits: pass "
+            f"`{lname}` instead of `{pname}`, or use score='msp' / 'entropy'."
+        )
     if task == "multiclass":
         z = as_float_tensor(x, name, 2)
         if z.shape[1] < 2:
-            raise ValueError(
-                f"`{name}` has {z.shape[1]} column(s); multiclass OOD scores need K >= 2 "
-                "columns. For one logit per sample use task='binary'."
+            raise input_error(
+                name,
+                f"has shape {tuple(z.shape)} ({z.shape[1]} column)",
+                "K >= 2 columns for multiclass OOD scores",
+                "For one score per sample use task='binary'.",
             )
-        return z
-    z = as_float_tensor(x, name, (1, 2))
-    if z.ndim == 2:
-        if z.shape[1] != 1:
-            raise ValueError(
-                f"binary `{name}` must have shape (N,) or (N, 1), got {tuple(z.shape)}."
-            )
-        z = z[:, 0]
-    # a binary logit z is the 2-class problem with logits (0, z)
-    return torch.stack([torch.zeros_like(z), z], dim=1)
+    else:
+        z = as_float_tensor(x, name, (1, 2))
+        if z.ndim == 2:
+            if z.shape[1] != 1:
+                raise input_error(
+                    name, f"has shape {tuple(z.shape)}", "shape (N,) or (N, 1) for binary"
+                )
+            z = z[:, 0]
+    if is_prob:
+        _check_probs(z if z.ndim == 2 else z[:, None], name, rows=z.ndim == 2)
+    elif z.ndim == 2:
+        _warn_if_probabilities(z, name, pname, rows=True)
+    if z.ndim == 1:
+        z = z.double()
+        z = torch.stack([1.0 - z, z], 1) if is_prob else torch.stack([torch.zeros_like(z), z], 1)
+    return z, is_prob
 
 
-def ood_scores(logits: Any, *, score: str = "msp", task: str = "multiclass") -> torch.Tensor:
+def _score(z: torch.Tensor, score: str, is_prob: bool) -> torch.Tensor:
+    """Per-sample float64 score of (N, K) logits or probabilities."""
+    if is_prob:
+        p = z.double()
+        return p.amax(1) if score == "msp" else torch.xlogy(p, p).sum(1)
+    if score == "msp":
+        return torch.log_softmax(z, dim=1, dtype=torch.float64).amax(1).exp()
+    if score == "energy":
+        return torch.logsumexp(z.double(), dim=1)
+    logp = torch.log_softmax(z, dim=1, dtype=torch.float64)
+    return (logp.exp() * logp).sum(1)
+
+
+def ood_scores(
+    logits: Any = None, *, score: str = "msp", task: str = "multiclass", probs: Any = None
+) -> torch.Tensor:
     r"""Per-sample OOD scores, higher meaning more in-distribution.
 
     Parameters
     ----------
-    logits : Tensor or ndarray, shape (N, K), or (N,) / (N, 1) for ``task="binary"``
+    logits : array-like, shape (N, K), or (N,) / (N, 1) for ``task="binary"``
         Logits (a binary logit ``z`` is treated as the 2-class logits ``(0, z)``).
     score : {"msp", "energy", "entropy"}
         ``msp``: maximum softmax probability :math:`\max_k p_k`; ``energy``: the negative
-        free energy :math:`\log\sum_k e^{z_k}` (temperature 1); ``entropy``: the negative
-        entropy :math:`\sum_k p_k \log p_k`.
+        free energy :math:`\log\sum_k e^{z_k}` (temperature 1, logits only);
+        ``entropy``: the negative entropy :math:`\sum_k p_k \log p_k` (with
+        :math:`0 \log 0 = 0`).
     task : {"multiclass", "binary"}
         Kind of problem.
+    probs : array-like, optional
+        Probabilities instead of logits ((N, K) rows summing to 1, or ``P(y = 1)`` of
+        shape (N,) for binary); ``msp`` and ``entropy`` only.
 
     Returns
     -------
     Tensor, shape (N,)
-        float64 scores (computed in float32, or float64 for float64 input).
+        float64 scores (computed in float64 whatever the input dtype).
 
     Examples
     --------
     >>> import torch
     >>> ood_scores(torch.tensor([[0.0, 0.0], [4.0, 0.0]]), score="msp").tolist()
-    [0.5, 0.9820137619972229]
+    [0.5, 0.9820137900379085]
     """
-    if score not in _OOD_SCORES:
-        raise ValueError(
-            f"`score` must be one of {', '.join(map(repr, _OOD_SCORES))}, got {score!r}."
-        )
-    if task not in ("multiclass", "binary"):
-        raise ValueError(
-            f"`task` must be 'multiclass' or 'binary' for OOD scores, got {task!r}; for "
-            "multi-label outputs score each task with task='binary'."
-        )
-    z = _check_ood_logits(logits, "logits", task)
-    return _score(z.to(_work_dtype(z)), score).double()
-
-
-def _score(z: torch.Tensor, score: str) -> torch.Tensor:
-    if score == "msp":
-        return torch.softmax(z, dim=1).amax(1)
-    if score == "energy":
-        return torch.logsumexp(z, dim=1)
-    logp = torch.log_softmax(z, dim=1)
-    return (logp.exp() * logp).sum(1)
+    score = _check_score(score)
+    task = _check_ood_task(task)
+    z, is_prob = _ood_input(logits, probs, ("logits", "probs"), task, score)
+    return _score(z, score, is_prob)
 
 
 def _auroc(pos: torch.Tensor, neg: torch.Tensor) -> float:
@@ -1009,21 +1592,31 @@ def _fpr_at_tpr95(pos: torch.Tensor, neg: torch.Tensor) -> float:
 
 
 def ood(
-    id_logits: Any, ood_logits: Any, *, score: str = "msp", task: str = "multiclass"
+    id_logits: Any = None,
+    ood_logits: Any = None,
+    *,
+    score: str = "msp",
+    task: str = "multiclass",
+    id_probs: Any = None,
+    ood_probs: Any = None,
 ) -> dict[str, float]:
     r"""OOD detection quality of a score: AUROC and FPR at 95% TPR (ID = positive class).
 
     Parameters
     ----------
-    id_logits : Tensor or ndarray, shape (N, K)
+    id_logits : array-like, shape (N, K)
         Logits on in-distribution data (the positive class).
-    ood_logits : Tensor or ndarray, shape (M, K)
+    ood_logits : array-like, shape (M, K)
         Logits on out-of-distribution data (the negative class); same K.
     score : {"msp", "energy", "entropy"}
-        The score, higher = more in-distribution (see :func:`ood_scores`); SPEC default
-        ``"msp"``.
+        The score, higher = more in-distribution (see :func:`ood_scores`); default
+        ``"msp"`` (docs/method.md §3).
     task : {"multiclass", "binary"}
         Kind of problem (binary: logits of shape (N,) or (N, 1)).
+    id_probs, ood_probs : array-like, optional
+        Probabilities instead of logits, side by side: for each side pass exactly one of
+        the logits and the probabilities. ``msp`` and ``entropy`` only (``energy`` needs
+        logits).
 
     Returns
     -------
@@ -1032,7 +1625,8 @@ def ood(
 
     Notes
     -----
-    With ID scores :math:`s_i` (``i = 1..N``) and OOD scores :math:`u_j` (``j = 1..M``):
+    With ID scores :math:`s_i` (``i = 1..N``) and OOD scores :math:`u_j` (``j = 1..M``),
+    computed in float64:
 
     .. math::
 
@@ -1059,22 +1653,16 @@ def ood(
     >>> ood(id_logits, ood_logits)
     {'auroc': 0.9166666666666666, 'fpr95': 0.5}
     """
-    if score not in _OOD_SCORES:
-        raise ValueError(
-            f"`score` must be one of {', '.join(map(repr, _OOD_SCORES))}, got {score!r}."
-        )
-    if task not in ("multiclass", "binary"):
-        raise ValueError(
-            f"`task` must be 'multiclass' or 'binary' for OOD detection, got {task!r}; for "
-            "multi-label outputs evaluate each task with task='binary'."
-        )
-    zi = _check_ood_logits(id_logits, "id_logits", task)
-    zo = _check_ood_logits(ood_logits, "ood_logits", task)
+    score = _check_score(score)
+    task = _check_ood_task(task)
+    zi, pi = _ood_input(id_logits, id_probs, ("id_logits", "id_probs"), task, score)
+    zo, po = _ood_input(ood_logits, ood_probs, ("ood_logits", "ood_probs"), task, score)
     if zi.shape[1] != zo.shape[1]:
+        a, b = ("id_probs" if pi else "id_logits"), ("ood_probs" if po else "ood_logits")
         raise ValueError(
-            f"`id_logits` has {zi.shape[1]} classes but `ood_logits` has {zo.shape[1]}; both "
-            "must be outputs of the same model."
+            f"`{a}` has {zi.shape[1]} classes but `{b}` has {zo.shape[1]}; both must be "
+            "outputs of the same model."
         )
-    si = _score(zi.to(_work_dtype(zi)), score).double().cpu()
-    so = _score(zo.to(_work_dtype(zo)), score).double().cpu()
+    si = _score(zi, score, pi).cpu()
+    so = _score(zo, score, po).cpu()
     return {"auroc": _auroc(si, so), "fpr95": _fpr_at_tpr95(si, so)}
