@@ -117,6 +117,7 @@ def test_resuming_a_copied_run_without_its_config_is_refused(data_root, tmp_path
     assert main([*argv, "--resume", "--method", "cog-ms", "--model", "cnn1d"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "--out" in err
+    assert "no config.json written by cogcal" in err
 
 
 @pytest.mark.parametrize(

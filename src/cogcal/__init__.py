@@ -2,12 +2,31 @@
 
 Train a neural-network classifier and its calibrator together, in the same forward
 and backward pass, the calibrator on a slower learning rate.
+
+``import cogcal`` loads the core only (torch and numpy): :class:`CalibratedModel`, the
+calibrators, losses and metrics. :func:`fit` (the recipe on your own model and data) and
+:func:`load_run` (a finished run as a model) load the training layer when first used.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import Any
+
+__version__ = "0.2.0"
 
 from cogcal.cog import CalibratedModel, find_classifier
 
-__all__ = ["CalibratedModel", "find_classifier", "__version__"]
+__all__ = ["CalibratedModel", "find_classifier", "fit", "load_run", "__version__"]
+
+_LAZY = {"fit": "cogcal.train.fit", "load_run": "cogcal.train.assemble"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'cogcal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

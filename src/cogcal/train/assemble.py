@@ -32,7 +32,15 @@ from cogcal.train.loop import load_checkpoint
 from cogcal.train.methods import Method, get_method
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 
-__all__ = ["FrozenBodyHead", "LoadedRun", "load_run", "posthoc_calibrator", "stage1_model"]
+__all__ = [
+    "FrozenBodyHead",
+    "LoadedRun",
+    "final_model",
+    "load_run",
+    "posthoc_calibrator",
+    "stage1_model",
+    "stage2_model",
+]
 
 
 class FrozenBodyHead(nn.Module):
@@ -98,6 +106,33 @@ def posthoc_calibrator(kind: str, task: str) -> nn.Module:
     if task == "multilabel":
         return TaskTemperature() if kind == "ts" else TaskAffine()
     return {"ts": Temperature, "vs": VectorScaling, "ms": MatrixScaling}[kind]()
+
+
+def final_model(
+    method: Method,
+    network: nn.Module,
+    stage1: nn.Module,
+    *,
+    task: str,
+    head: nn.Module | None = None,
+    calibrator: nn.Module | None = None,
+) -> CalibratedModel:
+    """The trained model as one :class:`~cogcal.CalibratedModel` predicting what the run
+    evaluates: the stage-1 ``CalibratedModel`` for COG methods; the network with the fitted
+    post-hoc ``calibrator`` appended; the network with the TST / V-TST ``head`` in place of
+    its final linear layer; or the network itself (its final layer as the ``"fc"``
+    calibrator) for the train-time baselines."""
+    if method.cog:
+        assert isinstance(stage1, CalibratedModel)
+        return stage1
+    if method.stage2:
+        model = CalibratedModel(network, calibrator="tst")
+        parent, _, leaf = (model.classifier_name or "").rpartition(".")
+        setattr(network.get_submodule(parent) if parent else network, leaf, head)
+        return model
+    if method.posthoc:
+        return CalibratedModel(network, calibrator=calibrator, task=task)
+    return CalibratedModel(network, calibrator="fc", task=task)
 
 
 @dataclass
@@ -180,24 +215,22 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
     task = saved.get("task", "multiclass")
     network = create_model(model_name, num_classes=num_classes, input_shape=input_shape)
     try:
+        state = _final_state(folder, which)
         if method.stage2:
-            final = stage2_model(method, network, num_classes)
-            final.load_state_dict(_final_state(folder, which))
-            model = CalibratedModel(network, calibrator="tst")
-            network.head = final.head  # the trained TST / V-TST head, in the final layer's place
+            stage2 = stage2_model(method, network, num_classes)
+            stage2.load_state_dict(state)
+            model = final_model(method, network, network, task=task, head=stage2.head)
         else:
-            model = stage1_model(method, network, task)
-            state = _final_state(folder, which)
-            model.load_state_dict(state)
-            if not isinstance(model, CalibratedModel):
-                calibrator: Any = "fc"
-                if method.posthoc:
-                    calibrator = posthoc_calibrator(method.posthoc, task)
-                    calibrator.load_state_dict(
-                        torch.load(folder.path / "calibrator.pt", weights_only=True)
-                    )
-                    calibrator.requires_grad_(False)
-                model = CalibratedModel(network, calibrator=calibrator, task=task)
+            stage1 = stage1_model(method, network, task)
+            stage1.load_state_dict(state)
+            calibrator = None
+            if method.posthoc:
+                calibrator = posthoc_calibrator(method.posthoc, task)
+                calibrator.load_state_dict(
+                    torch.load(folder.path / "calibrator.pt", weights_only=True)
+                )
+                calibrator.requires_grad_(False)
+            model = final_model(method, network, stage1, task=task, calibrator=calibrator)
     except (RuntimeError, KeyError, FileNotFoundError) as err:
         raise RunFolderError(
             f"{folder.path}: the checkpoints do not fit the model its config.json describes "

@@ -112,7 +112,11 @@ class TrainConfig:
         ),
     )
     model: str | None = field(
-        default=None, metadata=_opt("backbone name (default: the dataset's)", metavar="NAME")
+        default=None,
+        metadata=_opt(
+            "backbone name (default: the dataset's; python:NAME: a model given to cogcal.fit)",
+            metavar="NAME",
+        ),
     )
     method: str = field(default="cog-fc", metadata=_opt("training method", metavar="NAME"))
     seed: int = field(
@@ -259,7 +263,7 @@ class TrainConfig:
             )
         if not _is_path_dataset(self.dataset):
             _check_name("dataset", self.dataset, list_datasets())
-        if self.model is not None:
+        if self.model is not None and not self.model.startswith("python:"):
             _check_name("model", self.model, list_models())
         _check_name("method", self.method, list_methods())
         method = get_method(self.method)

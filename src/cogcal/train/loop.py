@@ -350,9 +350,7 @@ def _validate(
         if channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         metrics.update(model(x).float(), y)
-    if fabric.world_size > 1:
-        state = {k: fabric.all_reduce(v, reduce_op="sum") for k, v in metrics.state_dict().items()}
-        metrics.load_state_dict(state)
+    metrics.sync()  # sums over processes (a no-op in a single process)
     return metrics.compute()
 
 

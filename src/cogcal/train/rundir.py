@@ -459,20 +459,21 @@ class RunDir:
                     "--resume.",
                 )
             return False
-        marked = self.is_marked()
-        if not marked:
+        if not self.is_marked():
             foreign = [e for e in sorted(p.name for p in path.iterdir()) if e != "run.log"]
-            if foreign:
-                raise RunFolderError(
-                    f"output folder {path} is not a cogcal run folder (no config.json written "
-                    f"by cogcal) and is not empty ({', '.join(foreign[:5])}); cogcal writes runs "
-                    "only into new or empty folders and never deletes files it did not write: "
-                    "choose another output folder."
+            if self.has_state():
+                why = (
+                    "holds checkpoints but no config.json written by cogcal, so what they "
+                    "were trained with cannot be checked"
                 )
-            if resume:
+            else:
+                why = f"is not a cogcal run folder and is not empty ({', '.join(foreign[:5])})"
+            if foreign or resume:
                 raise RunFolderError(
-                    f"`resume`: {path} holds no run to resume.",
-                    cli_message=f"--resume: {path} holds no run to resume.",
+                    f"`out` {path} {why}; cogcal writes runs only into new or empty folders and "
+                    "never deletes files it did not write: choose another `out`.",
+                    cli_message=f"--out {path} {why}; cogcal writes runs only into new or empty "
+                    "folders and never deletes files it did not write: choose another --out.",
                 )
             return False
         if overwrite:

@@ -35,7 +35,7 @@ from cogcal.cog import CalibratedModel
 from cogcal.data import BatchLoader, Dataset, load_dataset
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
-from cogcal.train.assemble import posthoc_calibrator, stage1_model, stage2_model
+from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.loop import NonFiniteLossError, Stage, deterministic, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
@@ -47,6 +47,7 @@ __all__ = [
     "EVAL_BATCH",
     "STAGE2_LR",
     "is_complete",
+    "execute",
     "predict_logits",
     "run",
     "tune",
@@ -176,14 +177,7 @@ def _check_multilabel(method: Method, source: DataSource) -> None:
         )
 
 
-def run(
-    config: TrainConfig,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    data: DataSource | None = None,
-    model: nn.Module | None = None,
-) -> dict[str, Any]:
+def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
     """Train, calibrate and evaluate one run; write everything into ``config.out``.
 
     ``resume`` continues an interrupted run in ``config.out`` from its last checkpoint (the
@@ -191,14 +185,28 @@ def run(
     Without either, a folder holding a finished or unfinished run is refused, and a folder
     cogcal did not write is never used unless empty (:meth:`RunDir.prepare`).
 
-    ``data`` and ``model`` replace the dataset and backbone named by ``config`` (this is
-    how :func:`cogcal.fit` trains the user's own model on the user's own data, through the
-    same loop, checks and files).
-
     Returns the content of ``metrics.json`` (:class:`~cogcal.train.rundir.RunRecord`):
     ``{"config", "val", "test", "ood", "shift", "unavailable", "timing", "status"}`` (plus
     ``"val_uncalibrated"`` for post-hoc methods); other processes of a multi-device run
     return ``{"status": "worker"}``. Files written: see :mod:`cogcal.train.rundir`.
+    """
+    return execute(config, resume=resume, overwrite=overwrite)[0]
+
+
+def execute(
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    data: DataSource | None = None,
+    model: nn.Module | None = None,
+) -> tuple[dict[str, Any], CalibratedModel | None]:
+    """:func:`run`, returning also the trained model (a :class:`~cogcal.CalibratedModel`
+    predicting the calibrated logits the run evaluated; None on processes other than 0).
+
+    ``data`` and ``model`` replace the dataset and backbone named by ``config`` (this is
+    how :func:`cogcal.fit` trains the user's own model on the user's own data, through the
+    same loop, checks and files).
     """
     method = get_method(config.method)
     fabric = _fabric(config)
@@ -280,7 +288,7 @@ def _train(
     network: nn.Module,
     resolved: dict[str, Any],
     resume: bool,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], CalibratedModel | None]:
     started = time.perf_counter()
     if config.channels_last:
         network = network.to(memory_format=torch.channels_last)
@@ -319,9 +327,10 @@ def _train(
     final: nn.Module = model
 
     # -- stage 2: TST / V-TST head on the frozen body -----------------------------------
+    stage2: nn.Module | None = None
     if method.stage2:
         torch.manual_seed(config.seed + 1)
-        final = stage2_model(method, network, source.num_classes)
+        final = stage2 = stage2_model(method, network, source.num_classes)
         fit(
             Stage(
                 "stage2", final, F.cross_entropy,
@@ -333,7 +342,7 @@ def _train(
         )  # fmt: skip
 
     if not fabric.is_global_zero:
-        return {"status": "worker"}  # other processes of a multi-device run: rank 0 reports
+        return {"status": "worker"}, None  # other processes of a multi-device run
 
     # -- predictions; post-hoc calibration on validation only ---------------------------
     device = fabric.device
@@ -393,7 +402,12 @@ def _train(
         folder.path / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy()
     )
     folder.write_record(record)
-    return record.to_dict()
+    trained = final_model(
+        method, network, model, task=source.task,
+        head=None if stage2 is None else stage2.head,
+        calibrator=calibrator if method.posthoc else None,
+    )  # fmt: skip
+    return record.to_dict(), trained.eval()
 
 
 def is_complete(out: str | Path) -> bool:

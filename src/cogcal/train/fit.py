@@ -1,0 +1,310 @@
+""":func:`cogcal.fit`: the paper's recipe on your own model and data, from Python.
+
+It builds a :class:`~cogcal.train.TrainConfig` and runs the same code as ``cogcal train``
+(:func:`cogcal.train.runner.execute`): the same loop, checks, checkpoints and errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from cogcal._errors import ArgumentError
+from cogcal.cog import CalibratedModel, find_classifier
+from cogcal.data import SPLIT_SEED, stratified_split
+from cogcal.train.config import TrainConfig
+from cogcal.train.runner import execute
+from cogcal.train.sources import EVAL_BATCH, LoaderSource
+
+__all__ = ["FitResult", "fit"]
+
+
+@dataclass
+class FitResult:
+    """What :func:`cogcal.fit` returns.
+
+    Attributes
+    ----------
+    model : CalibratedModel
+        The trained model in eval mode with the best-validation-Brier weights, predicting
+        calibrated logits (for post-hoc methods the fitted calibrator is appended).
+    metrics : dict
+        Validation metrics of ``model`` (``acc``, ``nll``, ``brier``, ``ece_15``, ...).
+    history : list of dict
+        One row per epoch and stage (learning rates, training loss, validation metrics).
+    out : Path or None
+        The run folder when ``out`` was given (a ``cogcal train`` run folder: resumable,
+        loadable with :func:`cogcal.load_run`).
+    config : TrainConfig
+        The configuration that ran.
+    validation : str
+        Where the validation data came from (given, or the split taken from the training
+        data).
+    """
+
+    model: CalibratedModel
+    metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    out: Path | None
+    config: TrainConfig
+    validation: str
+
+
+def _as_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, ValueError) as err:
+        raise ArgumentError(
+            f"`{name}` must be a tensor or an array, got {type(value).__name__} ({err})."
+        ) from None
+
+
+def _pair(data: Any, name: str, task: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(x, y)`` tensors from a pair or a TensorDataset; None for other kinds."""
+    if isinstance(data, TensorDataset):
+        if len(data.tensors) != 2:
+            raise ArgumentError(
+                f"`{name}` is a TensorDataset of {len(data.tensors)} tensors; expected 2 "
+                "(inputs, labels)."
+            )
+        data = data.tensors
+    if not isinstance(data, tuple | list) or isinstance(data, str):
+        return None
+    if len(data) != 2:
+        raise ArgumentError(
+            f"`{name}` must be a pair (x, y), a torch Dataset or a DataLoader; got a sequence "
+            f"of {len(data)} items."
+        )
+    x, y = _as_tensor(data[0], f"{name}[0]"), _as_tensor(data[1], f"{name}[1]")
+    if len(x) != len(y):
+        raise ArgumentError(
+            f"`{name}` has {len(x)} inputs but {len(y)} labels; they must describe the same "
+            "samples."
+        )
+    if len(x) == 0:
+        raise ArgumentError(f"`{name}` is empty.")
+    if x.is_floating_point() or x.dtype not in (torch.uint8, torch.int64, torch.int32):
+        x = x.float()
+    if task == "multiclass":
+        if y.is_floating_point() and not torch.equal(y, y.round()):
+            raise ArgumentError(
+                f"`{name}` labels must be class indices (integers); got fractional values. "
+                "For several binary targets per sample pass task='multilabel'."
+            )
+        if y.ndim != 1:
+            raise ArgumentError(
+                f"`{name}` labels must have shape (N,) with class indices, got "
+                f"{tuple(y.shape)}; for (N, T) 0/1 targets pass task='multilabel'."
+            )
+        y = y.long()
+    else:
+        if y.ndim != 2:
+            raise ArgumentError(f"`{name}` multi-label targets must have shape (N, T) of 0/1.")
+        y = y.long()
+    return x, y
+
+
+def _labels_of(dataset: Dataset) -> np.ndarray:
+    return np.asarray([int(dataset[i][1]) for i in range(len(dataset))])
+
+
+def fit(
+    model: nn.Module,
+    train_data: Any,
+    val_data: Any = None,
+    *,
+    method: str = "cog-fc",
+    epochs: int = 30,
+    lr: float | None = None,
+    calibrator_lr: float | None = None,
+    batch_size: int = 256,
+    out: str | Path | None = None,
+    val_fraction: float = 0.2,
+    task: str = "multiclass",
+    num_classes: int | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    **options: Any,
+) -> FitResult:
+    """Train ``model`` with the paper's recipe and a method of the registry.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Your network, producing logits (its final linear layer is found as in
+        :class:`~cogcal.CalibratedModel`). It is trained in place.
+    train_data, val_data
+        Each a pair ``(x, y)`` of tensors or arrays (the fast path), a
+        ``torch.utils.data.Dataset`` yielding ``(x, y)``, or a ``DataLoader`` (used as
+        given: its batch size, shuffling and workers). ``val_data=None`` takes a stratified
+        ``val_fraction`` of the training data (fixed seed) for validation, stated in
+        :attr:`FitResult.validation`. Validation data is used for checkpoint choice and, for
+        post-hoc methods, to fit the calibrator — never for the gradient steps of COG.
+    method : str
+        A method of the registry (``cogcal.train.list_methods()``), default ``"cog-fc"``.
+    epochs, lr, calibrator_lr, batch_size, seed
+        As in ``cogcal train`` (defaults: 1e-3 / 1e-4 for COG / other methods, λ_c = λ_f/10).
+    out : path, optional
+        A run folder to write (checkpoints, logs, metrics.json; resumable with
+        ``resume=True``). Without it, checkpoints live in a temporary folder.
+    task : {"multiclass", "multilabel"}
+        ``"multilabel"``: labels of shape (N, T) with 0/1 entries, one logit per task.
+    num_classes : int, optional
+        Outputs of the model; by default those of its final linear layer.
+    **options
+        Any other :class:`~cogcal.train.TrainConfig` field (``schedule``, ``step_size``,
+        ``patience``, ``stage2_epochs``, ``allow_fast_calibrator``, ``precision``, ...).
+
+    Returns
+    -------
+    FitResult
+
+    Examples
+    --------
+    >>> import torch, cogcal
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(600, 8, generator=g); y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    >>> net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    >>> result = cogcal.fit(net, (x, y), epochs=3, batch_size=64, progress=False)
+    >>> result.validation
+    'stratified 20% of train_data (120 samples, seed 20240917)'
+    >>> sorted(result.metrics)[:3], len(result.history)
+    (['acc', 'brier', 'ece_10'], 3)
+    """
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"`model` must be a torch nn.Module, got {type(model).__name__}.")
+    if task not in ("multiclass", "multilabel"):
+        raise ArgumentError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
+    if not 0 < val_fraction < 1:
+        raise ArgumentError(f"`val_fraction` must lie in (0, 1), got {val_fraction!r}.")
+    if options.get("devices", 1) != 1 or options.get("num_nodes", 1) != 1:
+        raise ArgumentError(
+            "cogcal.fit trains in one process; for several devices use `cogcal train` with "
+            "--devices/--strategy ddp, or CalibratedModel in your own distributed loop."
+        )
+    if num_classes is None:
+        try:
+            num_classes = find_classifier(model)[1].out_features
+        except ValueError:
+            raise ArgumentError(
+                "cannot tell the number of outputs of `model` (no final linear layer found); "
+                "pass num_classes=."
+            ) from None
+    train = _pair(train_data, "train_data", task)
+    val = _pair(val_data, "val_data", task) if val_data is not None else None
+    if val_data is None:
+        if isinstance(train_data, DataLoader):
+            raise ArgumentError(
+                "`val_data` is needed when `train_data` is a DataLoader (cogcal does not split "
+                "your loader); pass a validation loader or dataset."
+            )
+        labels = train[1].numpy() if train is not None else _labels_of(train_data)
+        if task == "multilabel":
+            labels = labels[:, 0]
+        keep, held = stratified_split(labels, val_fraction, seed=SPLIT_SEED)
+        validation = (
+            f"stratified {val_fraction:.0%} of train_data ({len(held)} samples, seed {SPLIT_SEED})"
+        )
+        if train is not None:
+            x, y = train
+            train, val = (x[keep], y[keep]), (x[held], y[held])
+        else:
+            train_data, val_data = (
+                Subset(train_data, keep.tolist()),
+                Subset(train_data, held.tolist()),
+            )
+    else:
+        validation = "val_data as given"
+    train_source = train if train is not None else _loader(train_data, batch_size, shuffle=True)
+    val_source = val if val is not None else _loader(val_data, EVAL_BATCH, shuffle=False)
+    for name, pair in (("train_data", train_source), ("val_data", val_source)):
+        if isinstance(pair, tuple) and task == "multiclass":
+            top = int(pair[1].max())
+            if int(pair[1].min()) < 0 or top >= num_classes:
+                raise ArgumentError(
+                    f"`{name}` has labels outside 0..{num_classes - 1} (found {top}); the model "
+                    f"has {num_classes} outputs."
+                )
+    info = {
+        "source": "cogcal.fit",
+        "validation": validation,
+        "train_size": _size(train_source),
+        "val_size": _size(val_source),
+    }
+    if isinstance(train_source, tuple):
+        info["input_shape"] = list(train_source[0].shape[1:])
+    source = LoaderSource(
+        name="python",
+        task=task,
+        num_classes=num_classes,
+        train=train_source,
+        val=val_source,
+        class_names=[str(k) for k in range(num_classes)],
+        info=info,
+    )
+    with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
+        config = TrainConfig.from_dict(
+            {
+                "dataset": "python:data",
+                "model": f"python:{type(model).__name__}",
+                "method": method,
+                "epochs": epochs,
+                "lr": lr,
+                "calibrator_lr": calibrator_lr,
+                "batch_size": batch_size,
+                "seed": seed,
+                "out": str(out) if out is not None else str(Path(tmp) / "run"),
+                "progress": progress,
+                **options,
+            }
+        )
+        record, trained = execute(
+            config, resume=resume, overwrite=overwrite, data=source, model=model
+        )
+        history = []
+        folder = Path(config.out)
+        for stage in ("stage1", "stage2"):
+            log = folder / "logs" / f"{stage}.csv"
+            if log.is_file():
+                with log.open(newline="") as f:
+                    history += [{"stage": stage, **_numbers(row)} for row in csv.DictReader(f)]
+    return FitResult(
+        model=trained,
+        metrics=record["val"],
+        history=history,
+        out=Path(out) if out is not None else None,
+        config=config,
+        validation=validation,
+    )
+
+
+def _numbers(row: dict[str, str]) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items() if v not in ("", None)}
+
+
+def _size(data: Any) -> int:
+    if isinstance(data, tuple):
+        return len(data[0])
+    return len(data.dataset)  # type: ignore[arg-type]
+
+
+def _loader(data: Any, batch_size: int, *, shuffle: bool) -> DataLoader:
+    if isinstance(data, DataLoader):
+        return data
+    if isinstance(data, Dataset):
+        return DataLoader(data, batch_size=batch_size, shuffle=shuffle)
+    raise ArgumentError(
+        f"data must be a pair (x, y), a torch Dataset or a DataLoader; got {type(data).__name__}."
+    )
