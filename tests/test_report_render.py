@@ -257,6 +257,8 @@ def test_overview_budgets_counts_and_failures(tmp_path):
     )
     paper = md.split("**mnist1d — paper protocol (Tab. 2 style)**")[1].split("<a id=")[0]
     assert "Grid edge" not in paper
+    shift = md.split("**mnist1d — fair: covariate shift, all conditions")[1].split("<a id=")[0]
+    assert "Grid edge: fair/mnist1d ce" in shift  # under every fair/mnist1d table it affects
 
 
 def test_report_from_results_csv_alone(tmp_path):

@@ -121,6 +121,11 @@ def test_ood_table_values_and_bold():
         bold = [r[0].text for r in t.rows if r[col].bold]
         assert bold == ["cog-ts"], (t.header[col], bold)  # best AUROC and lowest FPR95
     assert _row_of(t, "cog-ts")[-1].text == "1.00" and _row_of(t, "cog-ts")[-1].bold
+    short = make_df()
+    short = short[~((short["method"] == "ts") & (short["seed"] == 2))]
+    cells = {r[0].text: r for r in ood_table(short, "d", "paper").rows}
+    assert cells["ts"][1].text == "0.600 ± 0.000 (2 of 3 seeds)"
+    assert cells["ce"][1].text == "0.800 ± 0.100"
     assert ood_table(make_df(), "d", "fair") is None
     assert ood_table(make_df(), "other", "paper") is None
 

@@ -299,15 +299,11 @@ def section_complexity(ctx: BenchContext) -> Section | None:
 
 
 def section_comparison(ctx: BenchContext) -> Section | None:
-    """One Tab. 2 table per protocol and dataset; grid-edge notes under each."""
+    """One Tab. 2 table per protocol and dataset."""
     sec = Section("Comparison of all methods", key="comparison")
     for p in ctx.protocols:
         for ds in ctx.datasets:
-            table = T.comparison_table(ctx.results, ds, p, plan=ctx.plan)
-            if table is not None:
-                methods = [r[0].text for r in table.rows]
-                table.notes += edge_notes(ctx.tuning, p, ds, methods)
-            _add(sec.blocks, table)
+            _add(sec.blocks, T.comparison_table(ctx.results, ds, p, plan=ctx.plan))
     return sec if sec.blocks else None
 
 
@@ -453,6 +449,39 @@ SECTIONS: tuple[Callable[[BenchContext], Section | None], ...] = (
 )
 
 
+#: Tables of one protocol and dataset, by the start of their key, whose methods a tuned
+#: choice at a grid edge affects (their first column names the methods).
+EDGE_TABLES: tuple[str, ...] = ("comparison", "mtl", "ood", "shift")
+
+
+def _tables(blocks: list[Any]) -> list[Table]:
+    out: list[Table] = []
+    for block in blocks:
+        if isinstance(block, Table):
+            out.append(block)
+        elif isinstance(block, Section):
+            out += _tables(block.blocks)
+    return out
+
+
+def annotate_edges(sections: list[Section], ctx: BenchContext) -> None:
+    """Add, under every protocol/dataset table (:data:`EDGE_TABLES`), a note for each tuned
+    choice at a grid edge that one of the table's methods uses."""
+    if ctx.tuning is None or ctx.tuning.empty:
+        return
+    keys = {
+        f"{kind}-{slug(p)}-{slug(ds)}": (p, ds)
+        for kind in EDGE_TABLES
+        for p in set(ctx.tuning["protocol"])
+        for ds in set(ctx.tuning["dataset"])
+    }
+    for table in _tables(list(sections)):
+        if table.key in keys:
+            protocol, dataset = keys[table.key]
+            methods = [row[0].text for row in table.rows]
+            table.notes += edge_notes(ctx.tuning, protocol, dataset, methods)
+
+
 def build_report(results_dir: str | Path) -> Path:
     """Rebuild ``report.md``, ``report.html`` and ``figures/`` of a bench folder.
 
@@ -473,6 +502,7 @@ def build_report(results_dir: str | Path) -> Path:
     """
     ctx = load_context(results_dir)
     sections = [s for builder in SECTIONS if (s := builder(ctx)) is not None]
+    annotate_edges(sections, ctx)
     title = "cogcal bench report"
     suite = (ctx.meta or {}).get("suite")
     if isinstance(suite, dict) and suite.get("name"):

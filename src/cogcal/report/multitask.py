@@ -20,7 +20,14 @@ from cogcal.report._common import check_results_frame, is_cog, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, rows
-from cogcal.report.tables import _LABELS, _cell, _method_order, comparison_table, fmt
+from cogcal.report.tables import (
+    _LABELS,
+    FEWER_SEEDS_NOTE,
+    _cell,
+    _method_order,
+    comparison_table,
+    stat_text,
+)
 
 __all__ = [
     "MTL_METRICS",
@@ -151,7 +158,8 @@ def per_task_table(
     order = task_difficulty(df, dataset, protocol, split=split)
     order += sorted(set(map(str, d["task"])) - set(order))
     stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method"))
-    cell = {(r.task, r.method): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.task, r.method): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = int(stats["n"].max())
     methods = _method_order(list(stats["method"].unique()))
     hib = metric in HIGHER_IS_BETTER
     table_rows = []
@@ -161,9 +169,9 @@ def per_task_table(
         best = (max if hib else min)(vals) if vals else None
         row = [_cell(task)]
         for m in methods:
-            mean, std = cell.get((task, m), (np.nan, np.nan))
+            mean, std, n = cell.get((task, m), (np.nan, np.nan, 0))
             ok = np.isfinite(mean)
-            row.append(_cell(fmt(mean, std) if ok else "—", ok and np.isclose(mean, best)))
+            row.append(_cell(stat_text(mean, std, n, most), ok and np.isclose(mean, best)))
         table_rows.append(row)
     label = _LABELS.get(metric, metric)
     return Table(
@@ -173,7 +181,8 @@ def per_task_table(
         [
             "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
             "sample std over seeds; best of each task in bold."
-        ],
+        ]
+        + ([FEWER_SEEDS_NOTE] if (stats["n"] < most).any() else []),
         f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
     )
 

@@ -139,7 +139,7 @@ def _html_inline(text: Text) -> str:
     )
 
 
-_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*$")
+_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*(\(\d+ of \d+ seeds?\))?$")
 
 
 def _html_cell(c: Cell) -> str:

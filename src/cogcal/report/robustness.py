@@ -23,7 +23,15 @@ from cogcal.report._common import check_results_frame, counterparts, is_cog, slu
 from cogcal.report.aggregate import HIGHER_IS_BETTER, Stat, compare, mean_std, summary_rank
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, blank, rows
-from cogcal.report.tables import _LABELS, SPREAD_WORDS, _cell, _method_order, fmt
+from cogcal.report.tables import (
+    _LABELS,
+    FEWER_SEEDS_NOTE,
+    SPREAD_WORDS,
+    _cell,
+    _method_order,
+    fmt,
+    stat_text,
+)
 
 __all__ = [
     "OOD_METRICS",
@@ -119,7 +127,8 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
         return None
     sets = _ood_sets(d)
     stats = mean_std(d, by=("method", "condition", "metric"))
-    cell = {(r.method, r.condition, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.condition, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     methods = _method_order(list(d["method"].unique()))
     columns = [
         (s, m)
@@ -146,9 +155,9 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     for me in methods:
         row = [_cell(me)]
         for col in columns:
-            mean, std = cell.get((me, *col), (np.nan, np.nan))
+            mean, std, n = cell.get((me, *col), (np.nan, np.nan, 0))
             bold = best[col] is not None and np.isfinite(mean) and np.isclose(mean, best[col])
-            row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
+            row.append(_cell(stat_text(mean, std, n, most), bold))
         r = mean_rank.get(me, np.nan)
         row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
         rows.append(row)
@@ -159,6 +168,8 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     ]
     if "pooled" in sets:
         notes.append("'pooled' scores every OOD set together against the in-distribution test set.")
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: OOD detection (Tab. 3 style)",
         header,
@@ -214,7 +225,8 @@ def shift_table(
     methods = _method_order(list(stats["method"].unique()))
     if rank_of:
         methods.sort(key=lambda m: np.inf if pd.isna(rank_of.get(m)) else rank_of[m])
-    cell = {(r.method, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     best = {m: _best({me: cell.get((me, m), (np.nan, 0))[0] for me in methods}, m) for m in shown}
     best_rank = min((v for v in rank_of.values() if not pd.isna(v)), default=np.nan)
     header = ["Method", *[_LABELS.get(m, m) for m in shown]] + (["Rank ↓"] if rank_of else [])
@@ -222,9 +234,9 @@ def shift_table(
     for me in methods:
         row = [_cell(me)]
         for m in shown:
-            mean, std = cell.get((me, m), (np.nan, np.nan))
+            mean, std, n = cell.get((me, m), (np.nan, np.nan, 0))
             bold = best[m] is not None and np.isfinite(mean) and np.isclose(mean, best[m])
-            row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
+            row.append(_cell(stat_text(mean, std, n, most), bold))
         if rank_of:
             r = rank_of.get(me, np.nan)
             row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
@@ -236,6 +248,8 @@ def shift_table(
         f"{_n_seeds(stats)} seed(s); best in bold. Rank = summary rank on these averages "
         "(Acc, NLL, Brier; 1 = best). Sorted by rank."
     ]
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)",
         header,
@@ -276,7 +290,8 @@ def shift_severity_table(
         return None
     stats = _severity_stats(d)
     shown = [m for m in metrics if m in set(stats["metric"])]
-    cell = {(r.method, r.severity, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.severity, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     methods = _method_order(list(stats["method"].unique()))
     rows = []
     for sev in sorted(stats["severity"].unique(), key=_sev_key):
@@ -287,14 +302,16 @@ def shift_severity_table(
         for me in methods:
             row = [_cell(sev), _cell(me)]
             for m in shown:
-                mean, std = cell.get((me, sev, m), (np.nan, np.nan))
+                mean, std, n = cell.get((me, sev, m), (np.nan, np.nan, 0))
                 bold = best[m] is not None and np.isfinite(mean) and np.isclose(mean, best[m])
-                row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
+                row.append(_cell(stat_text(mean, std, n, most), bold))
             rows.append(row)
     notes = [
         f"Per severity: mean over the condition(s) {', '.join(conds)} per seed, then mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best of each severity in bold."
     ]
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift per severity",
         ["Severity", "Method", *[_LABELS.get(m, m) for m in shown]],
