@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from cogcal.report.frame import aggregate
+from cogcal.report.frame import aggregate, rows
 
 __all__ = [
     "SPREAD_RULE",
@@ -168,7 +168,7 @@ def _cell_means(
 ) -> pd.DataFrame:
     """Wide table: one row per ``keys`` + method, one column per metric (mean over seeds)."""
     if metrics is not None:
-        df = df[df["metric"].isin(list(metrics))]
+        df = rows(df, metric=list(metrics))
     wide = df.pivot_table(
         index=[*keys, "method"], columns="metric", values="value", aggfunc="mean", dropna=False
     )
@@ -178,7 +178,7 @@ def _cell_means(
 
 def _rank_keys(df: pd.DataFrame, split: str | None) -> tuple[pd.DataFrame, list[str]]:
     if split is not None and "split" in df.columns:
-        df = df[df["split"] == split]
+        df = rows(df, split=split)
     keys = [c for c in ("dataset", "protocol") if c in df.columns]
     return df, keys
 

@@ -41,6 +41,7 @@ from cogcal.report.frame import (
     load_tuning,
     protocol_order,
     read_bench_json,
+    rows,
 )
 from cogcal.report.multitask import multitask_section
 from cogcal.report.overview import (
@@ -408,7 +409,7 @@ def section_robustness(ctx: BenchContext) -> Section | None:
     if not df["split"].isin(["ood", "shift"]).any():
         return None
     unavailable = {}
-    for ds in sorted(set(df.loc[df["split"].isin(["ood", "shift"]), "dataset"])):
+    for ds in sorted(set(rows(df, split=["ood", "shift"])["dataset"])):
         dirs = [p for _, p in ctx.run_dirs(dataset=ds)][:50]  # the sets depend on the data
         unavailable[ds] = unavailable_sets(dirs)
     return robustness_section(df, ctx.figdir, unavailable)

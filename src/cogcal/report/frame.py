@@ -45,6 +45,7 @@ from cogcal.report.schema import (
 
 __all__ = [
     "AGGREGATE",
+    "aggregate",
     "ANY",
     "INDIVIDUAL",
     "PROTOCOLS",

@@ -78,7 +78,7 @@ def task_difficulty(
         When there are no per-task rows of ``metric``.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"] == metric]
+    d = rows(d, metric=metric)
     if d.empty:
         raise ValueError(
             f"no per-task {metric!r} rows for dataset {dataset!r}, protocol {protocol!r}, "
@@ -152,7 +152,7 @@ def per_task_table(
     ``None`` when the dataset has no per-task rows of ``metric``.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"] == metric]
+    d = rows(d, metric=metric)
     if d.empty:
         return None
     order = task_difficulty(df, dataset, protocol, split=split)
@@ -214,7 +214,7 @@ def per_task_figure(
     from cogcal import _io
 
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"].isin(list(metrics))]
+    d = rows(d, metric=list(metrics))
     if d.empty or set(d["metric"]) != set(metrics):
         return None
     order = task_difficulty(df, dataset, protocol, split=split)
@@ -267,7 +267,7 @@ def wins_table(
         ``None`` without per-task rows or without both a COG variant and a baseline.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"].isin(list(better_on))]
+    d = rows(d, metric=list(better_on))
     if d.empty:
         return None
     methods = _method_order(list(d["method"].unique()))
@@ -334,7 +334,7 @@ def multitask_section(
         )
     )
     for dataset in datasets:
-        d = df[df["dataset"] == dataset]
+        d = rows(df, dataset=dataset)
         protocols = sorted(set(map(str, d["protocol"])), key=lambda p: (order.get(p, 2), p))
         for protocol in protocols:
             if per_task_rows(df, dataset, protocol).empty:

@@ -21,7 +21,7 @@ import pandas as pd
 
 from cogcal.report._common import method_order
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text, plain
-from cogcal.report.frame import SeedPlan, aggregate, protocol_order
+from cogcal.report.frame import SeedPlan, aggregate, protocol_order, rows
 from cogcal.report.tables import _cell
 
 __all__ = [
@@ -111,7 +111,7 @@ def budget_table(meta: Mapping[str, Any] | None, runs: pd.DataFrame | None = Non
     order = {p: i for i, p in enumerate(protocol_order({str(r.get("protocol")) for r in records}))}
     records.sort(key=lambda r: (order.get(str(r.get("protocol")), 99), str(r.get("family"))))
     header = ["Protocol", "Family"] + [_BUDGET_LABELS.get(f, f.replace("_", " ")) for f in fields]
-    rows = [
+    body = [
         [_cell(plain(r.get("protocol"))), _cell(plain(r.get("family")))]
         + [_cell(plain(r.get(f))) for f in fields]
         for r in records
@@ -120,7 +120,7 @@ def budget_table(meta: Mapping[str, Any] | None, runs: pd.DataFrame | None = Non
         f"From {source}. The step schedule divides every learning rate by 10 every step size "
         "epochs; a run stops once every rate is below 1e-8 (docs/method.md §1)."
     ]
-    return Table("Training budgets per protocol and method family", header, rows, notes, "budgets")
+    return Table("Training budgets per protocol and method family", header, body, notes, "budgets")
 
 
 def count_text(counts: Mapping[str, Any]) -> str:
@@ -156,7 +156,7 @@ def coverage_rows(df: pd.DataFrame, plan: SeedPlan) -> list[tuple[str, str, str,
         finite = grp[grp["value"].notna()]
         per_seed = finite.groupby("seed")["metric"].nunique()
         seeds = sorted(int(s) for s, k in per_seed.items() if k == len(metrics))
-        most = d[(d["dataset"] == dataset) & (d["protocol"] == protocol)]["seed"].nunique()
+        most = rows(d, dataset=dataset, protocol=protocol)["seed"].nunique()
         want = plan.planned(dataset, protocol, method) or most
         if len(seeds) < want:
             out.append((dataset, protocol, method, seeds, want))
@@ -254,7 +254,7 @@ def failures_section(
         if bad.empty:
             sec.blocks.append(Paragraph("No run failed, diverged or was interrupted."))
         else:
-            rows = [
+            body = [
                 [
                     _cell(r["protocol"]),
                     _cell(r["dataset"]),
@@ -268,9 +268,9 @@ def failures_section(
             ]
             sec.blocks.append(
                 Table(
-                    f"{len(rows)} run(s) failed, diverged or were interrupted",
+                    f"{len(body)} run(s) failed, diverged or were interrupted",
                     ["Protocol", "Dataset", "Method", "Seed", "Status", "Run folder", "Log"],
-                    rows,
+                    body,
                     [
                         "These runs are missing from every table; `cogcal bench` on the same "
                         "folder retries failed and interrupted runs."
@@ -279,7 +279,7 @@ def failures_section(
                 )
             )
     if coverage:
-        rows = [
+        body = [
             [
                 _cell(protocol),
                 _cell(dataset),
@@ -293,7 +293,7 @@ def failures_section(
             Table(
                 "Cells with fewer seeds than planned",
                 ["Protocol", "Dataset", "Method", "Seeds with results", "Seeds"],
-                rows,
+                body,
                 [
                     "Their table cells say '(k of n seeds)': the mean is over the seeds "
                     "present, not the planned ones."

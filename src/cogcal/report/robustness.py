@@ -78,7 +78,7 @@ def has_robustness(df: pd.DataFrame) -> bool:
 
 def _pairs(df: pd.DataFrame, split: str) -> list[tuple[str, str]]:
     """(protocol, dataset) combinations with rows of ``split``, in report order."""
-    d = df[df["split"] == split]
+    d = rows(df, split=split)
     order = {"paper": 0, "fair": 1}
     keys = {(str(p), str(ds)) for p, ds in zip(d["protocol"], d["dataset"], strict=True)}
     return sorted(keys, key=lambda k: (order.get(k[0], 2), k[0], k[1]))
@@ -122,7 +122,7 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     """
     check_results_frame(df, _REQUIRED)
     d = _rows(df, "ood", dataset, protocol)
-    d = d[d["metric"].isin(OOD_METRICS)]
+    d = rows(d, metric=OOD_METRICS)
     if d.empty:
         return None
     sets = _ood_sets(d)
@@ -151,7 +151,7 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     mean_rank = ranks.mean(axis=1, skipna=False)
     best_rank = mean_rank.min()
     header = ["Method"] + [f"{s} {_LABELS.get(m, m)}" for s, m in columns] + ["Rank ↓"]
-    rows = []
+    body = []
     for me in methods:
         row = [_cell(me)]
         for col in columns:
@@ -160,7 +160,7 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
             row.append(_cell(stat_text(mean, std, n, most), bold))
         r = mean_rank.get(me, np.nan)
         row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
-        rows.append(row)
+        body.append(row)
     notes = [
         f"Maximum-softmax-probability score, in-distribution test samples positive; mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best mean of each column in bold. Rank = "
@@ -173,7 +173,7 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     return Table(
         f"{dataset} — {protocol}: OOD detection (Tab. 3 style)",
         header,
-        rows,
+        body,
         notes,
         f"ood-{slug(protocol)}-{slug(dataset)}",
     )
@@ -186,7 +186,7 @@ def _shift_rows(d: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Individual conditions when present, else the runner's ``mean`` condition."""
     indiv = d[~d["condition"].isin(_SUMMARY)]
     if indiv.empty:
-        indiv = d[d["condition"] == "mean"]
+        indiv = rows(d, condition="mean")
     return indiv, sorted(indiv["condition"].unique())
 
 
@@ -211,7 +211,7 @@ def shift_table(
     """
     check_results_frame(df, _REQUIRED)
     d = _rows(df, "shift", dataset, protocol)
-    d, conds = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, conds = _shift_rows(rows(d, metric=list(metrics)))
     if d.empty:
         return None
     per_seed = _per_seed(d, ("method", "metric"))
@@ -230,7 +230,7 @@ def shift_table(
     best = {m: _best({me: cell.get((me, m), (np.nan, 0))[0] for me in methods}, m) for m in shown}
     best_rank = min((v for v in rank_of.values() if not pd.isna(v)), default=np.nan)
     header = ["Method", *[_LABELS.get(m, m) for m in shown]] + (["Rank ↓"] if rank_of else [])
-    rows = []
+    body = []
     for me in methods:
         row = [_cell(me)]
         for m in shown:
@@ -240,7 +240,7 @@ def shift_table(
         if rank_of:
             r = rank_of.get(me, np.nan)
             row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
-        rows.append(row)
+        body.append(row)
     sevs = sorted(d["severity"].unique(), key=lambda s: (len(s), s)) if "severity" in d else []
     notes = [
         f"Mean over {len(conds)} condition(s) ({', '.join(conds)}) and severities "
@@ -253,7 +253,7 @@ def shift_table(
     return Table(
         f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)",
         header,
-        rows,
+        body,
         notes,
         f"shift-{slug(protocol)}-{slug(dataset)}",
     )
@@ -284,7 +284,7 @@ def shift_severity_table(
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
-    d, conds = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, conds = _shift_rows(rows(d, metric=list(metrics)))
     d = d[~_blank(d["severity"])]
     if d.empty:
         return None
@@ -293,7 +293,7 @@ def shift_severity_table(
     cell = {(r.method, r.severity, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
     most = _n_seeds(stats)
     methods = _method_order(list(stats["method"].unique()))
-    rows = []
+    body = []
     for sev in sorted(stats["severity"].unique(), key=_sev_key):
         best = {
             m: _best({me: cell.get((me, sev, m), (np.nan, 0))[0] for me in methods}, m)
@@ -305,7 +305,7 @@ def shift_severity_table(
                 mean, std, n = cell.get((me, sev, m), (np.nan, np.nan, 0))
                 bold = best[m] is not None and np.isfinite(mean) and np.isclose(mean, best[m])
                 row.append(_cell(stat_text(mean, std, n, most), bold))
-            rows.append(row)
+            body.append(row)
     notes = [
         f"Per severity: mean over the condition(s) {', '.join(conds)} per seed, then mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best of each severity in bold."
@@ -315,7 +315,7 @@ def shift_severity_table(
     return Table(
         f"{dataset} — {protocol}: covariate shift per severity",
         ["Severity", "Method", *[_LABELS.get(m, m) for m in shown]],
-        rows,
+        body,
         notes,
         f"shift-severity-{slug(protocol)}-{slug(dataset)}",
     )
@@ -348,7 +348,7 @@ def severity_figure(
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
-    d, _ = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, _ = _shift_rows(rows(d, metric=list(metrics)))
     d = d[~_blank(d["severity"])]
     if d.empty or set(d["metric"]) != set(metrics) or d["severity"].nunique() < 2:
         return None
@@ -406,10 +406,10 @@ def _summaries(df: pd.DataFrame, dataset: str, protocol: str) -> dict[str, pd.Da
     """``{label: stats}`` of the headline robustness numbers, per method."""
     out: dict[str, pd.DataFrame] = {}
     d = _rows(df, "ood", dataset, protocol)
-    d = d[d["metric"].isin(OOD_METRICS)]
+    d = rows(d, metric=OOD_METRICS)
     if not d.empty:
         if (d["condition"] == "pooled").any():
-            label, d = "OOD pooled", d[d["condition"] == "pooled"]
+            label, d = "OOD pooled", rows(d, condition="pooled")
         else:
             label, d = "OOD mean over sets", _per_seed(d, ("method", "metric"))
         out[label] = mean_std(d, by=("method", "metric"))

@@ -24,7 +24,7 @@ import pandas as pd
 from cogcal.report._common import counterparts, method_order, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, Stat, compare, mean_std, summary_rank
 from cogcal.report.blocks import Cell, Table
-from cogcal.report.frame import SeedPlan, aggregate
+from cogcal.report.frame import SeedPlan, aggregate, rows
 
 __all__ = [
     "BINS",
@@ -144,11 +144,11 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
     header = ["Method", "Family", "Extra parameters"]
     header += [f"{name} (K={i['num_classes']}, d={i['feature_dim']})" for name, i in sized.items()]
     header += ["Calibration data", "Stages", "Extra hyperparameters", "Description"]
-    rows = []
+    body = []
     for name in method_order(methods):
         m = METHODS.get(name)
         if m is None:
-            rows.append([_cell(name)] + [_cell("?")] * (len(header) - 1))
+            body.append([_cell(name)] + [_cell("?")] * (len(header) - 1))
             continue
         row = [_cell(name), _cell(m.family), _cell(m.extra_parameters_formula())]
         for info in sized.values():
@@ -167,13 +167,13 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
             _cell(", ".join(m.extra_hyperparameters) or "—"),
             _cell(m.description),
         ]
-        rows.append(row)
+        body.append(row)
     notes: list[Any] = [
         "Generated from the methods registry (cogcal.train.methods). K = classes, d = "
         "features entering the final layer. Every method also has the network learning "
         "rate; COG adds only the calibrator learning rate.",
     ]
-    return Table("Complexity of the methods (Tab. 1/7)", header, rows, notes, "complexity-table")
+    return Table("Complexity of the methods (Tab. 1/7)", header, body, notes, "complexity-table")
 
 
 # --------------------------------------------------------------------------- comparison
@@ -215,7 +215,7 @@ def comparison_table(
     most = int(stats["n"].max()) if not stats.empty else 0
     recorded = set(stats["metric"])
     header = ["Method", *[LABELS.get(m, m) for m in metrics], "Rank ↓"]
-    rows = []
+    body = []
     finite_ranks = [r for r in rank_of.values() if not pd.isna(r)]
     best_rank = min(finite_ranks) if finite_ranks else np.nan
     flagged = False
@@ -235,7 +235,7 @@ def comparison_table(
             row.append(_cell(stat_text(mean, std, n, want), bold=bool(bold)))
         r = rank_of.get(method, np.nan)
         row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", bold=not pd.isna(r) and r == best_rank))
-        rows.append(row)
+        body.append(row)
     top = [m for m, r in rank_of.items() if r == best_rank]
     notes: list[Any] = [
         f"{split} split, mean ± sample std over {most} seed(s); best mean in bold. Rank = "
@@ -247,7 +247,7 @@ def comparison_table(
     return Table(
         f"{dataset} — {protocol} protocol (Tab. 2 style)",
         header,
-        rows,
+        body,
         notes,
         comparison_key(dataset, protocol),
     )
@@ -286,7 +286,7 @@ def pairwise_calibration_table(
         return None
     metrics = [f"{family}_{b}" for b in bins]
     methods = [m for pair in pairs for m in (pair[1], pair[0])]
-    sel = d[d["method"].isin(methods) & d["metric"].isin(metrics)]
+    sel = rows(d, method=methods, metric=metrics)
     if sel.empty:
         return None
     stats = mean_std(sel, by=("method", "metric"))
@@ -303,7 +303,7 @@ def pairwise_calibration_table(
         for m, r in vals.rank(method="min").items():
             ranks[(m, metric)] = r
     header = ["Method", *[f"B={b}" for b in bins], "COG lower in"]
-    rows = []
+    body = []
     flagged = False
     for cog, base in pairs:
         for method, other in ((base, cog), (cog, base)):
@@ -321,7 +321,7 @@ def pairwise_calibration_table(
                     wins += 1
                 row.append(_cell(text, bold=better))
             row.append(_cell(f"{wins}/{len(metrics)}" if method == cog else ""))
-            rows.append(row)
+            body.append(row)
     name = {"ece": "ECE", "rmsce": "RMSCE", "mce": "MCE"}.get(family, family)
     tab = {"ece": "9", "rmsce": "10", "mce": "11"}.get(family, "9-11")
     notes: list[Any] = [
@@ -334,7 +334,7 @@ def pairwise_calibration_table(
     return Table(
         f"{name} over bin counts, COG vs counterpart — {dataset}, {protocol} (Tab. {tab} style)",
         header,
-        rows,
+        body,
         notes,
         f"pairwise-{family}-{slug(protocol)}-{slug(dataset)}",
     )
@@ -356,7 +356,7 @@ def pair_stats(
 ) -> dict[tuple[str, str, str, str], Stat]:
     """``{(dataset, protocol, method, metric): Stat}`` of the aggregate rows of ``split``."""
     d = aggregate(df, split=split)
-    d = d[d["metric"].isin(list(metrics))]
+    d = rows(d, metric=list(metrics))
     if d.empty:
         return {}
     stats = mean_std(d, by=("dataset", "protocol", "method", "metric"))
@@ -381,7 +381,7 @@ def losses_table(
     idx = pair_stats(df, metrics, split=split)
     if not idx:
         return None
-    rows = []
+    body = []
     compared = 0
     keys = sorted({(k[0], k[1]) for k in idx})
     for dataset, protocol in keys:
@@ -398,7 +398,7 @@ def losses_table(
                 if not worse:
                     continue
                 verdict = compare(a, b, higher_is_better=hib)
-                rows.append(
+                body.append(
                     [
                         _cell(dataset),
                         _cell(protocol),
@@ -414,13 +414,13 @@ def losses_table(
         return None
     header = ["Dataset", "Protocol", "Pair", "Metric", "COG", "Counterpart", "Gap", "Seed spread"]
     notes: list[Any] = [
-        f"{len(rows)} of {compared} pairwise comparisons (COG variant vs its counterpart, "
+        f"{len(body)} of {compared} pairwise comparisons (COG variant vs its counterpart, "
         f"{split} split, means over seeds) where COG's mean is worse. 'beyond' (bold) marks "
         "gaps larger than the larger of the two standard deviations over seeds."
     ]
-    if not rows:
+    if not body:
         notes.append("COG is never worse than its counterpart here.")
-    return Table("Where COG loses", header, rows, notes, "losses")
+    return Table("Where COG loses", header, body, notes, "losses")
 
 
 # --------------------------------------------------------------------------- run times
@@ -439,12 +439,12 @@ def runtime_table(runs: pd.DataFrame | None) -> Table | None:
         return None
     for col in ("train_seconds", "total_seconds"):
         r[col] = pd.to_numeric(r[col], errors="coerce")
-    rows = []
+    body = []
     for (dataset, protocol, method), grp in r.groupby(
         ["dataset", "protocol", "method"], sort=False
     ):
         train = grp["train_seconds"].dropna()
-        rows.append(
+        body.append(
             [
                 _cell(dataset),
                 _cell(protocol),
@@ -459,8 +459,8 @@ def runtime_table(runs: pd.DataFrame | None) -> Table | None:
                 _cell(int((grp["copied_from"].astype(str).str.len() > 0).sum())),
             ]
         )
-    order = method_order([row[2].text for row in rows])
-    rows.sort(key=lambda row: (row[0].text, row[1].text, order.index(row[2].text)))
+    order = method_order([row[2].text for row in body])
+    body.sort(key=lambda row: (row[0].text, row[1].text, order.index(row[2].text)))
     header = ["Dataset", "Protocol", "Method", "Runs", "Train s (mean ± std)", "Total s", "Reused"]
     notes: list[Any] = [
         "Seconds per run (training stages and post-hoc fit; total adds data loading and "
@@ -468,4 +468,4 @@ def runtime_table(runs: pd.DataFrame | None) -> Table | None:
         "tuning run of the chosen point) and were copied, not retrained; their times are the "
         "source's."
     ]
-    return Table("Run times", header, rows, notes, "runtimes")
+    return Table("Run times", header, body, notes, "runtimes")

@@ -217,6 +217,8 @@ def verdict_section(
         s = cog_sentence(df, protocol)
         if s is not None:
             items.append(s)
+    if not items:
+        items.append("There are no test results to compare yet.")
     items.append(edge_sentence(tuning))
     cov = coverage_sentence(short_cells, failed_runs)
     if cov is not None:
