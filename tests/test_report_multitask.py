@@ -1,13 +1,12 @@
 """Tests of the multi-task report sections (paper §4.3: Tab. 6, Fig. 6, pairwise wins).
 
-Tables are checked on a hand-made tidy table with known per-task values; one end-to-end
-test runs a tiny real bench on ``mnist1d-mtl`` (1 seed, 1 epoch, 2 methods).
+Tables are checked on a hand-made tidy table with known per-task values, and the report
+is built from a synthetic bench folder.
 """
 
 from __future__ import annotations
 
 import base64
-import csv
 import re
 from pathlib import Path
 
@@ -15,9 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cogcal.bench.results import COLUMNS
-from cogcal.bench.suites import load_suite, parse_suite
-from cogcal.report.build import build_report, load_results
+from cogcal.report.build import build_report
 from cogcal.report.multitask import (
     multitask_datasets,
     multitask_section,
@@ -27,6 +24,8 @@ from cogcal.report.multitask import (
     task_difficulty,
     wins_table,
 )
+from cogcal.report.schema import RESULT_COLUMNS as COLUMNS
+from test_report_render import write_csv
 
 METHODS = ("ce", "ts", "cog-fc")
 TASKS = ("easy", "hard", "mid", "noisy")
@@ -131,10 +130,7 @@ def test_section_absent_without_tasks(tmp_path):
 
 def _write(out: Path, df: pd.DataFrame) -> Path:
     out.mkdir(parents=True)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        w.writerows(df.to_dict("records"))
+    write_csv(out / "results.csv", COLUMNS, df.to_dict("records"))
     return out
 
 
@@ -150,47 +146,3 @@ def test_report_has_multitask_sections_self_contained(tmp_path):
     plain = _write(tmp_path / "p", make_df().query("dataset == 'single'"))
     build_report(plain)
     assert "Multi-task" not in (plain / "report.md").read_text()
-
-
-def test_multitask_suites():
-    s = load_suite("mtl-quick")
-    assert [e.name for e in s.datasets] == ["mnist1d-mtl"] and s.datasets[0].model == "mlp"
-    assert set(s.methods) == {"ce", "ls", "ts", "ms", "cog-fc", "cog-ts", "cog-ms", "cog-ls"}
-    assert not s.requires_gpu
-    c = load_suite("paper-celeba")
-    assert c.requires_gpu and c.train["epochs"] == 100 and c.train["step_size"] == 3
-    assert c.paper_baseline_lr == 1e-4 and c.datasets[0].name == "celeba"
-    with pytest.raises(ValueError, match="multi-task form; tst"):
-        parse_suite({"datasets": {"mnist1d-mtl": {"model": "mlp"}}, "methods": ["ce", "tst"]})
-
-
-@pytest.mark.slow
-def test_tiny_real_bench_multitask(tmp_path):
-    """A 1-seed, 1-epoch, 2-method mnist1d-mtl suite through the real trainer and report."""
-    import yaml
-
-    from cogcal.bench import run_bench
-
-    suite = {
-        "name": "tiny-mtl",
-        "datasets": {"mnist1d-mtl": {"model": "mlp"}},
-        "methods": ["ts", "cog-fc"],
-        "seeds": 1,
-        "protocols": ["paper"],
-        "train": {"epochs": 1},
-        "tune": {"cog": [{"lr": 1e-3, "calibrator_lr": 1e-4}]},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(suite))
-    out = tmp_path / "out"
-    run_bench(path, out=out, jobs=1, data_root=tmp_path / "data", progress=False)
-    df = load_results(out)
-    assert len(set(df["task"]) - {"", "mean"}) == 8
-    md = (out / "report.md").read_text()
-    assert "## Multi-task learning" in md and "(Tab. 6)" in md
-    assert "cog-fc beats ts on both accuracy and Brier on" in md
-    assert (out / "figures" / "per_task_paper_mnist1d-mtl.png").is_file()
-    order = task_difficulty(df, "mnist1d-mtl", "paper")
-    per = df.query("split == 'test' and metric == 'acc' and task not in ['', 'mean']")
-    means = per.groupby("task")["value"].mean()
-    assert order == sorted(means.index, key=lambda t: (means[t], t))

@@ -1,8 +1,9 @@
-"""Tests of the report: tables from results.csv, self-contained HTML, embedded images.
+"""Tests of the bench report end to end: a synthetic bench folder, its report.md/report.html.
 
-A synthetic bench folder (results.csv, runs.csv, tune.json, test logits) is written
-here, so these tests need no training. ``bench/report_render_check.py`` additionally
-opens a report in headless Chromium; the last test runs it when Chromium is installed.
+The folder (results.csv, runs.csv, tuning.csv, effect.csv, bench.json and run folders
+written through RunDir with saved test logits) follows :mod:`cogcal.report.schema`, so
+these tests need no training. ``bench/report_render_check.py`` additionally opens a
+report in headless Chromium; the last test runs it when Chromium is installed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import base64
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,49 +19,96 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from cogcal.bench.results import COLUMNS
-from cogcal.report.build import build_report, load_results
+from cogcal.report.build import SECTIONS, build_report, load_context
+from cogcal.report.frame import load_results
+from cogcal.report.schema import (
+    EFFECT_COLUMNS,
+    RESULT_COLUMNS,
+    RUN_COLUMNS,
+    TUNING_COLUMNS,
+)
 from cogcal.report.tables import comparison_table, losses_table, pairwise_calibration_table
+from cogcal.train.rundir import RunDir, RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ce", "ts", "ms", "cog-fc", "cog-ts", "cog-ms")
+BINS = (5, 10, 15, 20, 50, 100)
+
+
+def write_csv(path: Path, columns, rows) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: r.get(c, "") for c in columns})
+    return path
+
+
+def result_row(dataset, method, protocol, seed, split, metric, value, **extra):
+    return {
+        "dataset": dataset,
+        "method": method,
+        "protocol": protocol,
+        "seed": seed,
+        "split": split,
+        "metric": metric,
+        "value": value,
+        **extra,
+    }
+
+
+def write_run(folder: Path, config: dict, val: dict, test: dict, *, logits=None, **record):
+    """A finished run folder written through the run-folder contract."""
+    run = RunDir(folder)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_config(config)
+    if logits is not None:
+        for split in ("val", "test"):
+            np.savez(folder / f"{split}_logits.npz", logits=logits[0], labels=logits[1])
+    run.write_record(RunRecord(config={**config}, val=val, test=test, **record))
+    return folder
 
 
 def make_bench_dir(out: Path, *, logits: bool = True) -> Path:
-    """A synthetic bench folder with 2 protocols, 6 methods, 3 seeds, one dataset."""
+    """A synthetic bench folder: 2 protocols, 6 methods, 3 seeds, one dataset."""
+    out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    rows = []
-    runs = []
+    rows, runs = [], []
     for protocol in ("paper", "fair"):
         for i, method in enumerate(METHODS):
             for seed in range(3):
                 acc = 0.80 + 0.01 * i + 0.005 * rng.standard_normal()
                 nll = 0.70 - 0.02 * i + 0.01 * rng.standard_normal()
                 vals = {"acc": acc, "nll": nll, "brier": nll / 2}
-                for b in (5, 10, 15, 20, 50, 100):
+                for b in BINS:
                     e = 0.05 - 0.004 * i + 0.0005 * b + 0.002 * rng.random()
                     vals |= {f"ece_{b}": e, f"rmsce_{b}": 1.3 * e, f"mce_{b}": 4 * e}
                 if method == "cog-ms":
                     vals["acc"] -= 0.2  # COG loses somewhere: the report must say so
                 for split in ("val", "test"):
                     for metric, v in vals.items():
-                        rows.append(
-                            ["mnist1d", method, protocol, seed, split, metric, v, "", "", ""]
-                        )
+                        rows.append(result_row("mnist1d", method, protocol, seed, split, metric, v))
                 rows.append(
-                    ["mnist1d", method, protocol, seed, "shift", "acc", acc - 0.1, "", "noise", 2]
-                )
-                run_dir = out / "runs" / protocol / "mnist1d" / method / f"seed{seed}"
-                run_dir.mkdir(parents=True)
+                    result_row(
+                        "mnist1d", method, protocol, seed, "shift", "acc", acc - 0.1,
+                        condition="noise", severity=2,
+                    )
+                )  # fmt: skip
+                run_dir = Path("runs") / protocol / "mnist1d" / method / f"seed{seed}"
+                pair = None
                 if logits:
                     labels = rng.integers(0, 10, 300)
                     z = rng.normal(size=(300, 10)) + (2 + i / 3) * np.eye(10)[labels]
-                    np.savez(
-                        run_dir / "test_logits.npz", logits=z.astype(np.float32), labels=labels
-                    )
+                    pair = (z.astype(np.float32), labels)
+                config = {
+                    "method": method,
+                    "dataset": "mnist1d",
+                    "seed": seed,
+                    "task": "multiclass",
+                }
+                write_run(out / run_dir, config, vals, vals, logits=pair)
                 runs.append(
                     {
                         "dataset": "mnist1d",
@@ -69,47 +118,59 @@ def make_bench_dir(out: Path, *, logits: bool = True) -> Path:
                         "status": "complete",
                         "model": "cnn1d",
                         "epochs": 20,
+                        "schedule": "step",
                         "lr": 1e-3,
-                        "calibrator_lr": "",
                         "train_seconds": 10 + i,
                         "total_seconds": 11 + i,
-                        "copied_from": "",
-                        "run_dir": str(run_dir.relative_to(out)),
-                        "log": "",
+                        "run_dir": str(run_dir),
                     }
                 )
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(COLUMNS)
-        w.writerows(rows)
-    pd.DataFrame(runs).to_csv(out / "runs.csv", index=False)
-    tune = out / "tune" / "fair" / "mnist1d" / "ce"
-    tune.mkdir(parents=True)
-    (tune / "tune.json").write_text(
-        json.dumps(
+    runs.append(
+        {
+            "dataset": "mnist1d", "method": "ls", "protocol": "paper", "seed": 1,
+            "status": "failed", "run_dir": "runs/paper/mnist1d/ls/seed1",
+            "log": "runs/paper/mnist1d/ls/seed1/run.log",
+        }
+    )  # fmt: skip
+    write_csv(out / "results.csv", RESULT_COLUMNS, rows)
+    write_csv(out / "runs.csv", RUN_COLUMNS, runs)
+    tuning = []
+    for lr, nll, chosen in ((1e-4, 0.9, False), (1e-3, 0.7, True)):
+        tuning.append(
             {
-                "protocol": "fair",
-                "dataset": "mnist1d",
-                "method": "ce",
-                "used_by": ["ce", "ts", "ms"],
-                "best": {"lr": 1e-3},
-                "table": [{"lr": 1e-4, "val_nll": 0.9}, {"lr": 1e-3, "val_nll": 0.7}],
+                "protocol": "fair", "dataset": "mnist1d", "group": "ce", "used_by": "ce ts ms",
+                "lr": lr, "schedule": "step", "val_nll": nll, "status": "complete",
+                "chosen": chosen, "at_edge": True, "edges": "lr high", "extensions": 2,
+                "cap_reached": True,
             }
-        )
-    )
+        )  # fmt: skip
+    write_csv(out / "tuning.csv", TUNING_COLUMNS, tuning)
+    effect = []
+    for variant, base in (("ce (no schedule)", 0.6), ("ce (step schedule)", 0.5)):
+        for seed in range(3):
+            for metric in ("nll", "brier", "ece_15", "acc"):
+                effect.append(
+                    {"dataset": "mnist1d", "variant": variant, "schedule": variant[4:8],
+                     "lr": 1e-3, "seed": seed, "split": "test", "metric": metric,
+                     "value": base + 0.01 * seed}
+                )  # fmt: skip
+    write_csv(out / "effect.csv", EFFECT_COLUMNS, effect)
     (out / "bench.json").write_text(
         json.dumps(
             {
-                "suite": {"name": "synthetic", "description": "test data", "train": {"epochs": 20}},
+                "suite": {"name": "synthetic", "description": "test data", "seeds": [0, 1, 2]},
+                "budgets": {
+                    "paper": {"cog": {"epochs": 20, "schedule": "step", "step_size": 5}},
+                    "fair": {"post-hoc": {"epochs": 20, "schedule": "step", "floor_epoch": 40}},
+                },
                 "datasets": {
                     "mnist1d": {"task": "multiclass", "num_classes": 10, "feature_dim": 64}
                 },
-                "sessions": [{"wall_seconds": 12.0, "jobs": 2, "counts": {}}],
+                "sessions": [
+                    {"wall_seconds": 12.0, "counts": {"trained": 36, "copied": 0, "failed": 1}}
+                ],
             }
         )
-    )
-    (out / "failed.txt").write_text(
-        "# run\terror\tlog\npaper/mnist1d/ls/seed1\tboom\truns/x/run.log\n"
     )
     return out
 
@@ -120,12 +181,18 @@ class _Collect(HTMLParser):
         self.tags: dict[str, int] = {}
         self.imgs: list[str] = []
         self.urls: list[str] = []
+        self.ids: list[str] = []
+        self.hrefs: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         self.tags[tag] = self.tags.get(tag, 0) + 1
         a = dict(attrs)
+        if a.get("id"):
+            self.ids.append(a["id"])
         if tag == "img":
             self.imgs.append(a.get("src", ""))
+        if tag == "a" and a.get("href", "").startswith("#"):
+            self.hrefs.append(a["href"][1:])
         for key in ("src", "href"):
             if a.get(key) and not a[key].startswith(("#", "data:")):
                 self.urls.append(a[key])
@@ -140,25 +207,58 @@ def test_report_is_self_contained(tmp_path):
     parser.feed(page)
     assert parser.urls == []  # no external resource: opens offline
     assert "<script" not in page
-    # complexity, comparison x2, losses, pairwise x6, shift x2, tuning, runtimes, failures
+    assert len(parser.ids) == len(set(parser.ids))  # anchors are unique
+    assert set(parser.hrefs) <= set(parser.ids)  # every internal link has its target
     assert parser.tags["table"] >= 14
-    assert len(parser.imgs) == 2 * 3 + 2 * 1 + 2  # pairs + top-ranked-vs-cog-fc + pareto
+    assert len(parser.imgs) == 2 * 3 + 2 * 1 + 2  # pairs + top-ranked vs cog-fc + pareto
     for src in parser.imgs:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    titles = re.findall(r"<h2[^>]*>([^<]+)</h2>", page)
+    assert titles[0] == "Verdict" and titles[1] == "Overview"
     for section in (
         "Complexity",
+        "Where COG&#x27;s effect comes from",
         "Where COG loses",
         "Run times",
-        "Selected learning rates",
-        "Failed runs",
+        "Tuning: selected learning rates and grid edges",
+        "Failures and missing seeds",
         "Reliability diagrams",
         "Accuracy against calibration",
+        "Robustness: OOD detection and covariate shift",
     ):
-        assert section in page
+        assert section in titles, section
     md = (out / "report.md").read_text()
     assert "| Method |" in md and "](figures/reliability_paper_mnist1d_ts_vs_cog-ts.png)" in md
     assert (out / "figures" / "pareto_fair_mnist1d.png").is_file()
+    assert '<a id="comparison-paper-mnist1d"></a>' in md
+    assert "](#comparison-paper-mnist1d)" in md  # the verdict links its table
+
+
+def test_overview_budgets_counts_and_failures(tmp_path):
+    out = make_bench_dir(tmp_path / "b", logits=False)
+    build_report(out)
+    md = (out / "report.md").read_text()
+    overview = md.split("## Overview")[1].split("\n## ")[0]
+    assert "{" not in overview and "}" not in overview  # no Python dict in the text
+    assert "the last session: trained 36, reused 0, failed 1" in overview
+    assert "runs.csv: 37 planned run(s) — 36 complete (0 of them reused), 1 failed." in overview
+    budgets = overview.split("Training budgets per protocol and method family")[1]
+    assert "| Protocol | Family | Epochs | Schedule | Step size (epochs) |" in budgets
+    assert "| paper | cog | 20 | step | 5 |" in budgets
+    failures = md.split("## Failures and missing seeds")[1]
+    assert "| paper | mnist1d | ls | 1 | **failed** |" in failures
+    # ls was planned (runs.csv) but has no result: its cell has none of its seeds
+    assert "| paper | mnist1d | ls | none | **0 of 1** |" in failures
+    # the fair/ce choice is at the lr high edge: noted under the fair table
+    fair = md.split("**mnist1d — fair protocol (Tab. 2 style)**")[1].split("**")[0:40]
+    assert "Grid edge: fair/mnist1d ce (used by ce, ts, ms): lr 0.001 on the lr high edge" in (
+        "**".join(fair)
+    )
+    paper = md.split("**mnist1d — paper protocol (Tab. 2 style)**")[1].split("<a id=")[0]
+    assert "Grid edge" not in paper
+    shift = md.split("**mnist1d — fair: covariate shift, all conditions")[1].split("<a id=")[0]
+    assert "Grid edge: fair/mnist1d ce" in shift  # under every fair/mnist1d table it affects
 
 
 def test_report_from_results_csv_alone(tmp_path):
@@ -170,8 +270,19 @@ def test_report_from_results_csv_alone(tmp_path):
     md = (alone / "report.md").read_text()
     assert "Not found, sections skipped" in md and "Where COG loses" in md
     assert "Tab. 9 style" in md and "Pareto" in md
+    assert "No tuning.csv was found" in md
     with pytest.raises(ValueError, match="does not exist"):
         build_report(tmp_path / "empty")
+
+
+def test_sections_are_builders_in_order(tmp_path):
+    ctx = load_context(make_bench_dir(tmp_path / "b", logits=False))
+    names = [b.__name__ for b in SECTIONS]
+    assert names[:2] == ["section_verdict", "section_overview"]
+    assert names[-1] == "section_failures" and len(set(names)) == len(names) == 14
+    assert SECTIONS[0](ctx).title == "Verdict" and SECTIONS[1](ctx).title == "Overview"
+    assert ctx.plan.planned("mnist1d", "paper", "ce") == 3  # from runs.csv
+    assert [c[:3] for c in ctx.coverage] == [("mnist1d", "paper", "ls")]
 
 
 def test_tables_content(tmp_path):
@@ -179,20 +290,39 @@ def test_tables_content(tmp_path):
     t = comparison_table(df, "mnist1d", "paper")
     header = t.header
     assert header[0] == "Method" and header[-1] == "Rank ↓"
-    # rows are sorted by summary rank, and each column has exactly one bold best value
     ranks = [float(r[-1].text) for r in t.rows]
     assert ranks == sorted(ranks)
-    for j in range(1, len(header)):
-        assert sum(r[j].bold for r in t.rows) >= 1
     acc_col = header.index("Acc ↑")
     best_acc = max(t.rows, key=lambda r: float(r[acc_col].text.split(" ± ")[0]))
     assert best_acc[acc_col].bold and not any(r[acc_col].bold for r in t.rows if r is not best_acc)
     p = pairwise_calibration_table(df, "mnist1d", "fair", "mce")
     assert [r[0].text for r in p.rows] == ["ce", "cog-fc", "ts", "cog-ts", "ms", "cog-ms"]
-    assert p.header[1:7] == [f"B={b}" for b in (5, 10, 15, 20, 50, 100)]
+    assert p.header[1:7] == [f"B={b}" for b in BINS]
     assert "[" in p.rows[0][1].text and "±" in p.rows[0][1].text
     losses = losses_table(df)
-    assert any(r[2].text == "cog-ms vs ms" and r[3].text == "Acc ↑" for r in losses.rows)
+    row = next(r for r in losses.rows if r[2].text == "cog-ms vs ms" and r[3].text == "Acc ↑")
+    assert row[-1].text == "beyond" and row[-1].bold
+
+
+def test_markdown_escapes_names(tmp_path):
+    out = tmp_path / "b"
+    out.mkdir()
+    rows = []
+    for method in ("a|b", "my_*net*", "cog-fc"):
+        for seed in range(2):
+            for metric, v in (("acc", 0.9 + 0.01 * seed), ("nll", 0.3), ("brier", 0.1)):
+                rows.append(result_row("d[1]", method, "paper", seed, "test", metric, v))
+    write_csv(out / "results.csv", RESULT_COLUMNS, rows)
+    build_report(out)
+    md = (out / "report.md").read_text()
+    assert r"| a\|b |" in md and r"my\_\*net\*" in md and r"d\[1\]" in md
+    assert "| a|b |" not in md
+    table = md.split("| Method |", 1)[1].split("\n\n")[0].splitlines()
+    header = len(re.findall(r"(?<!\\)\|", "| Method |" + table[0]))
+    counts = {len(re.findall(r"(?<!\\)\|", ln)) for ln in table[1:]}
+    assert counts == {header}  # a pipe in a name does not add a column
+    page = (out / "report.html").read_text()
+    assert '<td class="t">a|b</td>' in page
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed")

@@ -1,20 +1,73 @@
-"""Small helpers shared by the report sections."""
+"""Small helpers shared by the report sections: the methods registry as the report sees it.
+
+The registry (:mod:`cogcal.train.methods`) defines which methods are COG variants and
+which post-hoc method each is paired with (``COG_PAIRS``); the report only looks them up.
+A results table may name methods the registry does not know (a plugin, an older name):
+they count as non-COG and have no counterpart.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import pandas as pd
 
-__all__ = ["check_results_frame", "is_cog"]
+from cogcal.train.methods import COG_PAIRS, METHODS
+from cogcal.train.methods import is_cog as _registry_is_cog
+
+__all__ = ["check_results_frame", "counterparts", "is_cog", "method_order", "slug"]
 
 
 def is_cog(method: str) -> bool:
-    """Whether ``method`` is a COG variant (the methods registry; by name as a fallback)."""
-    from cogcal.train.methods import METHODS
+    """Whether ``method`` is a registered COG variant (unknown names are not).
 
-    spec = METHODS.get(method)
-    return spec.is_cog if spec is not None else method.startswith("cog-")
+    >>> is_cog("cog-ms"), is_cog("ts"), is_cog("my|method")
+    (True, False, False)
+    """
+    return method in METHODS and _registry_is_cog(method)
+
+
+def counterparts() -> dict[str, str]:
+    """COG variant -> the method it is compared with.
+
+    ``COG_PAIRS`` of the registry, plus, for a registered COG variant it does not list,
+    the registered non-COG method trained with the same loss whose post-hoc or second-stage
+    calibrator is the variant's calibrator (none for ``fc``): ``cog-ls`` -> ``ls``,
+    ``cog-focal`` -> ``focal``. Applied to the variants ``COG_PAIRS`` lists, this rule
+    gives the same pairs.
+
+    >>> counterparts()["cog-ts"], counterparts()["cog-ls"]
+    ('ts', 'ls')
+    """
+    pairs = dict(COG_PAIRS)
+    for name, m in METHODS.items():
+        if not m.is_cog or name in pairs:
+            continue
+        for other, o in METHODS.items():
+            if o.is_cog or o.loss != m.loss:
+                continue
+            kind = o.posthoc or o.stage2
+            if kind == m.cog or (m.cog == "fc" and kind is None):
+                pairs[name] = other
+                break
+    return pairs
+
+
+def method_order(methods: Sequence[str]) -> list[str]:
+    """``methods`` in registry order, unknown names last (sorted), each once."""
+    present = list(dict.fromkeys(map(str, methods)))
+    known = [m for m in METHODS if m in present]
+    return known + sorted(m for m in present if m not in METHODS)
+
+
+def slug(text: str) -> str:
+    """A file- and anchor-safe form of ``text``.
+
+    >>> slug("cifar10|x y"), slug("mnist1d")
+    ('cifar10-x-y', 'mnist1d')
+    """
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
 
 
 def check_results_frame(df: pd.DataFrame, required: Sequence[str]) -> None:
@@ -25,5 +78,5 @@ def check_results_frame(df: pd.DataFrame, required: Sequence[str]) -> None:
     if missing:
         raise ValueError(
             f"the results table lacks the column(s) {missing}; pass the tidy results.csv "
-            f"table (columns {list(required)} at least; SPEC §6)."
+            f"table (columns {list(required)} at least; docs/method.md §6)."
         )

@@ -1,5 +1,6 @@
-"""Result tables from the tidy ``results.csv`` format (SPEC §6): mean +- std over seeds,
-summary rank, pairwise win counts and the accuracy / calibration Pareto front.
+"""Statistics of the tidy ``results.csv`` format (docs/method.md §6): mean ± std over
+seeds, the seed-spread rule, summary rank, pairwise win counts and the accuracy /
+calibration Pareto front.
 
 Every function takes a pandas DataFrame with (some of) the columns ``dataset, method,
 protocol, seed, split, metric, value, task, condition, severity`` and never needs
@@ -8,12 +9,25 @@ matplotlib.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["format_wins", "mean_std", "pairwise_wins", "pareto_front", "summary_rank"]
+from cogcal.report.frame import aggregate, rows
+
+__all__ = [
+    "SPREAD_RULE",
+    "Stat",
+    "compare",
+    "format_wins",
+    "mean_std",
+    "pairwise_wins",
+    "pareto_front",
+    "summary_rank",
+]
 
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
@@ -32,20 +46,67 @@ def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
         )
 
 
-def _is_blank(s: pd.Series) -> pd.Series:
-    return s.isna() | (s.astype(str).str.strip() == "")
+#: The rule every "within / beyond the seed spread" statement of the report follows.
+SPREAD_RULE = (
+    "two means differ beyond the seed spread when the absolute difference of their means "
+    "is larger than the larger of their two sample standard deviations over seeds (ddof = "
+    "1); otherwise they are within the spread. With fewer than 2 seeds on either side the "
+    "spread is unknown and no difference is claimed."
+)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean, sample standard deviation (ddof = 1) and number of seeds of one cell."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat:
+        """The statistics of finite ``values`` (NaN are not seeds).
+
+        >>> Stat.of([0.1, 0.3, float("nan")])
+        Stat(mean=0.2, std=0.1414213562373095, n=2)
+        """
+        v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+        if v.size == 0:
+            return cls(math.nan, math.nan, 0)
+        return cls(float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else math.nan, int(v.size))
+
+
+def compare(a: Stat, b: Stat, *, higher_is_better: bool) -> str:
+    """Compare ``a`` with ``b`` under :data:`SPREAD_RULE`.
+
+    Returns
+    -------
+    str
+        ``"better"`` / ``"worse"`` (``a`` better or worse than ``b`` beyond the seed
+        spread), ``"within"`` (the difference is within the spread) or ``"unknown"``
+        (a mean is missing, or fewer than 2 seeds on either side).
+
+    Examples
+    --------
+    >>> compare(Stat(0.30, 0.01, 3), Stat(0.40, 0.02, 3), higher_is_better=False)
+    'better'
+    >>> compare(Stat(0.30, 0.05, 3), Stat(0.34, 0.02, 3), higher_is_better=False)
+    'within'
+    >>> compare(Stat(0.30, float("nan"), 1), Stat(0.40, 0.02, 3), higher_is_better=False)
+    'unknown'
+    """
+    if not (math.isfinite(a.mean) and math.isfinite(b.mean)) or min(a.n, b.n) < 2:
+        return "unknown"
+    spread = max(a.std, b.std)
+    diff = a.mean - b.mean
+    if abs(diff) <= spread:
+        return "within"
+    return "better" if (diff > 0) == higher_is_better else "worse"
 
 
 def _aggregate_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep the aggregate rows: the ``mean`` task of multi-task runs, and no shift/OOD
-    sub-conditions (rows whose ``condition`` or ``severity`` is set)."""
-    keep = pd.Series(True, index=df.index)
-    if "task" in df.columns:
-        keep &= _is_blank(df["task"]) | (df["task"].astype(str) == "mean")
-    for col in ("condition", "severity"):
-        if col in df.columns:
-            keep &= _is_blank(df[col])
-    return df[keep]
+    """The aggregate rows: empty or ``mean`` task, no shift/OOD condition or severity."""
+    return aggregate(df)
 
 
 def mean_std(
@@ -107,7 +168,7 @@ def _cell_means(
 ) -> pd.DataFrame:
     """Wide table: one row per ``keys`` + method, one column per metric (mean over seeds)."""
     if metrics is not None:
-        df = df[df["metric"].isin(list(metrics))]
+        df = rows(df, metric=list(metrics))
     wide = df.pivot_table(
         index=[*keys, "method"], columns="metric", values="value", aggfunc="mean", dropna=False
     )
@@ -117,7 +178,7 @@ def _cell_means(
 
 def _rank_keys(df: pd.DataFrame, split: str | None) -> tuple[pd.DataFrame, list[str]]:
     if split is not None and "split" in df.columns:
-        df = df[df["split"] == split]
+        df = rows(df, split=split)
     keys = [c for c in ("dataset", "protocol") if c in df.columns]
     return df, keys
 
@@ -129,7 +190,7 @@ def summary_rank(
     *,
     split: str | None = "test",
 ) -> pd.DataFrame:
-    """Per-dataset rank of every method on each metric, and their mean (SPEC §3).
+    """Per-dataset rank of every method on each metric, and their mean (docs/method.md §3).
 
     Values are first averaged over seeds. Within each dataset (and protocol, when the
     column exists) methods are ranked per metric, 1 = best; tied methods share the best

@@ -1,21 +1,25 @@
-"""Build ``report.md`` and ``report.html`` of a bench folder from its ``results.csv``.
+"""Build ``report.md`` and ``report.html`` of a bench folder, or of one run folder.
 
-``cogcal report DIR`` calls :func:`build_report`. Everything in the report is recomputed
-from ``DIR/results.csv``; when present, ``bench.json`` (suite, dataset sizes),
-``runs.csv`` (run times), ``tune/**/tune.json`` (chosen learning rates), ``failed.txt``
-and the runs' ``test_logits.npz`` (reliability diagrams) add their sections, and the
-report says which of them it did not find. Multi-task rows (``task`` set) add the
-multi-task section (:mod:`cogcal.report.multitask`), OOD / shift rows the robustness
-section (:mod:`cogcal.report.robustness`; the runs' ``metrics.json`` add the sets they
-could not evaluate).
+``cogcal report DIR`` calls :func:`build_any` (:func:`report_kind` tells which report a folder
+gets). A bench report (:func:`build_report`) is recomputed from the folder's files
+(:mod:`cogcal.report.schema`): ``results.csv`` (required; read once, checked and
+normalised by :func:`cogcal.report.frame.load_results`), and, when present, ``runs.csv``
+(planned runs, failures, run times, the run folders whose saved test logits give the
+reliability diagrams), ``tuning.csv`` (chosen learning rates and grid edges),
+``effect.csv`` (where COG's effect comes from) and ``bench.json`` (suite, budgets,
+sessions, dataset facts). The report says which of them it did not find.
+
+The report is a list of section builders (:data:`SECTIONS`), each ``(context) -> Section
+or None``, run in order on one :class:`BenchContext`; the first is the verdict. A run
+folder is read only through :class:`cogcal.train.rundir.RunDir`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
-import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,68 +28,144 @@ import pandas as pd
 
 from cogcal import _io
 from cogcal.report import tables as T
+from cogcal.report._common import is_cog, slug
 from cogcal.report.aggregate import mean_std, pareto_front, summary_rank
+from cogcal.report.blocks import Figure, Paragraph, Section, Table
+from cogcal.report.effect import effect_section
+from cogcal.report.frame import (
+    SeedPlan,
+    aggregate,
+    load_effect,
+    load_results,
+    load_runs,
+    load_tuning,
+    protocol_order,
+    read_bench_json,
+    rows,
+)
 from cogcal.report.multitask import multitask_section
-from cogcal.report.render import Figure, Paragraph, Section, render_html, render_markdown
-from cogcal.report.robustness import robustness_section
-from cogcal.report.tables import Table, cog_pairs
+from cogcal.report.overview import (
+    FAILED_STATUSES,
+    coverage_rows,
+    failures_section,
+    overview_section,
+)
+from cogcal.report.render import render_html, render_markdown
+from cogcal.report.robustness import robustness_section, unavailable_sets
+from cogcal.report.run_report import build_run_report, report_kind
+from cogcal.report.tuning import edge_notes, tuning_section
+from cogcal.report.verdict import verdict_section
 
-__all__ = ["build_report", "load_results"]
+__all__ = [
+    "SECTIONS",
+    "BenchContext",
+    "build_any",
+    "build_report",
+    "load_context",
+    "load_results",
+]
 
-_PROTOCOL_TEXT = {
-    "paper": "baselines at lr 1e-4 as in the paper, COG learning rates tuned by validation "
-    "cross-entropy",
-    "fair": "every method's learning rate(s) tuned by validation cross-entropy on the same "
-    "kind of grid",
-}
+
+# --------------------------------------------------------------------------- context
 
 
-def load_results(results_dir: Path) -> pd.DataFrame:
-    """Read ``results.csv`` with the SPEC §6 columns (empty strings for empty cells).
+@dataclass
+class BenchContext:
+    """Everything the section builders read, loaded once.
+
+    Attributes
+    ----------
+    root : Path
+        The bench folder.
+    results : DataFrame
+        ``results.csv``, checked and normalised.
+    runs, tuning, effect : DataFrame or None
+        ``runs.csv``, ``tuning.csv``, ``effect.csv`` when present.
+    meta : dict or None
+        ``bench.json``.
+    plan : SeedPlan
+        Planned seeds per (dataset, protocol, method).
+    """
+
+    root: Path
+    results: pd.DataFrame
+    runs: pd.DataFrame | None = None
+    tuning: pd.DataFrame | None = None
+    effect: pd.DataFrame | None = None
+    meta: dict[str, Any] | None = None
+    plan: SeedPlan = field(default_factory=lambda: SeedPlan({}))
+
+    @property
+    def figdir(self) -> Path:
+        return self.root / "figures"
+
+    @cached_property
+    def datasets(self) -> list[str]:
+        return sorted(set(self.results["dataset"]))
+
+    @cached_property
+    def protocols(self) -> list[str]:
+        return protocol_order(set(self.results["protocol"]))
+
+    @cached_property
+    def coverage(self) -> list[tuple[str, str, str, list[int], int]]:
+        return coverage_rows(self.results, self.plan)
+
+    @property
+    def failed_runs(self) -> int:
+        if self.runs is None:
+            return 0
+        return int(self.runs["status"].isin(FAILED_STATUSES).sum())
+
+    @property
+    def found(self) -> dict[str, bool]:
+        return {
+            "bench.json (suite, budgets, sessions)": self.meta is not None,
+            "runs.csv (planned runs, failures, run times, reliability diagrams)": self.runs
+            is not None,
+            "tuning.csv (selected learning rates, grid edges)": self.tuning is not None,
+            "effect.csv (where COG's effect comes from)": self.effect is not None,
+        }
+
+    def run_dirs(self, **where: Any) -> list[tuple[int, Path]]:
+        """``(seed, folder)`` of the complete runs of ``runs.csv`` matching ``where``
+        (``dataset=``, ``protocol=``, ``method=``), sorted by seed."""
+        if self.runs is None:
+            return []
+        r = self.runs[(self.runs["status"] == "complete") & (self.runs["run_dir"] != "")]
+        for col, value in where.items():
+            r = r[r[col] == value]
+        out = []
+        for seed, run_dir in zip(r["seed"], r["run_dir"], strict=True):
+            path = Path(run_dir)
+            out.append((int(seed), path if path.is_absolute() else self.root / path))
+        return sorted(out)
+
+
+def load_context(results_dir: str | Path) -> BenchContext:
+    """Load and check every file of a bench folder (see the module docstring).
 
     Raises
     ------
     ValueError
-        When the file is missing or lacks a required column.
+        ``results.csv`` is missing, or a file is malformed (the message names the line).
     """
-    path = Path(results_dir) / "results.csv"
-    if not path.is_file():
-        raise ValueError(
-            f"{str(path)!r} does not exist; run `cogcal bench --out {results_dir}` first, or "
-            "pass the folder that holds results.csv."
-        )
-    df = pd.read_csv(
-        path,
-        dtype={
-            "dataset": str,
-            "method": str,
-            "protocol": str,
-            "split": str,
-            "metric": str,
-            "task": str,
-            "condition": str,
-            "severity": str,
-        },
-        keep_default_na=False,
-        na_values={"value": ["nan", "NaN", ""]},
+    root = Path(results_dir)
+    results = load_results(root)
+    runs = load_runs(root)
+    meta = read_bench_json(root)
+    return BenchContext(
+        root=root,
+        results=results,
+        runs=runs,
+        tuning=load_tuning(root),
+        effect=load_effect(root),
+        meta=meta,
+        plan=SeedPlan.from_bench(runs, meta),
     )
-    from cogcal.bench.results import COLUMNS
-
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{str(path)!r} lacks the column(s) {missing}; expected {list(COLUMNS)} (SPEC §6)."
-        )
-    df["value"] = pd.to_numeric(df["value"], errors="coerce")
-    df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
-    return df
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+# --------------------------------------------------------------------------- figures
 
 
 def _save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
@@ -94,26 +174,10 @@ def _save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
     return _io.write_bytes(path, buf.getvalue())
 
 
-def _load_logits(run_dir: Path) -> tuple[np.ndarray, np.ndarray] | None:
-    path = run_dir / "test_logits.npz"
-    try:
-        with np.load(path) as z:
-            return np.asarray(z["logits"]), np.asarray(z["labels"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-# --------------------------------------------------------------------------- figures
-
-
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
     from matplotlib.figure import Figure as MplFigure
 
-    from cogcal.report._common import is_cog
-
-    d = T._aggregate(df, "test")
-    d = d[(d["dataset"] == dataset) & (d["protocol"] == protocol)]
-    d = d[d["metric"].isin(["acc", "ece_15"])]
+    d = aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:
         return None
     stats = mean_std(d, by=("method", "metric"))
@@ -126,23 +190,14 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
     for method, row in wide.iterrows():
         cog = is_cog(str(method))
         ax.errorbar(
-            row[("mean", "ece_15")],
-            row[("mean", "acc")],
-            xerr=row[("std", "ece_15")],
-            yerr=row[("std", "acc")],
-            fmt="o" if cog else "s",
-            color="tab:red" if cog else "tab:blue",
-            ms=6,
-            capsize=2,
-            lw=0.8,
-        )
+            row[("mean", "ece_15")], row[("mean", "acc")], xerr=row[("std", "ece_15")],
+            yerr=row[("std", "acc")], fmt="o" if cog else "s",
+            color="tab:red" if cog else "tab:blue", ms=6, capsize=2, lw=0.8,
+        )  # fmt: skip
         ax.annotate(
-            str(method),
-            (row[("mean", "ece_15")], row[("mean", "acc")]),
-            textcoords="offset points",
-            xytext=(4, 4),
-            fontsize=8,
-        )
+            str(method), (row[("mean", "ece_15")], row[("mean", "acc")]),
+            textcoords="offset points", xytext=(4, 4), fontsize=8,
+        )  # fmt: skip
     if not front.empty:
         ax.plot(front["ece_15"], front["acc"], "--", color="0.4", lw=1)
         ax.scatter(
@@ -160,107 +215,280 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
 
 
 def _reliability_figure(
-    root: Path, dataset: str, protocol: str, methods: list[str], path: Path, note: str
-) -> tuple[Path, int] | None:
+    ctx: BenchContext, dataset: str, protocol: str, methods: list[str], path: Path, note: str
+) -> int | None:
+    """Side-by-side diagrams of ``methods`` at their lowest common seed (saved test logits
+    read through RunDir); the seed, or None when a method has no readable logits."""
     from cogcal.report.diagrams import plot_reliability
+    from cogcal.train.rundir import RunDir, RunFolderError
 
-    seeds = []
-    for m in methods:
-        base = root / "runs" / protocol / dataset / m
-        if not base.is_dir():
+    found = [dict(ctx.run_dirs(dataset=dataset, protocol=protocol, method=m)) for m in methods]
+    common = sorted(set.intersection(*(set(f) for f in found))) if found else []
+    for seed in common:
+        data = {}
+        try:
+            for m, runs in zip(methods, found, strict=True):
+                data[m] = RunDir(runs[seed]).read_logits("test")
+        except RunFolderError:
+            continue
+        if any(np.asarray(v[0]).ndim != 2 for v in data.values()):
             return None
-        seeds.append(
-            {
-                int(p.name[4:])
-                for p in base.glob("seed*")
-                if (p / "test_logits.npz").is_file() and p.name[4:].isdigit()
-            }
-        )
-    common = sorted(set.intersection(*seeds)) if seeds else []
-    if not common:
-        return None
-    seed = common[0]
-    data = {}
-    for m in methods:
-        loaded = _load_logits(root / "runs" / protocol / dataset / m / f"seed{seed}")
-        if loaded is None:
+        # Multi-label runs store (N, T) 0/1 labels: their diagrams pool every (sample, task).
+        kinds = {
+            "multilabel" if np.asarray(v[1]).ndim == 2 else "multiclass" for v in data.values()
+        }
+        if len(kinds) != 1:
             return None
-        data[m] = loaded
-    if any(v[0].ndim != 2 for v in data.values()):
-        return None
-    # Multi-label runs store (N, T) 0/1 labels: their diagrams pool every (sample, task).
-    kinds = {"multilabel" if v[1].ndim == 2 else "multiclass" for v in data.values()}
-    if len(kinds) != 1:
-        return None
-    task = kinds.pop()
-    title = f"{dataset}, {protocol}, seed {seed}: {note}"
-    if task == "multilabel":
-        title += " (pooled over tasks)"
-    fig = plot_reliability(data, None, n_bins=15, title=title, task=task)
-    return _save_figure(fig, path), seed
+        task = kinds.pop()
+        title = f"{dataset}, {protocol}, seed {seed}: {note}"
+        if task == "multilabel":
+            title += " (pooled over tasks)"
+        _save_figure(plot_reliability(data, None, n_bins=15, title=title, task=task), path)
+        return seed
+    return None
 
 
 # --------------------------------------------------------------------------- sections
-
-
-def _overview(df: pd.DataFrame, meta: Any, found: dict[str, bool]) -> Section:
-    items = []
-    if isinstance(meta, dict):
-        suite = meta.get("suite") or {}
-        items.append(f"Suite: {suite.get('name', '?')} — {suite.get('description', '')}")
-        train = suite.get("train") or {}
-        if train:
-            items.append("Training: " + ", ".join(f"{k} {v}" for k, v in train.items()))
-        sessions = meta.get("sessions") or []
-        if sessions:
-            wall = sum(float(s.get("wall_seconds", 0)) for s in sessions)
-            last = sessions[-1]
-            cpu = sum(float(s.get("worker_cpu_seconds", 0) or 0) for s in sessions)
-            items.append(
-                f"Wall time: {wall:.0f} s over {len(sessions)} invocation(s) of cogcal bench "
-                f"(last: {last.get('wall_seconds', 0):.0f} s, {last.get('jobs', '?')} worker(s), "
-                f"{meta.get('cpu_count', '?')} CPUs, {meta.get('threads_per_worker', '?')} "
-                f"thread(s) per worker; counts {last.get('counts', {})})."
-                + (f" Worker CPU time: {cpu:.0f} s." if cpu else "")
-            )
-        items.append(
-            f"Software: cogcal {meta.get('cogcal', '?')}, torch {meta.get('torch', '?')}, "
-            f"Python {meta.get('python', '?')}, {meta.get('platform', '?')}."
-        )
-    datasets = sorted(df["dataset"].unique())
-    protocols = [p for p in ("paper", "fair") if p in set(df["protocol"])]
-    seeds = sorted(int(s) for s in df["seed"].dropna().unique())
-    items.append(
-        f"Datasets: {', '.join(datasets)}; methods: {df['method'].nunique()}; seeds: {seeds}."
-    )
-    for p in protocols:
-        items.append(f"Protocol '{p}': {_PROTOCOL_TEXT[p]}.")
-    items.append(
-        "All numbers are on the test split unless a table says otherwise; nothing is tuned, "
-        "fitted or selected on the test split (checkpoints by validation Brier, learning "
-        "rates by validation cross-entropy, post-hoc calibrators fitted on validation)."
-    )
-    absent = [name for name, ok in found.items() if not ok]
-    if absent:
-        items.append("Not found, sections skipped: " + ", ".join(absent) + ".")
-    return Section("Overview", [Paragraph(items=items)], key="overview")
 
 
 def _add(blocks: list, table: Table | None) -> None:
     if table is None:
         return
     if not table.rows:  # a table without rows renders badly: say it in words
-        blocks.append(Paragraph(f"{table.title}: " + " ".join(table.notes)))
+        blocks.append(Paragraph(f"{table.title}: " + " ".join(map(str, table.notes))))
         return
     blocks.append(table)
 
 
-def build_report(results_dir: Path) -> Path:
+def section_verdict(ctx: BenchContext) -> Section:
+    """The verdict (:mod:`cogcal.report.verdict`)."""
+    return verdict_section(
+        ctx.results,
+        ctx.tuning,
+        datasets=ctx.datasets,
+        protocols=ctx.protocols,
+        short_cells=len(ctx.coverage),
+        failed_runs=ctx.failed_runs,
+    )
+
+
+def section_overview(ctx: BenchContext) -> Section:
+    """Suite, budgets, run counts, datasets and protocols."""
+    sec = overview_section(
+        ctx.results,
+        ctx.meta,
+        ctx.runs,
+        ctx.found,
+        short_cells=len(ctx.coverage),
+        failed_runs=ctx.failed_runs,
+    )
+    if ctx.results.empty:
+        sec.blocks.append(Paragraph("results.csv holds no finished run yet."))
+    return sec
+
+
+def section_complexity(ctx: BenchContext) -> Section | None:
+    """Extra parameters, calibration data, stages (Tab. 1/7)."""
+    if ctx.results.empty:
+        return None
+    methods = list(ctx.results["method"].unique())
+    if ctx.runs is not None:
+        methods += [m for m in ctx.runs["method"].unique() if m not in methods]
+    info = (ctx.meta or {}).get("datasets")
+    info = info if isinstance(info, dict) else {}
+    return Section("Complexity", [T.complexity_table(methods, info)], "complexity")
+
+
+def section_comparison(ctx: BenchContext) -> Section | None:
+    """One Tab. 2 table per protocol and dataset."""
+    sec = Section("Comparison of all methods", key="comparison")
+    for p in ctx.protocols:
+        for ds in ctx.datasets:
+            _add(sec.blocks, T.comparison_table(ctx.results, ds, p, plan=ctx.plan))
+    return sec if sec.blocks else None
+
+
+def section_effect(ctx: BenchContext) -> Section | None:
+    """Where COG's effect comes from (:mod:`cogcal.report.effect`)."""
+    return effect_section(ctx.effect)
+
+
+def section_losses(ctx: BenchContext) -> Section | None:
+    """Every comparison where a COG variant's mean is worse than its counterpart's."""
+    table = T.losses_table(ctx.results)
+    if table is None:
+        return None
+    sec = Section("Where COG loses", key="losses-sec")
+    _add(sec.blocks, table)
+    return sec
+
+
+def section_pairwise(ctx: BenchContext) -> Section | None:
+    """ECE, RMSCE and MCE over bin counts, COG vs counterpart (Tab. 9-11)."""
+    sec = Section("Post-hoc calibration vs COG across bin counts", key="pairwise")
+    for family in ("ece", "rmsce", "mce"):
+        for p in ctx.protocols:
+            for ds in ctx.datasets:
+                _add(
+                    sec.blocks,
+                    T.pairwise_calibration_table(ctx.results, ds, p, family, plan=ctx.plan),
+                )
+    return sec if sec.blocks else None
+
+
+def section_reliability(ctx: BenchContext) -> Section | None:
+    """Reliability diagrams: each post-hoc method vs its COG variant, and the top-ranked
+    method vs cog-fc (Fig. 3 style), from the runs' saved test logits."""
+    if ctx.results.empty:
+        return None
+    sec = Section("Reliability diagrams", key="reliability")
+    for p in ctx.protocols:
+        for ds in ctx.datasets:
+            d = aggregate(ctx.results, split="test", dataset=ds, protocol=p)
+            present = list(d["method"].unique())
+            for cog, base in T.present_pairs(present):
+                name = f"reliability_{slug(p)}_{slug(ds)}_{slug(base)}_vs_{slug(cog)}.png"
+                seed = _reliability_figure(
+                    ctx, ds, p, [base, cog], ctx.figdir / name, f"{base} vs {cog}"
+                )
+                if seed is not None:
+                    sec.blocks.append(
+                        Figure(
+                            f"figures/{name}",
+                            f"{ds}, {p}: {base} (left) vs {cog} (right), test split, seed "
+                            f"{seed}, 15 bins",
+                        )
+                    )
+            if d.empty or "cog-fc" not in present:
+                continue
+            ranks = summary_rank(d, split=None)
+            top = str(ranks.iloc[0]["method"]) if not ranks.empty else "cog-fc"
+            if top != "cog-fc":
+                name = f"reliability_{slug(p)}_{slug(ds)}_top_{slug(top)}_vs_cog-fc.png"
+                seed = _reliability_figure(
+                    ctx, ds, p, [top, "cog-fc"], ctx.figdir / name, f"top ranked {top} vs cog-fc"
+                )
+                if seed is not None:
+                    sec.blocks.append(
+                        Figure(
+                            f"figures/{name}",
+                            f"{ds}, {p}: top-ranked {top} vs cog-fc (Fig. 3 style), seed {seed}",
+                        )
+                    )
+    if not sec.blocks:
+        why = "no runs.csv" if ctx.runs is None else "no readable test logits in the run folders"
+        sec.blocks.append(Paragraph(f"Reliability diagrams skipped: {why}."))
+    return sec
+
+
+def section_pareto(ctx: BenchContext) -> Section | None:
+    """Test accuracy against ECE-15 with the Pareto front."""
+    sec = Section("Accuracy against calibration", key="pareto")
+    for p in ctx.protocols:
+        for ds in ctx.datasets:
+            name = f"pareto_{slug(p)}_{slug(ds)}.png"
+            if _pareto_figure(ctx.results, ds, p, ctx.figdir / name):
+                sec.blocks.append(
+                    Figure(
+                        f"figures/{name}",
+                        f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; "
+                        "dashed: Pareto front",
+                    )
+                )
+    return sec if sec.blocks else None
+
+
+def section_multitask(ctx: BenchContext) -> Section | None:
+    """Multi-task tables and figures (:mod:`cogcal.report.multitask`)."""
+    return multitask_section(ctx.results, ctx.figdir, plan=ctx.plan)
+
+
+def section_robustness(ctx: BenchContext) -> Section | None:
+    """OOD detection and covariate shift (:mod:`cogcal.report.robustness`)."""
+    df = ctx.results
+    if not df["split"].isin(["ood", "shift"]).any():
+        return None
+    unavailable = {}
+    for ds in sorted(set(rows(df, split=["ood", "shift"])["dataset"])):
+        dirs = [p for _, p in ctx.run_dirs(dataset=ds)][:50]  # the sets depend on the data
+        unavailable[ds] = unavailable_sets(dirs)
+    return robustness_section(df, ctx.figdir, unavailable)
+
+
+def section_tuning(ctx: BenchContext) -> Section | None:
+    """Chosen learning rates, grid edges, every trained point (:mod:`cogcal.report.tuning`)."""
+    return tuning_section(ctx.tuning)
+
+
+def section_runtimes(ctx: BenchContext) -> Section | None:
+    """Seconds per run."""
+    table = T.runtime_table(ctx.runs)
+    return None if table is None else Section("Run times", [table], "runtimes-sec")
+
+
+def section_failures(ctx: BenchContext) -> Section:
+    """Runs that failed, diverged or were interrupted; cells with fewer seeds."""
+    return failures_section(ctx.runs, ctx.coverage)
+
+
+#: The bench report's sections, in order: each ``(context) -> Section or None``.
+SECTIONS: tuple[Callable[[BenchContext], Section | None], ...] = (
+    section_verdict,
+    section_overview,
+    section_complexity,
+    section_comparison,
+    section_effect,
+    section_losses,
+    section_pairwise,
+    section_reliability,
+    section_pareto,
+    section_multitask,
+    section_robustness,
+    section_tuning,
+    section_runtimes,
+    section_failures,
+)
+
+
+#: Tables of one protocol and dataset, by the start of their key, whose methods a tuned
+#: choice at a grid edge affects (their first column names the methods).
+EDGE_TABLES: tuple[str, ...] = ("comparison", "mtl", "ood", "shift")
+
+
+def _tables(blocks: list[Any]) -> list[Table]:
+    out: list[Table] = []
+    for block in blocks:
+        if isinstance(block, Table):
+            out.append(block)
+        elif isinstance(block, Section):
+            out += _tables(block.blocks)
+    return out
+
+
+def annotate_edges(sections: list[Section], ctx: BenchContext) -> None:
+    """Add, under every protocol/dataset table (:data:`EDGE_TABLES`), a note for each tuned
+    choice at a grid edge that one of the table's methods uses."""
+    if ctx.tuning is None or ctx.tuning.empty:
+        return
+    keys = {
+        f"{kind}-{slug(p)}-{slug(ds)}": (p, ds)
+        for kind in EDGE_TABLES
+        for p in set(ctx.tuning["protocol"])
+        for ds in set(ctx.tuning["dataset"])
+    }
+    for table in _tables(list(sections)):
+        if table.key in keys:
+            protocol, dataset = keys[table.key]
+            methods = [row[0].text for row in table.rows]
+            table.notes += edge_notes(ctx.tuning, protocol, dataset, methods)
+
+
+def build_report(results_dir: str | Path) -> Path:
     """Rebuild ``report.md``, ``report.html`` and ``figures/`` of a bench folder.
 
     Parameters
     ----------
-    results_dir : Path
+    results_dir : str or Path
         Folder holding ``results.csv`` (``cogcal bench --out``).
 
     Returns
@@ -271,166 +499,32 @@ def build_report(results_dir: Path) -> Path:
     Raises
     ------
     ValueError
-        When ``results.csv`` is missing or malformed.
+        When ``results.csv`` is missing, or a file of the folder is malformed.
     """
-    root = Path(results_dir)
-    df = load_results(root)
-    meta = _read_json(root / "bench.json")
-    runs = None
-    if (root / "runs.csv").is_file():
-        runs = pd.read_csv(root / "runs.csv", keep_default_na=False, dtype={"copied_from": str})
-    tunes = [t for t in (_read_json(p) for p in sorted(root.glob("tune/*/*/*/tune.json"))) if t]
-    failed_lines = []
-    if (root / "failed.txt").is_file():
-        failed_lines = [
-            ln
-            for ln in (root / "failed.txt").read_text(encoding="utf-8").splitlines()
-            if ln.strip() and not ln.startswith("#")
-        ]
-    has_logits = any(root.glob("runs/*/*/*/seed*/test_logits.npz"))
-    found = {
-        "bench.json (suite, dataset sizes)": isinstance(meta, dict),
-        "runs.csv (run times)": runs is not None,
-        "tune/*/tune.json (selected learning rates)": bool(tunes),
-        "test logits (reliability diagrams)": has_logits,
-    }
-    figdir = root / "figures"
-    sections: list[Section] = [_overview(df, meta, found)]
-
-    if df.empty:
-        sections.append(Section("Results", [Paragraph("results.csv holds no finished run yet.")]))
-    else:
-        datasets = sorted(df["dataset"].unique())
-        protocols = [p for p in ("paper", "fair") if p in set(df["protocol"])] + sorted(
-            set(df["protocol"]) - {"paper", "fair"}
-        )
-        methods = list(df["method"].unique())
-        if runs is not None and not runs.empty:
-            methods += [m for m in runs["method"].unique() if m not in methods]
-        info = (meta or {}).get("datasets") or {}
-        with contextlib.suppress(ImportError):  # the registry needs cogcal.train
-            sections.append(
-                Section("Complexity", [T.complexity_table(methods, info)], "complexity")
-            )
-
-        comp = Section("Comparison of all methods", key="comparison")
-        for p in protocols:
-            for ds in datasets:
-                _add(comp.blocks, T.comparison_table(df, ds, p))
-        sections.append(comp)
-
-        losses = Section("Where COG loses", key="losses")
-        _add(losses.blocks, T.losses_table(df))
-        sections.append(losses)
-
-        pair = Section("Post-hoc calibration vs COG across bin counts", key="pairwise")
-        for family in ("ece", "rmsce", "mce"):
-            for p in protocols:
-                for ds in datasets:
-                    _add(pair.blocks, T.pairwise_calibration_table(df, ds, p, family))
-        sections.append(pair)
-
-        rel = Section("Reliability diagrams", key="reliability")
-        for p in protocols:
-            for ds in datasets:
-                present = set(df[(df["dataset"] == ds) & (df["protocol"] == p)]["method"])
-                for cog, base in cog_pairs().items():
-                    if cog in present and base in present:
-                        name = f"reliability_{p}_{ds}_{base}_vs_{cog}.png"
-                        made = _reliability_figure(
-                            root, ds, p, [base, cog], figdir / name, f"{base} vs {cog}"
-                        )
-                        if made:
-                            rel.blocks.append(
-                                Figure(
-                                    f"figures/{name}",
-                                    f"{ds}, {p}: {base} (left) vs {cog} (right), test split, "
-                                    f"seed {made[1]}, 15 bins",
-                                )
-                            )
-                ranks = summary_rank(df[(df["dataset"] == ds) & (df["protocol"] == p)])
-                if not ranks.empty and "cog-fc" in present:
-                    top = str(ranks.iloc[0]["method"])
-                    if top != "cog-fc":
-                        name = f"reliability_{p}_{ds}_top_{top}_vs_cog-fc.png"
-                        made = _reliability_figure(
-                            root,
-                            ds,
-                            p,
-                            [top, "cog-fc"],
-                            figdir / name,
-                            f"top ranked {top} vs cog-fc",
-                        )
-                        if made:
-                            rel.blocks.append(
-                                Figure(
-                                    f"figures/{name}",
-                                    f"{ds}, {p}: top-ranked {top} vs cog-fc (Fig. 3 style), "
-                                    f"seed {made[1]}",
-                                )
-                            )
-        if not rel.blocks:
-            rel.blocks.append(
-                Paragraph("No test logits found next to results.csv: diagrams skipped.")
-            )
-        sections.append(rel)
-
-        par = Section("Accuracy against calibration", key="pareto")
-        for p in protocols:
-            for ds in datasets:
-                name = f"pareto_{p}_{ds}.png"
-                if _pareto_figure(df, ds, p, figdir / name):
-                    par.blocks.append(
-                        Figure(
-                            f"figures/{name}",
-                            f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; "
-                            "dashed: Pareto front",
-                        )
-                    )
-        sections.append(par)
-
-        mtl = multitask_section(df, figdir)
-        if mtl is not None:
-            sections.append(mtl)
-
-        rob = robustness_section(df, root, figdir)
-        if rob is not None:
-            sections.append(rob)
-
-    tune_sec = Section("Selected learning rates", key="tuning")
-    _add(tune_sec.blocks, T.tuning_table(tunes))
-    if tune_sec.blocks:
-        sections.append(tune_sec)
-    time_sec = Section("Run times", key="runtimes")
-    _add(time_sec.blocks, T.runtime_table(runs) if runs is not None else None)
-    if time_sec.blocks:
-        sections.append(time_sec)
-
-    fail = Section("Failed runs", key="failures")
-    if failed_lines:
-        rows = []
-        for ln in failed_lines:
-            parts = (ln.split("\t") + ["", "", ""])[:3]
-            rows.append([T.Cell(x) for x in parts])
-        fail.blocks.append(
-            Table(
-                f"{len(rows)} failed run(s)",
-                ["Run", "Error", "Log"],
-                rows,
-                ["Failed runs are missing from every table; re-run cogcal bench to retry them."],
-                "failed",
-            )
-        )
-    else:
-        fail.blocks.append(Paragraph("None."))
-    sections.append(fail)
-
+    ctx = load_context(results_dir)
+    sections = [s for builder in SECTIONS if (s := builder(ctx)) is not None]
+    annotate_edges(sections, ctx)
     title = "cogcal bench report"
-    if isinstance(meta, dict) and (meta.get("suite") or {}).get("name"):
-        title += f": {meta['suite']['name']}"
-    _io.write_text(root / "report.md", render_markdown(title, sections))
-    return _io.write_text(root / "report.html", render_html(title, sections, root))
+    suite = (ctx.meta or {}).get("suite")
+    if isinstance(suite, dict) and suite.get("name"):
+        title += f": {suite['name']}"
+    _io.write_text(ctx.root / "report.md", render_markdown(title, sections))
+    return _io.write_text(ctx.root / "report.html", render_html(title, sections, ctx.root))
 
 
-def _finite(x: float) -> bool:
-    return x is not None and math.isfinite(x)
+# --------------------------------------------------------------------------- dispatch
+
+
+def build_any(path: str | Path) -> Path:
+    """Write the report of ``path``: :func:`build_report` for a bench folder,
+    :func:`~cogcal.report.run_report.build_run_report` for a run folder (see
+    :func:`~cogcal.report.run_report.report_kind`).
+
+    Returns
+    -------
+    Path
+        The path of ``report.html``.
+    """
+    if report_kind(path) == "bench":
+        return build_report(path)
+    return build_run_report(path)

@@ -1,6 +1,6 @@
 """Multi-task sections of the report (paper §4.3: Tab. 6, Fig. 6, pairwise win counts).
 
-Multi-task rows of ``results.csv`` (SPEC §6) carry ``task`` = a task name, plus
+Multi-task rows of ``results.csv`` (docs/method.md §6) carry ``task`` = a task name, plus
 ``task = "mean"`` rows with the unweighted mean over tasks. The Tab. 6 table uses those
 means (computing them from the per-task rows when a run wrote none); the per-task figure
 and the win counts use the per-task rows. Tasks are ordered by difficulty: the mean
@@ -16,10 +16,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import check_results_frame, is_cog
+from cogcal.report._common import check_results_frame, is_cog, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
-from cogcal.report.render import Figure, Paragraph, Section
-from cogcal.report.tables import _LABELS, Table, _cell, _method_order, comparison_table, fmt
+from cogcal.report.blocks import Figure, Paragraph, Section, Table
+from cogcal.report.frame import INDIVIDUAL, SeedPlan, rows
+from cogcal.report.tables import (
+    _LABELS,
+    FEWER_SEEDS_NOTE,
+    _cell,
+    _method_order,
+    comparison_table,
+    stat_text,
+)
 
 __all__ = [
     "MTL_METRICS",
@@ -38,24 +46,10 @@ MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
 _REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "task")
 
 
-def _task_mask(df: pd.DataFrame) -> pd.Series:
-    """Rows of an individual task (``task`` neither empty nor ``mean``)."""
-    t = df["task"].astype(str).str.strip()
-    return df["task"].notna() & (t != "") & (t != "mean") & (t.str.lower() != "nan")
-
-
-def _no_condition(df: pd.DataFrame) -> pd.Series:
-    keep = pd.Series(True, index=df.index)
-    for col in ("condition", "severity"):
-        if col in df.columns:
-            keep &= df[col].isna() | (df[col].astype(str).str.strip() == "")
-    return keep
-
-
 def multitask_datasets(df: pd.DataFrame) -> list[str]:
     """Datasets with per-task rows, sorted."""
     check_results_frame(df, _REQUIRED)
-    return sorted(map(str, df.loc[_task_mask(df), "dataset"].unique()))
+    return sorted(map(str, rows(df, task=INDIVIDUAL)["dataset"].unique()))
 
 
 def per_task_rows(
@@ -63,8 +57,10 @@ def per_task_rows(
 ) -> pd.DataFrame:
     """The per-task rows of one dataset, protocol and split (no shift / OOD rows)."""
     check_results_frame(df, _REQUIRED)
-    d = df[(df["dataset"] == dataset) & (df["protocol"] == protocol) & (df["split"] == split)]
-    return d[_task_mask(d) & _no_condition(d)]
+    return rows(
+        df, dataset=dataset, protocol=protocol, split=split, task=INDIVIDUAL, condition="",
+        severity="",
+    )  # fmt: skip
 
 
 def task_difficulty(
@@ -82,7 +78,7 @@ def task_difficulty(
         When there are no per-task rows of ``metric``.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"] == metric]
+    d = rows(d, metric=metric)
     if d.empty:
         raise ValueError(
             f"no per-task {metric!r} rows for dataset {dataset!r}, protocol {protocol!r}, "
@@ -96,10 +92,9 @@ def task_difficulty(
 
 def _mean_rows(df: pd.DataFrame, dataset: str, protocol: str, split: str) -> pd.DataFrame:
     """``task == "mean"`` rows, completed from the per-task rows where a run lacks them."""
-    d = df[(df["dataset"] == dataset) & (df["protocol"] == protocol) & (df["split"] == split)]
-    d = d[_no_condition(d)]
-    have = d[d["task"].astype(str) == "mean"]
-    tasks = d[_task_mask(d)]
+    d = rows(df, dataset=dataset, protocol=protocol, split=split, condition="", severity="")
+    have = rows(d, task="mean")
+    tasks = rows(d, task=INDIVIDUAL)
     if tasks.empty:
         return have
     computed = (
@@ -122,6 +117,7 @@ def multitask_table(
     metrics: Sequence[str] = MTL_METRICS,
     *,
     split: str = "test",
+    plan: SeedPlan | None = None,
 ) -> Table | None:
     """Tab. 6: accuracy, NLL, Brier, ECE-15 as unweighted means over tasks.
 
@@ -132,7 +128,9 @@ def multitask_table(
     tasks = per_task_rows(df, dataset, protocol, split=split)
     if tasks.empty:
         return None
-    t = comparison_table(_mean_rows(df, dataset, protocol, split), dataset, protocol, metrics)
+    t = comparison_table(
+        _mean_rows(df, dataset, protocol, split), dataset, protocol, metrics, plan=plan
+    )
     if t is None:
         return None
     n_tasks = tasks["task"].nunique()
@@ -140,9 +138,9 @@ def multitask_table(
     t.notes.insert(
         0,
         f"Every metric is the unweighted mean over the {n_tasks} binary tasks (each task "
-        "a 2-class problem, SPEC §3), computed per seed.",
+        "a 2-class problem, docs/method.md §3), computed per seed.",
     )
-    t.key = f"mtl-{protocol}-{dataset}"
+    t.key = f"mtl-{slug(protocol)}-{slug(dataset)}"
     return t
 
 
@@ -154,36 +152,38 @@ def per_task_table(
     ``None`` when the dataset has no per-task rows of ``metric``.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"] == metric]
+    d = rows(d, metric=metric)
     if d.empty:
         return None
     order = task_difficulty(df, dataset, protocol, split=split)
     order += sorted(set(map(str, d["task"])) - set(order))
     stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method"))
-    cell = {(r.task, r.method): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.task, r.method): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = int(stats["n"].max())
     methods = _method_order(list(stats["method"].unique()))
     hib = metric in HIGHER_IS_BETTER
-    rows = []
+    table_rows = []
     for task in order:
         vals = [cell[(task, m)][0] for m in methods if (task, m) in cell]
         vals = [v for v in vals if np.isfinite(v)]
         best = (max if hib else min)(vals) if vals else None
         row = [_cell(task)]
         for m in methods:
-            mean, std = cell.get((task, m), (np.nan, np.nan))
+            mean, std, n = cell.get((task, m), (np.nan, np.nan, 0))
             ok = np.isfinite(mean)
-            row.append(_cell(fmt(mean, std) if ok else "—", ok and np.isclose(mean, best)))
-        rows.append(row)
+            row.append(_cell(stat_text(mean, std, n, most), ok and np.isclose(mean, best)))
+        table_rows.append(row)
     label = _LABELS.get(metric, metric)
     return Table(
         f"{dataset} — {protocol}: {label} per task ({split} split)",
         ["Task (hardest first)", *methods],
-        rows,
+        table_rows,
         [
             "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
             "sample std over seeds; best of each task in bold."
-        ],
-        f"mtl-task-{metric}-{protocol}-{dataset}",
+        ]
+        + ([FEWER_SEEDS_NOTE] if (stats["n"] < most).any() else []),
+        f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
     )
 
 
@@ -214,7 +214,7 @@ def per_task_figure(
     from cogcal import _io
 
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"].isin(list(metrics))]
+    d = rows(d, metric=list(metrics))
     if d.empty or set(d["metric"]) != set(metrics):
         return None
     order = task_difficulty(df, dataset, protocol, split=split)
@@ -267,7 +267,7 @@ def wins_table(
         ``None`` without per-task rows or without both a COG variant and a baseline.
     """
     d = per_task_rows(df, dataset, protocol, split=split)
-    d = d[d["metric"].isin(list(better_on))]
+    d = rows(d, metric=list(better_on))
     if d.empty:
         return None
     methods = _method_order(list(d["method"].unique()))
@@ -275,7 +275,7 @@ def wins_table(
     bases = [m for m in methods if not is_cog(m)]
     if not cogs or not bases:
         return None
-    rows, sentences = [], []
+    table_rows, sentences = [], []
     names = " and ".join(_LABELS.get(m, m) for m in better_on)
     for cog in cogs:
         for base in bases:
@@ -283,7 +283,7 @@ def wins_table(
             losses, _ = pairwise_wins(d, base, cog, better_on)
             sentences.append(format_wins(cog, base, wins, total, better_on))
             share = f"{100 * wins / total:.0f}%" if total else "—"
-            rows.append(
+            table_rows.append(
                 [
                     _cell(cog),
                     _cell(base),
@@ -301,14 +301,16 @@ def wins_table(
     table = Table(
         f"{dataset} — {protocol}: pairwise wins over tasks ({names})",
         header,
-        rows,
+        table_rows,
         notes,
-        f"mtl-wins-{protocol}-{dataset}",
+        f"mtl-wins-{slug(protocol)}-{slug(dataset)}",
     )
     return table, sentences
 
 
-def multitask_section(df: pd.DataFrame, figdir: Path) -> Section | None:
+def multitask_section(
+    df: pd.DataFrame, figdir: Path, *, plan: SeedPlan | None = None
+) -> Section | None:
     """The report's multi-task section, or ``None`` without per-task rows.
 
     Parameters
@@ -332,16 +334,19 @@ def multitask_section(df: pd.DataFrame, figdir: Path) -> Section | None:
         )
     )
     for dataset in datasets:
-        d = df[df["dataset"] == dataset]
+        d = rows(df, dataset=dataset)
         protocols = sorted(set(map(str, d["protocol"])), key=lambda p: (order.get(p, 2), p))
         for protocol in protocols:
             if per_task_rows(df, dataset, protocol).empty:
                 continue
-            sub = Section(f"{dataset} — {protocol} protocol", key=f"multitask-{protocol}-{dataset}")
-            table = multitask_table(df, dataset, protocol)
+            sub = Section(
+                f"{dataset} — {protocol} protocol",
+                key=f"multitask-{slug(protocol)}-{slug(dataset)}",
+            )
+            table = multitask_table(df, dataset, protocol, plan=plan)
             if table is not None:
                 sub.blocks.append(table)
-            name = f"per_task_{protocol}_{dataset}.png"
+            name = f"per_task_{slug(protocol)}_{slug(dataset)}.png"
             if per_task_figure(df, dataset, protocol, Path(figdir) / name):
                 sub.blocks.append(
                     Figure(

@@ -3,6 +3,12 @@
 ``report.md`` links the figures under ``figures/``; ``report.html`` is self-contained:
 styles inline and every image embedded as a base64 ``data:`` URI, so it opens offline
 and can be mailed as one file. No scripts, no external resources.
+
+All text is escaped for its format: HTML special characters in ``report.html``, and in
+``report.md`` the characters Markdown gives a meaning (``\\ ` * _ [ ] < > | #`` and a
+leading ``-``/``+``), so a method or dataset name such as ``a|b`` or ``my_*net*`` shows
+as written and cannot break a table. Tables and keyed sections carry an anchor (an
+``id`` in HTML, an ``<a id>`` line in Markdown) that :class:`Link` points to.
 """
 
 from __future__ import annotations
@@ -10,79 +16,95 @@ from __future__ import annotations
 import base64
 import html
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from cogcal.report.tables import Cell, Table
+from cogcal.report.blocks import Cell, Figure, Link, Paragraph, Section, Table, Text
 
-__all__ = ["Figure", "Paragraph", "Section", "render_html", "render_markdown"]
-
-
-@dataclass
-class Paragraph:
-    """A paragraph of plain text (``items`` makes it a bullet list)."""
-
-    text: str = ""
-    items: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Figure:
-    """An image file (PNG) with a caption; ``path`` is relative to the report folder."""
-
-    path: str
-    caption: str
-
-
-@dataclass
-class Section:
-    """A titled section holding paragraphs, tables, figures and subsections."""
-
-    title: str
-    blocks: list[Paragraph | Table | Figure | Section] = field(default_factory=list)
-    key: str = ""
+__all__ = [
+    "Figure",
+    "Link",
+    "Paragraph",
+    "Section",
+    "md_escape",
+    "render_html",
+    "render_markdown",
+]
 
 
 # --------------------------------------------------------------------------- markdown
 
 
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+
+
+def md_escape(text: str) -> str:
+    """``text`` with every Markdown special character escaped, on one line.
+
+    >>> md_escape("a|b_*c*") == r"a\\|b\\_\\*c\\*"
+    True
+    >>> md_escape("- x")
+    '\\\\- x'
+    """
+    out = _MD_SPECIAL.sub(r"\\\1", str(text).replace("\r", " ").replace("\n", " "))
+    if out[:1] in ("-", "+"):
+        out = "\\" + out
+    return out
+
+
+def _md_inline(text: Text) -> str:
+    parts = [text] if isinstance(text, str) else text
+    out = []
+    for part in parts:
+        if isinstance(part, Link):
+            out.append(f"[{md_escape(part.text)}](#{part.key})")
+        else:
+            out.append(_MD_SPECIAL.sub(r"\\\1", str(part).replace("\n", " ")))
+    joined = "".join(out)
+    return "\\" + joined if joined[:1] in ("-", "+") else joined
+
+
+def _anchor(key: str) -> str:
+    return f'<a id="{html.escape(key, quote=True)}"></a>'
 
 
 def _md_table(t: Table) -> str:
-    lines = [f"**{t.title}**", ""]
-    lines.append("| " + " | ".join(_md_escape(h) for h in t.header) + " |")
+    lines = [_anchor(t.key)] if t.key else []
+    lines += [f"**{md_escape(t.title)}**", ""]
+    lines.append("| " + " | ".join(md_escape(h) for h in t.header) + " |")
     lines.append("|" + "|".join("---" for _ in t.header) + "|")
     for row in t.rows:
         cells = [
-            (f"**{_md_escape(c.text)}**" if c.bold and c.text else _md_escape(c.text)) for c in row
+            (f"**{md_escape(c.text)}**" if c.bold and c.text else md_escape(c.text)) for c in row
         ]
         lines.append("| " + " | ".join(cells) + " |")
     for note in t.notes:
-        lines += ["", f"*{note}*"]
+        lines += ["", f"*{_md_inline(note)}*"]
     return "\n".join(lines)
 
 
 def _md_block(block: Paragraph | Table | Figure | Section, level: int) -> str:
     if isinstance(block, Section):
-        parts = [f"{'#' * level} {block.title}"]
+        head = f"{'#' * min(level, 6)} {md_escape(block.title)}"
+        parts = [(_anchor(block.key) + "\n\n" + head) if block.key else head]
         parts += [_md_block(b, level + 1) for b in block.blocks]
         return "\n\n".join(parts)
     if isinstance(block, Table):
         return _md_table(block)
     if isinstance(block, Figure):
-        return f"![{block.caption}]({block.path})\n\n*{block.caption}*"
-    text = block.text
+        cap = md_escape(block.caption)
+        return f"![{cap}]({block.path})\n\n*{cap}*"
+    text = _md_inline(block.text) if block.text else ""
     if block.items:
-        text = (text + "\n\n" if text else "") + "\n".join(f"- {i}" for i in block.items)
+        text = (text + "\n\n" if text else "") + "\n".join(
+            f"- {_md_inline(i)}" for i in block.items
+        )
     return text
 
 
 def render_markdown(title: str, sections: list[Section]) -> str:
     """The report as Markdown (figures linked relative to the report folder)."""
     body = "\n\n".join(_md_block(s, 2) for s in sections)
-    return f"# {title}\n\n{body}\n"
+    return f"# {md_escape(title)}\n\n{body}\n"
 
 
 # --------------------------------------------------------------------------- html
@@ -109,7 +131,15 @@ def _esc(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
-_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*$")
+def _html_inline(text: Text) -> str:
+    parts = [text] if isinstance(text, str) else text
+    return "".join(
+        f'<a href="#{_esc(p.key)}">{_esc(p.text)}</a>' if isinstance(p, Link) else _esc(p)
+        for p in parts
+    )
+
+
+_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*(\(\d+ of \d+ seeds?\))?$")
 
 
 def _html_cell(c: Cell) -> str:
@@ -131,7 +161,7 @@ def _html_table(t: Table) -> str:
         cells = "".join(_html_cell(c) for c in row)
         out.append(f"<tr>{cells}</tr>")
     out.append("</tbody></table></div>")
-    out += [f'<p class="note">{_esc(n)}</p>' for n in t.notes]
+    out += [f'<p class="note">{_html_inline(n)}</p>' for n in t.notes]
     return "\n".join(out)
 
 
@@ -161,9 +191,9 @@ def _html_block(block: Paragraph | Table | Figure | Section, level: int, root: P
         )
     parts = []
     if block.text:
-        parts.append(f"<p>{_esc(block.text)}</p>")
+        parts.append(f"<p>{_html_inline(block.text)}</p>")
     if block.items:
-        parts.append("<ul>" + "".join(f"<li>{_esc(i)}</li>" for i in block.items) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li>{_html_inline(i)}</li>" for i in block.items) + "</ul>")
     return "\n".join(parts)
 
 

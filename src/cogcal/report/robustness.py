@@ -1,29 +1,37 @@
 """Robustness sections of the report: OOD detection and covariate shift (paper Tab. 3/4).
 
 Everything is computed from the ``split == "ood"`` and ``split == "shift"`` rows of
-``results.csv`` (SPEC §6): ``condition`` names the OOD set or the corruption, ``severity``
+``results.csv`` (docs/method.md §6): ``condition`` names the OOD set or the corruption, ``severity``
 is 1-5 for shift rows. The runner also writes summary conditions, ``pooled`` (all OOD sets
 scored together) and ``mean`` (shift, averaged over conditions per severity); the tables
 show ``pooled`` as its own column and never average ``mean`` together with the individual
 conditions, so nothing is counted twice. Which sets a run could not evaluate is only in
-its ``metrics.json`` (``"unavailable"``); :func:`unavailable_sets` reads it when the run
-folders are next to ``results.csv``.
+its record (``metrics.json``, ``"unavailable"``); :func:`unavailable_sets` reads it through
+:class:`cogcal.train.rundir.RunDir`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import check_results_frame, is_cog
-from cogcal.report.aggregate import HIGHER_IS_BETTER, mean_std, summary_rank
-from cogcal.report.render import Figure, Paragraph, Section
-from cogcal.report.tables import _LABELS, Table, _cell, _method_order, cog_pairs, fmt
+from cogcal.report._common import check_results_frame, counterparts, is_cog, slug
+from cogcal.report.aggregate import HIGHER_IS_BETTER, Stat, compare, mean_std, summary_rank
+from cogcal.report.blocks import Figure, Paragraph, Section, Table
+from cogcal.report.frame import AGGREGATE, blank, rows
+from cogcal.report.tables import (
+    _LABELS,
+    FEWER_SEEDS_NOTE,
+    SPREAD_WORDS,
+    _cell,
+    _method_order,
+    fmt,
+    stat_text,
+)
 
 __all__ = [
     "OOD_METRICS",
@@ -38,7 +46,7 @@ __all__ = [
     "unavailable_sets",
 ]
 
-#: OOD-detection metrics (SPEC §3), in table order.
+#: OOD-detection metrics (docs/method.md §3), in table order.
 OOD_METRICS: tuple[str, ...] = ("auroc", "fpr95")
 #: Covariate-shift metrics of Tab. 4, in table order.
 SHIFT_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
@@ -46,18 +54,19 @@ _SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the indivi
 _REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "condition")
 
 
-def _blank(s: pd.Series) -> pd.Series:
-    return s.isna() | (s.astype(str).str.strip() == "")
+_blank = blank
+
+
+def _text(s: pd.Series) -> pd.Series:
+    return s.where(~blank(s), "").astype(str).str.strip()
 
 
 def _rows(df: pd.DataFrame, split: str, dataset: str, protocol: str) -> pd.DataFrame:
     """The aggregate rows (no per-task rows) of one split, dataset and protocol."""
-    d = df[(df["split"] == split) & (df["dataset"] == dataset) & (df["protocol"] == protocol)]
-    if "task" in d.columns:
-        d = d[_blank(d["task"]) | (d["task"].astype(str) == "mean")]
-    d = d.assign(condition=d["condition"].astype(str))
+    d = rows(df, split=split, dataset=dataset, protocol=protocol, task=AGGREGATE)
+    d = d.assign(condition=_text(d["condition"]))
     if "severity" in d.columns:
-        d = d.assign(severity=d["severity"].astype(str))
+        d = d.assign(severity=_text(d["severity"]))
     return d[d["value"].notna()]
 
 
@@ -69,7 +78,7 @@ def has_robustness(df: pd.DataFrame) -> bool:
 
 def _pairs(df: pd.DataFrame, split: str) -> list[tuple[str, str]]:
     """(protocol, dataset) combinations with rows of ``split``, in report order."""
-    d = df[df["split"] == split]
+    d = rows(df, split=split)
     order = {"paper": 0, "fair": 1}
     keys = {(str(p), str(ds)) for p, ds in zip(d["protocol"], d["dataset"], strict=True)}
     return sorted(keys, key=lambda k: (order.get(k[0], 2), k[0], k[1]))
@@ -113,12 +122,13 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     """
     check_results_frame(df, _REQUIRED)
     d = _rows(df, "ood", dataset, protocol)
-    d = d[d["metric"].isin(OOD_METRICS)]
+    d = rows(d, metric=OOD_METRICS)
     if d.empty:
         return None
     sets = _ood_sets(d)
     stats = mean_std(d, by=("method", "condition", "metric"))
-    cell = {(r.method, r.condition, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.condition, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     methods = _method_order(list(d["method"].unique()))
     columns = [
         (s, m)
@@ -141,16 +151,16 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     mean_rank = ranks.mean(axis=1, skipna=False)
     best_rank = mean_rank.min()
     header = ["Method"] + [f"{s} {_LABELS.get(m, m)}" for s, m in columns] + ["Rank ↓"]
-    rows = []
+    body = []
     for me in methods:
         row = [_cell(me)]
         for col in columns:
-            mean, std = cell.get((me, *col), (np.nan, np.nan))
+            mean, std, n = cell.get((me, *col), (np.nan, np.nan, 0))
             bold = best[col] is not None and np.isfinite(mean) and np.isclose(mean, best[col])
-            row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
+            row.append(_cell(stat_text(mean, std, n, most), bold))
         r = mean_rank.get(me, np.nan)
         row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
-        rows.append(row)
+        body.append(row)
     notes = [
         f"Maximum-softmax-probability score, in-distribution test samples positive; mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best mean of each column in bold. Rank = "
@@ -158,12 +168,14 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     ]
     if "pooled" in sets:
         notes.append("'pooled' scores every OOD set together against the in-distribution test set.")
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: OOD detection (Tab. 3 style)",
         header,
-        rows,
+        body,
         notes,
-        f"ood-{protocol}-{dataset}",
+        f"ood-{slug(protocol)}-{slug(dataset)}",
     )
 
 
@@ -174,7 +186,7 @@ def _shift_rows(d: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Individual conditions when present, else the runner's ``mean`` condition."""
     indiv = d[~d["condition"].isin(_SUMMARY)]
     if indiv.empty:
-        indiv = d[d["condition"] == "mean"]
+        indiv = rows(d, condition="mean")
     return indiv, sorted(indiv["condition"].unique())
 
 
@@ -190,7 +202,7 @@ def shift_table(
 
     Each seed's value is the unweighted mean over every (condition, severity) it
     recorded; cells are mean ± sample std over seeds, best in bold; the rank is the
-    summary rank on accuracy, NLL and Brier (SPEC §3) of these shift averages.
+    summary rank on accuracy, NLL and Brier (docs/method.md §3) of these shift averages.
 
     Returns
     -------
@@ -199,7 +211,7 @@ def shift_table(
     """
     check_results_frame(df, _REQUIRED)
     d = _rows(df, "shift", dataset, protocol)
-    d, conds = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, conds = _shift_rows(rows(d, metric=list(metrics)))
     if d.empty:
         return None
     per_seed = _per_seed(d, ("method", "metric"))
@@ -213,21 +225,22 @@ def shift_table(
     methods = _method_order(list(stats["method"].unique()))
     if rank_of:
         methods.sort(key=lambda m: np.inf if pd.isna(rank_of.get(m)) else rank_of[m])
-    cell = {(r.method, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     best = {m: _best({me: cell.get((me, m), (np.nan, 0))[0] for me in methods}, m) for m in shown}
     best_rank = min((v for v in rank_of.values() if not pd.isna(v)), default=np.nan)
     header = ["Method", *[_LABELS.get(m, m) for m in shown]] + (["Rank ↓"] if rank_of else [])
-    rows = []
+    body = []
     for me in methods:
         row = [_cell(me)]
         for m in shown:
-            mean, std = cell.get((me, m), (np.nan, np.nan))
+            mean, std, n = cell.get((me, m), (np.nan, np.nan, 0))
             bold = best[m] is not None and np.isfinite(mean) and np.isclose(mean, best[m])
-            row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
+            row.append(_cell(stat_text(mean, std, n, most), bold))
         if rank_of:
             r = rank_of.get(me, np.nan)
             row.append(_cell("—" if pd.isna(r) else f"{r:.2f}", not pd.isna(r) and r == best_rank))
-        rows.append(row)
+        body.append(row)
     sevs = sorted(d["severity"].unique(), key=lambda s: (len(s), s)) if "severity" in d else []
     notes = [
         f"Mean over {len(conds)} condition(s) ({', '.join(conds)}) and severities "
@@ -235,12 +248,14 @@ def shift_table(
         f"{_n_seeds(stats)} seed(s); best in bold. Rank = summary rank on these averages "
         "(Acc, NLL, Brier; 1 = best). Sorted by rank."
     ]
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)",
         header,
-        rows,
+        body,
         notes,
-        f"shift-{protocol}-{dataset}",
+        f"shift-{slug(protocol)}-{slug(dataset)}",
     )
 
 
@@ -269,15 +284,16 @@ def shift_severity_table(
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
-    d, conds = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, conds = _shift_rows(rows(d, metric=list(metrics)))
     d = d[~_blank(d["severity"])]
     if d.empty:
         return None
     stats = _severity_stats(d)
     shown = [m for m in metrics if m in set(stats["metric"])]
-    cell = {(r.method, r.severity, r.metric): (r.mean, r.std) for r in stats.itertuples()}
+    cell = {(r.method, r.severity, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+    most = _n_seeds(stats)
     methods = _method_order(list(stats["method"].unique()))
-    rows = []
+    body = []
     for sev in sorted(stats["severity"].unique(), key=_sev_key):
         best = {
             m: _best({me: cell.get((me, sev, m), (np.nan, 0))[0] for me in methods}, m)
@@ -286,20 +302,22 @@ def shift_severity_table(
         for me in methods:
             row = [_cell(sev), _cell(me)]
             for m in shown:
-                mean, std = cell.get((me, sev, m), (np.nan, np.nan))
+                mean, std, n = cell.get((me, sev, m), (np.nan, np.nan, 0))
                 bold = best[m] is not None and np.isfinite(mean) and np.isclose(mean, best[m])
-                row.append(_cell(fmt(mean, std) if np.isfinite(mean) else "—", bold))
-            rows.append(row)
+                row.append(_cell(stat_text(mean, std, n, most), bold))
+            body.append(row)
     notes = [
         f"Per severity: mean over the condition(s) {', '.join(conds)} per seed, then mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best of each severity in bold."
     ]
+    if (stats["n"] < most).any():
+        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift per severity",
         ["Severity", "Method", *[_LABELS.get(m, m) for m in shown]],
-        rows,
+        body,
         notes,
-        f"shift-severity-{protocol}-{dataset}",
+        f"shift-severity-{slug(protocol)}-{slug(dataset)}",
     )
 
 
@@ -330,7 +348,7 @@ def severity_figure(
     if "severity" not in df.columns:
         return None
     d = _rows(df, "shift", dataset, protocol)
-    d, _ = _shift_rows(d[d["metric"].isin(list(metrics))])
+    d, _ = _shift_rows(rows(d, metric=list(metrics)))
     d = d[~_blank(d["severity"])]
     if d.empty or set(d["metric"]) != set(metrics) or d["severity"].nunique() < 2:
         return None
@@ -388,10 +406,10 @@ def _summaries(df: pd.DataFrame, dataset: str, protocol: str) -> dict[str, pd.Da
     """``{label: stats}`` of the headline robustness numbers, per method."""
     out: dict[str, pd.DataFrame] = {}
     d = _rows(df, "ood", dataset, protocol)
-    d = d[d["metric"].isin(OOD_METRICS)]
+    d = rows(d, metric=OOD_METRICS)
     if not d.empty:
         if (d["condition"] == "pooled").any():
-            label, d = "OOD pooled", d[d["condition"] == "pooled"]
+            label, d = "OOD pooled", rows(d, condition="pooled")
         else:
             label, d = "OOD mean over sets", _per_seed(d, ("method", "metric"))
         out[label] = mean_std(d, by=("method", "metric"))
@@ -408,10 +426,11 @@ def robustness_losses_table(df: pd.DataFrame) -> Table | None:
     For every dataset, protocol and COG variant, the headline numbers (pooled OOD AUROC and
     FPR95 -- the mean over OOD sets when no pooled value exists -- and the shift averages
     of accuracy, NLL, Brier and ECE-15) are compared with the COG variant's counterpart
-    (``cog_pairs``) and with the best non-COG method on that metric. Each comparison where
-    the COG mean is worse is a row; ``Within 1 std`` says whether the gap is at most the
-    larger of the two seed-to-seed standard deviations (``no``, in bold, means beyond the
-    seed spread; with a single seed the spread is unknown).
+    (:func:`cogcal.report._common.counterparts`) and with the best non-COG method on that
+    metric. Each comparison where the COG mean is worse is a row; ``Seed spread`` applies
+    :data:`cogcal.report.aggregate.SPREAD_RULE` (``beyond``, in bold: the gap is larger
+    than the larger of the two standard deviations over seeds; ``unknown`` with fewer than
+    2 seeds).
 
     Returns
     -------
@@ -419,26 +438,29 @@ def robustness_losses_table(df: pd.DataFrame) -> Table | None:
         ``None`` when there is nothing to compare (no COG variant next to a baseline).
     """
     check_results_frame(df, _REQUIRED)
-    pairs = cog_pairs()
-    rows = []
+    pairs = counterparts()
+    out_rows = []
     compared = 0
     keys = sorted(set(_pairs(df, "ood")) | set(_pairs(df, "shift")))
     for protocol, dataset in keys:
         for label, stats in _summaries(df, dataset, protocol).items():
-            cell = {(r.method, r.metric): (r.mean, r.std, r.n) for r in stats.itertuples()}
+            cell = {
+                (r.method, r.metric): Stat(r.mean, r.std if r.n > 1 else np.nan, r.n)
+                for r in stats.itertuples()
+            }
             methods = _method_order(list(stats["method"].unique()))
             cogs = [m for m in methods if is_cog(m)]
             bases = [m for m in methods if not is_cog(m)]
             for metric in [*OOD_METRICS, *SHIFT_METRICS]:
                 vals = {m: cell[(m, metric)] for m in bases if (m, metric) in cell}
-                vals = {m: v for m, v in vals.items() if np.isfinite(v[0])}
+                vals = {m: v for m, v in vals.items() if np.isfinite(v.mean)}
                 if not vals:
                     continue
                 hib = metric in HIGHER_IS_BETTER
-                top = (max if hib else min)(vals, key=lambda m: vals[m][0])
+                top = (max if hib else min)(vals, key=lambda m: vals[m].mean)
                 for cog in cogs:
                     a = cell.get((cog, metric))
-                    if a is None or not np.isfinite(a[0]):
+                    if a is None or not np.isfinite(a.mean):
                         continue
                     others = dict.fromkeys(
                         [o for o in (pairs.get(cog), top) if o is not None and o in vals]
@@ -446,74 +468,73 @@ def robustness_losses_table(df: pd.DataFrame) -> Table | None:
                     for other in others:
                         b = vals[other]
                         compared += 1
-                        worse = a[0] < b[0] if hib else a[0] > b[0]
+                        worse = a.mean < b.mean if hib else a.mean > b.mean
                         if not worse:
                             continue
-                        gap = abs(a[0] - b[0])
                         role = "counterpart" if other == pairs.get(cog) else "best baseline"
                         if other == pairs.get(cog) and other == top:
                             role = "counterpart, best baseline"
-                        if min(a[2], b[2]) < 2:
-                            within, bold = "unknown (1 seed)", False
-                        else:
-                            ok = gap <= max(a[1], b[1])
-                            within, bold = ("yes" if ok else "no"), not ok
-                        rows.append(
+                        verdict = compare(a, b, higher_is_better=hib)
+                        out_rows.append(
                             [
                                 _cell(dataset),
                                 _cell(protocol),
                                 _cell(label),
                                 _cell(_LABELS.get(metric, metric)),
                                 _cell(f"{cog} vs {other} ({role})"),
-                                _cell(fmt(a[0], a[1])),
-                                _cell(fmt(b[0], b[1])),
-                                _cell(f"{gap:.3f}"),
-                                _cell(within, bold),
+                                _cell(fmt(a.mean, a.std if a.n > 1 else None)),
+                                _cell(fmt(b.mean, b.std if b.n > 1 else None)),
+                                _cell(f"{abs(a.mean - b.mean):.3f}"),
+                                _cell(SPREAD_WORDS[verdict], verdict == "worse"),
                             ]
                         )
     if not compared:
         return None
     header = ["Dataset", "Protocol", "Set", "Metric", "Comparison", "COG", "Other", "Gap"]
-    header.append("Within 1 std")
+    header.append("Seed spread")
     notes = [
-        f"{len(rows)} of {compared} comparisons (each COG variant against its counterpart "
+        f"{len(out_rows)} of {compared} comparisons (each COG variant against its counterpart "
         "and against the best non-COG method of each metric; means over seeds) where COG is "
-        "worse. 'no' (bold) marks gaps larger than the seed-to-seed spread."
+        "worse. 'beyond' (bold) marks gaps larger than the larger of the two standard "
+        "deviations over seeds."
     ]
-    if not rows:
+    if not out_rows:
         notes.append("COG is never worse here.")
-    return Table("Where COG loses under OOD / covariate shift", header, rows, notes, "rob-losses")
+    return Table(
+        "Where COG loses under OOD / covariate shift", header, out_rows, notes, "rob-losses"
+    )
 
 
 # --------------------------------------------------------------------------- unavailable
 
 
-def unavailable_sets(root: Path, dataset: str, *, max_files: int = 50) -> dict[str, dict[str, str]]:
-    """Sets the runs of ``dataset`` could not evaluate, from their ``metrics.json``.
+def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:
+    """Sets the given finished runs could not evaluate, from their records.
 
     Parameters
     ----------
-    root : Path
-        The bench folder (``runs/<protocol>/<dataset>/<method>/seed<k>/metrics.json``).
-    dataset : str
-    max_files : int
-        Read at most this many run files (the sets depend on the data root only).
+    run_dirs : iterable of path
+        Run folders (read through :class:`cogcal.train.rundir.RunDir`; unfinished ones
+        are skipped).
 
     Returns
     -------
     dict
         ``{"ood": {set: reason}, "shift": {condition: reason}}``; empty dicts when the
-        runs recorded nothing or no run folder is present.
+        runs recorded nothing.
     """
+    from cogcal.train.rundir import RunDir
+
     out: dict[str, dict[str, str]] = {"ood": {}, "shift": {}}
-    paths = sorted(Path(root).glob(f"runs/*/{dataset}/*/seed*/metrics.json"))[:max_files]
-    for p in paths:
-        try:
-            un = json.loads(p.read_text(encoding="utf-8")).get("unavailable") or {}
-        except (OSError, ValueError, AttributeError):
+    for path in run_dirs:
+        record = RunDir(path).read_record()
+        if record is None or not isinstance(record.unavailable, Mapping):
             continue
         for kind in ("ood", "shift"):
-            for name, reason in (un.get(kind) or {}).items():
+            sets = record.unavailable.get(kind) or {}
+            if not isinstance(sets, Mapping):
+                continue
+            for name, reason in sets.items():
                 out[kind].setdefault(str(name), " ".join(str(reason).split()))
     return out
 
@@ -521,17 +542,21 @@ def unavailable_sets(root: Path, dataset: str, *, max_files: int = 50) -> dict[s
 # --------------------------------------------------------------------------- section
 
 
-def robustness_section(df: pd.DataFrame, root: Path | None, figdir: Path) -> Section | None:
+def robustness_section(
+    df: pd.DataFrame,
+    figdir: Path,
+    unavailable: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
+) -> Section | None:
     """The report's robustness section, or ``None`` without OOD or shift rows.
 
     Parameters
     ----------
     df : DataFrame
         Tidy ``results.csv`` rows.
-    root : Path or None
-        The bench folder, to read the runs' ``unavailable`` records (skipped if ``None``).
     figdir : Path
         Where the severity figures are written (``root/figures``).
+    unavailable : dict, optional
+        ``{dataset: unavailable_sets(...)}``: the sets the runs could not evaluate.
     """
     check_results_frame(df, _REQUIRED)
     if not has_robustness(df):
@@ -556,7 +581,7 @@ def robustness_section(df: pd.DataFrame, root: Path | None, figdir: Path) -> Sec
         for t in (shift_table(df, dataset, protocol), shift_severity_table(df, dataset, protocol)):
             if t is not None:
                 shift.blocks.append(t)
-        name = f"shift_severity_{protocol}_{dataset}.png"
+        name = f"shift_severity_{slug(protocol)}_{slug(dataset)}.png"
         if severity_figure(df, dataset, protocol, Path(figdir) / name):
             shift.blocks.append(
                 Figure(
@@ -570,23 +595,20 @@ def robustness_section(df: pd.DataFrame, root: Path | None, figdir: Path) -> Sec
     losses = robustness_losses_table(df)
     if losses is not None:
         # An empty table renders as a table without rows: say it in words instead.
-        block = losses if losses.rows else Paragraph(" ".join(losses.notes))
-        sec.blocks.append(Section("Where COG loses under shift / OOD", [block], "rob-losses"))
-    if root is not None:
-        items = []
-        datasets = sorted(set(df.loc[df["split"].isin(["ood", "shift"]), "dataset"]))
-        for dataset in datasets:
-            un = unavailable_sets(Path(root), dataset)
-            for kind, what in (("ood", "OOD set"), ("shift", "shift condition")):
-                for name, reason in sorted(un[kind].items()):
-                    short = reason if len(reason) <= 300 else reason[:297] + "..."
-                    items.append(f"{dataset}: {what} {name!r} not evaluated — {short}")
-        if items:
-            sec.blocks.append(
-                Section(
-                    "Sets not evaluated",
-                    [Paragraph("Recorded by the runs as unavailable:", items=items)],
-                    "rob-unavailable",
-                )
+        block = losses if losses.rows else Paragraph(" ".join(map(str, losses.notes)))
+        sec.blocks.append(Section("Where COG loses under shift / OOD", [block], "rob-losses-sec"))
+    items = []
+    for dataset, un in sorted((unavailable or {}).items()):
+        for kind, what in (("ood", "OOD set"), ("shift", "shift condition")):
+            for name, reason in sorted((un.get(kind) or {}).items()):
+                short = reason if len(reason) <= 300 else reason[:297] + "..."
+                items.append(f"{dataset}: {what} {name!r} not evaluated — {short}")
+    if items:
+        sec.blocks.append(
+            Section(
+                "Sets not evaluated",
+                [Paragraph("Recorded by the runs as unavailable:", items=items)],
+                "rob-unavailable",
             )
+        )
     return sec
