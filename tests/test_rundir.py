@@ -177,6 +177,9 @@ def test_prepare_rules(tmp_path):
     corrupt.config_path.write_text("{not json")
     with pytest.raises(RunFolderError, match=r"corrupt/config.json is not valid JSON"):
         corrupt.read_config()
+    cfg = TrainConfig(out=str(corrupt.path))
+    with pytest.raises(RunFolderError, match=r"corrupt/config.json is not valid JSON"):
+        corrupt.prepare(cfg, cfg.resolved(), resume=True, overwrite=False)
 
 
 def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path):

@@ -352,3 +352,17 @@ def test_version_and_help(capsys):
     assert main([]) == 0
     text = capsys.readouterr().out
     assert "train" in text and "cog-fc" in text and "mnist1d" in text
+
+
+@pytest.mark.slow
+def test_lightning_fabric_runs_the_same_loop_when_a_run_needs_it(data_root, tmp_path):
+    from cogcal.train.devices import SingleProcess, launch, needs_fabric
+
+    plain = _config(data_root, tmp_path / "a", method="cog-ms", epochs=2)
+    assert not needs_fabric(plain) and isinstance(launch(plain), SingleProcess)
+    # mixed precision on the CPU goes through Fabric (bf16 autocast in the forward pass)
+    mixed = _config(data_root, tmp_path / "b", method="cog-ms", epochs=2, precision="bf16-mixed")
+    assert needs_fabric(mixed)
+    a, b = run(plain), run(mixed)
+    assert b["config"]["precision"] == "bf16-mixed"
+    assert b["test"]["acc"] == pytest.approx(a["test"]["acc"], abs=0.05)

@@ -274,14 +274,10 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from cogcal.report.build import build_report
+    from cogcal.report import build_any
 
     directory = Path(args.directory)
-    if not (directory / "results.csv").is_file():
-        raise UserError(
-            f"{directory} has no results.csv; run `cogcal bench --out {directory}` first."
-        )
-    html = build_report(directory)
+    html = build_any(directory)
     print(f"wrote {directory}/report.md and {html}")
     return 0
 
@@ -289,10 +285,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _register_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="rebuild report.md/report.html from a results directory",
-        description="Rebuild the report of a `cogcal bench` output directory from its results.csv.",
+        help="write report.md/report.html for a bench folder or a training run",
+        description="Rebuild the report of a `cogcal bench` folder from its results.csv, or "
+        "write a one-run report (metrics, reliability diagram, OOD and shift) into the folder "
+        "of a finished `cogcal train` run.",
     )
-    p.add_argument("directory", help="a directory written by `cogcal bench`")
+    p.add_argument("directory", help="a folder written by `cogcal bench` or `cogcal train`")
     p.set_defaults(func=_cmd_report, resume_hint="")
 
 

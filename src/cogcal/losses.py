@@ -1,4 +1,4 @@
-"""Training losses of the paper's methods (SPEC §1-§2, §4).
+"""Training losses of the paper's methods (docs/method.md §1-§2, §4).
 
 All take logits, never probabilities, and return the batch mean (multi-label: the sum
 over tasks of each task's batch mean, i.e. linear scalarisation with equal weights).
@@ -32,7 +32,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def label_smoothing_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, *, smoothing: float = 0.1, check: bool = True
 ) -> torch.Tensor:
-    """Cross-entropy against ``(1 - eps) * onehot(y) + eps / K`` (the eps/K form of SPEC §2).
+    """Cross-entropy against ``(1 - eps) * onehot(y) + eps / K`` (the eps/K form of docs/method.md §2).
 
     Identical to ``F.cross_entropy(logits, labels, label_smoothing=eps)``.
     """

@@ -48,6 +48,8 @@ class FitResult:
     validation : str
         Where the validation data came from (given, or the split taken from the training
         data).
+    timing : dict
+        Seconds per stage (``timing["stage1"]["seconds"]``: the training loop) and in total.
     """
 
     model: CalibratedModel
@@ -56,6 +58,7 @@ class FitResult:
     out: Path | None
     config: TrainConfig
     validation: str
+    timing: dict[str, Any]
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -287,6 +290,7 @@ def fit(
         out=Path(out) if out is not None else None,
         config=config,
         validation=validation,
+        timing=record["timing"],
     )
 
 

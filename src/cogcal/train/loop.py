@@ -165,8 +165,8 @@ def fit_stage(
 
     Parameters
     ----------
-    fabric : lightning_fabric.Fabric
-        Launched Fabric (devices, strategy, precision).
+    fabric : lightning_fabric.Fabric or cogcal.train.devices.SingleProcess
+        Launched Fabric (devices, strategy, precision), see :func:`cogcal.train.devices.launch`.
     stage : Stage
     train_loader : iterable of (x, y) with ``set_epoch(epoch)`` and ``len()``
         This process's shard of the training split (shuffled per epoch).
@@ -192,8 +192,8 @@ def fit_stage(
         )
 
     model, optimizer = fabric.setup(stage.model, torch.optim.Adam(stage.param_groups))
-    if stage.variational:
-        model.mark_forward_method("forward_with_kl")
+    if stage.variational and hasattr(model, "mark_forward_method"):  # a Fabric wrapper (DDP):
+        model.mark_forward_method("forward_with_kl")  # route V-TST's forward through it
     scheduler = (
         torch.optim.lr_scheduler.StepLR(optimizer, stage.step_size, gamma=0.1)
         if stage.step_size is not None
@@ -240,10 +240,12 @@ def fit_stage(
             rates = [g["lr"] for g in optimizer.param_groups]
             if max(rates) < LR_FLOOR:  # no later step can change the result
                 state.stopped = "lr_floor"
-                bar.write(
-                    f"{stage.name}: stopping at epoch {epoch}: every learning rate is below "
-                    f"{LR_FLOOR:g} ({', '.join(f'{r:.1e}' for r in rates)})."
-                )
+                if not bar.disable:
+                    bar.write(
+                        f"{stage.name}: stopping at epoch {epoch}: every learning rate is below "
+                        f"{LR_FLOOR:g} ({', '.join(f'{r:.1e}' for r in rates)}).",
+                        file=sys.stderr,
+                    )
                 break
             epoch_start = time.perf_counter()
             torch.manual_seed(epoch_seed(stage.seed, epoch))  # dropout, V-TST samples
@@ -299,10 +301,12 @@ def fit_stage(
                 val_brier=f"{val['brier']:.4f}", val_acc=f"{val['acc']:.3f}", refresh=False
             )
             if state.stopped == "patience":
-                bar.write(
-                    f"{stage.name}: stopping at epoch {epoch}: no better validation Brier score "
-                    f"for {stage.patience} epochs (best: epoch {state.best_epoch})."
-                )
+                if not bar.disable:
+                    bar.write(
+                        f"{stage.name}: stopping at epoch {epoch}: no better validation Brier "
+                        f"score for {stage.patience} epochs (best: epoch {state.best_epoch}).",
+                        file=sys.stderr,
+                    )
                 break
         bar.refresh()
     finally:

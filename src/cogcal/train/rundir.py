@@ -14,6 +14,7 @@ deleted)::
     test_logits.npz      ... of the test split
     calibrator.pt        the fitted post-hoc calibrator (post-hoc methods)
     reliability.png      the reliability diagram written by `cogcal train`
+    report.md, .html     the one-run report (`cogcal report RUN_FOLDER`)
     run.log              stdout/stderr of the run when `cogcal bench` ran it
     checkpoints/         last.ckpt, best.ckpt, done.json (stage1/ for two-stage methods)
     logs/                stage1.csv, stage2.csv: one row per epoch
@@ -64,6 +65,8 @@ RUN_FILES = (
     "test_logits.npz",
     "calibrator.pt",
     "reliability.png",
+    "report.md",
+    "report.html",
     "run.log",
     ".cogcal.lock",
 )
@@ -459,6 +462,8 @@ class RunDir:
                     "--resume.",
                 )
             return False
+        if self.config_path.is_file():
+            self.read_config()  # a damaged config.json is reported as such (names the file)
         if not self.is_marked():
             foreign = [e for e in sorted(p.name for p in path.iterdir()) if e != "run.log"]
             if self.has_state():

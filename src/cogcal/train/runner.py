@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning_fabric import Fabric
 from torch import nn
 
 from cogcal import _io
@@ -37,6 +36,7 @@ from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.config import ConfigError, TrainConfig
+from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError, Stage, deterministic, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
@@ -54,34 +54,6 @@ __all__ = [
 ]
 
 STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), docs/method.md §2
-
-
-def _fabric(config: TrainConfig) -> Fabric:
-    accelerator = config.accelerator
-    if accelerator == "gpu" and not torch.cuda.is_available():
-        raise ConfigError(
-            lambda n: (
-                f"{n('accelerator')} gpu was given but no CUDA GPU is available here; use cpu."
-            )
-        )
-    if config.precision == "16-mixed" and not (
-        accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
-    ):
-        raise ConfigError(
-            lambda n: (
-                f"{n('precision')} 16-mixed needs a GPU and none is used here; use "
-                "bf16-mixed on the CPU."
-            )
-        )
-    fabric = Fabric(
-        accelerator=accelerator,
-        devices=config.devices,
-        num_nodes=config.num_nodes,
-        strategy=config.strategy,
-        precision="32-true" if config.precision == "32" else config.precision,
-    )
-    fabric.launch()
-    return fabric
 
 
 @torch.no_grad()
@@ -209,7 +181,7 @@ def execute(
     same loop, checks and files).
     """
     method = get_method(config.method)
-    fabric = _fabric(config)
+    fabric = launch(config)
     folder = RunDir(config.out)
     source = data if data is not None else DatasetSource(_load(config))
     _check_multilabel(method, source)
@@ -282,7 +254,7 @@ def _network(config: TrainConfig, data: Dataset) -> tuple[nn.Module, str]:
 def _train(
     config: TrainConfig,
     method: Method,
-    fabric: Fabric,
+    fabric: Any,
     folder: RunDir,
     source: DataSource,
     network: nn.Module,
