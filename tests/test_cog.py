@@ -442,6 +442,7 @@ def test_guard_warns_once_when_one_group_holds_everything():
     assert issubclass(CalibratorRateWarning, UserWarning)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
 def test_guard_catches_one_cycle_with_a_single_max_lr():
     model = CalibratedModel(_mlp(), calibrator="ts")
     opt = torch.optim.Adam(model.param_groups(lr=0.1, calibrator_lr=0.01))
