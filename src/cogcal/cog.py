@@ -292,10 +292,9 @@ def _is_selection(head_out: Any, out: torch.Tensor) -> bool:
 
 # Every live CalibratedModel; the guard finds its calibrator among an optimiser's groups.
 _LIVE: weakref.WeakSet[CalibratedModel] = weakref.WeakSet()
-# Per optimiser: (registry version, number of groups, [(model ref, cal groups, net groups)]).
-_PLANS: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, int, list[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Cached on each optimiser under this attribute (not part of its state_dict or pickle):
+# (registry version, number of groups, [(model ref, calibrator groups, network groups)]).
+_PLAN_ATTR = "_cogcal_guard_plan"
 _version = 0
 _hook_handle: Any = None
 
@@ -361,25 +360,45 @@ def _rate(value: Any) -> float | None:
 
 
 def _guard(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    """Global optimiser step pre-hook: warn when a calibrator is not on the slower rate."""
+    """Global optimiser step pre-hook: warn when a calibrator is not on the slower rate.
+
+    Runs before every step of every optimiser, so the common path is a few comparisons:
+    the plan (which groups hold which model's calibrator and network) is cached on the
+    optimiser and rebuilt only when the groups or the set of models change.
+    """
     groups = optimizer.param_groups
-    plan = _PLANS.get(optimizer)
+    plan = optimizer.__dict__.get(_PLAN_ATTR)
     if plan is None or plan[0] != _version or plan[1] != len(groups):
         plan = (_version, len(groups), _build_plan(groups))
-        _PLANS[optimizer] = plan
+        optimizer.__dict__[_PLAN_ATTR] = plan
     for ref, cal_idx, net_idx in plan[2]:
-        cal = [_rate(groups[i]["lr"]) for i in cal_idx]
-        net = [_rate(groups[i]["lr"]) for i in net_idx]
-        if None in cal or None in net:
-            continue
-        cal_lr, net_lr = max(cal), max(net)  # type: ignore[type-var]
-        if cal_lr >= net_lr:  # type: ignore[operator]
-            model = ref()
-            if model is not None and not model._rate_warned and not model._allow_fast:
-                model._rate_warned = True
-                _bump()
-                shared = bool(set(cal_idx) & set(net_idx))
-                _warn_rate(model, optimizer, cal_lr, net_lr, shared)  # type: ignore[arg-type]
+        if len(cal_idx) == 1 and len(net_idx) == 1:  # param_groups(): one group each
+            cal_lr, net_lr = groups[cal_idx[0]]["lr"], groups[net_idx[0]]["lr"]
+            if type(cal_lr) is float and type(net_lr) is float and cal_lr < net_lr:
+                continue
+        _check_rates(optimizer, groups, ref, cal_idx, net_idx)
+
+
+def _check_rates(
+    optimizer: torch.optim.Optimizer,
+    groups: list[dict[str, Any]],
+    ref: weakref.ref[CalibratedModel],
+    cal_idx: tuple[int, ...],
+    net_idx: tuple[int, ...],
+) -> None:
+    cal = [_rate(groups[i]["lr"]) for i in cal_idx]
+    net = [_rate(groups[i]["lr"]) for i in net_idx]
+    if None in cal or None in net:
+        return
+    cal_lr, net_lr = max(cal), max(net)  # type: ignore[type-var]
+    if cal_lr < net_lr:  # type: ignore[operator]
+        return
+    model = ref()
+    if model is not None and not model._rate_warned and not model._allow_fast:
+        model._rate_warned = True
+        _bump()
+        shared = bool(set(cal_idx) & set(net_idx))
+        _warn_rate(model, optimizer, cal_lr, net_lr, shared)  # type: ignore[arg-type]
 
 
 def _warn_rate(
@@ -406,7 +425,7 @@ def _warn_rate(
         "group, max_lr=[lr, calibrator_lr]; pass allow_fast_calibrator=True to "
         "CalibratedModel to silence this warning.",
         CalibratorRateWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
