@@ -87,7 +87,9 @@ def test_every_input_kind(kind):
     else:
         train = DataLoader(TensorDataset(x, y), batch_size=50, shuffle=True)
         val = DataLoader(TensorDataset(xv, yv), batch_size=100)
-    result = cogcal.fit(_net(), train, val, method="cog-ts", epochs=2, progress=False)
+    result = cogcal.fit(
+        _net(), train, val, method="cog-ts", epochs=10, batch_size=32, lr=1e-2, progress=False
+    )
     assert result.validation == "val_data as given"
     assert result.metrics["acc"] > 0.5  # learned something on a separable problem
     with torch.no_grad():
