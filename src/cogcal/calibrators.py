@@ -1051,7 +1051,10 @@ class MatrixScaling(_AffineScaling):
     (temperature scaling first, then a map regularised toward the identity), a strong
     penalty gives temperature scaling (:math:`\lambda \to \infty`: ``W = I / T_0``,
     ``b = 0``), never the uncalibrated logits, and the objective is convex in
-    :math:`(W, b)`; ``l2=0`` is plain multinomial logistic regression on the logits.
+    :math:`(W, b)`; ``l2=0`` is plain multinomial logistic regression on the logits. The
+    softmax does not change when a vector is added to every row of ``W`` or a constant to
+    ``b``; the fit returns the representative with the smallest penalty (the minimiser
+    above, which for ``l2=0`` is one of many).
 """
         + _AFFINE_PARAMETERS_DOC
         + r"""
