@@ -1,28 +1,58 @@
-"""Calibrators: ``nn.Module`` maps from logits (or features, for the TST heads) to logits.
+r"""Calibrators: ``nn.Module`` maps from logits (or features, for the TST heads) to logits.
 
-Each parametric calibrator serves both ways the paper uses it:
+Each parametric calibrator serves both ways the paper uses it (docs/method.md §1-§2):
 
 * **post hoc**: ``.fit(val_logits, val_labels)`` fits it on frozen logits of a held-out
-  split by full-batch L-BFGS on the negative log-likelihood, computed in float64, and
-  returns ``self``;
+  split by full-batch L-BFGS, computed in float64, and returns ``self`` with its
+  parameters frozen (``requires_grad=False``), so that
+  ``Temperature().fit(v, y)(test_logits).numpy()`` works;
 * **in one go** (COG): placed after a network by :class:`cogcal.CalibratedModel`, its
   parameters are trained by the network's own optimiser on a slower learning rate.
 
 Multiclass calibrators take ``(N, K)`` logits; the multi-label ones take ``(N, T)`` logits of
 ``T`` independent binary tasks and keep one temperature (:class:`TaskTemperature`) or one
 affine map ``a * z + b`` (Platt form, :class:`TaskAffine`) per task.
+
+Post-hoc fitting is a penalised (MAP) fit. With ``n`` NLL terms :math:`\ell_i` (``n = N``
+samples for multiclass, ``n = N T`` binary terms for multi-label) and parameters
+:math:`\theta`, :meth:`Calibrator.fit` minimises
+
+.. math::
+
+    J_\lambda(\theta) = \frac{1}{n}\Big[\sum_{i=1}^{n} \ell_i(\theta)
+        + \frac{\lambda}{2}\,\lVert \theta - \theta_0 \rVert_2^2\Big],
+
+the summed NLL plus a Gaussian prior :math:`\mathcal N(\theta_0, \lambda^{-1} I)` on the
+parameters, centred on a simple map :math:`\theta_0`: ``T = 1`` for the temperatures (the
+parameter is :math:`\log T`), the identity ``a = 1, b = 0`` for :class:`TaskAffine`, and
+for :class:`VectorScaling` / :class:`MatrixScaling` the identity *after temperature
+scaling*, ``W = I / T_0, b = 0``, with :math:`T_0` the temperature :class:`Temperature`
+fits to the same data (see :class:`MatrixScaling`), so that the strongest penalty gives
+temperature scaling rather than the uncalibrated logits.
+The penalty's weight relative to the data falls as ``1/n``: a fixed ``l2`` is the same
+prior for any validation size, and the fit tends to maximum likelihood as ``n`` grows.
+``l2="cv"`` chooses :math:`\lambda` from ``l2_grid`` by stratified ``cv``-fold
+cross-validation inside the data given to ``fit`` (see :meth:`Calibrator.fit`).
+
+Arrays are first-class: calling a calibrator, or its :meth:`~Calibrator.predict_proba`, with
+a numpy array returns a numpy array (computed without gradients); a tensor returns a tensor
+of the input's dtype.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cogcal._checks import check_multiclass, check_multilabel
+from cogcal._checks import as_float_tensor, check_multiclass, check_multilabel
 
 __all__ = [
     "Calibrator",
@@ -33,7 +63,65 @@ __all__ = [
     "TaskAffine",
     "TSTHead",
     "VTSTHead",
+    "default_latent_dim",
+    "separable_temperature_floor",
+    "DEFAULT_L2_GRID",
+    "CV_SEED",
+    "DEFAULT_TEMPERATURE_L2",
+    "SeparableDataWarning",
+    "L2GridEdgeWarning",
 ]
+
+#: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
+#: per decade from 1e-2 to 1e5. :math:`\lambda` is a prior precision per parameter, so the
+#: grid spans "no penalty" to "the shrinkage target" for validation sets of 10^2-10^5 samples.
+DEFAULT_L2_GRID: tuple[float, ...] = (0.0, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
+
+#: Seed of the permutation that assigns samples to cross-validation folds.
+CV_SEED = 0
+
+# Cross-validation walks the grid from the strongest penalty down and stops once the pooled
+# held-out NLL has failed to improve on its best at this many consecutive weaker strengths.
+_CV_PATIENCE = 2
+
+#: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
+#: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
+#: of the shrinkage target of :class:`VectorScaling` and :class:`MatrixScaling`.
+DEFAULT_TEMPERATURE_L2 = 1.0
+
+
+class SeparableDataWarning(UserWarning):
+    """A temperature was fitted to data whose samples are all classified correctly.
+
+    The maximum-likelihood temperature of such data is unbounded below (``T -> 0``); the
+    fitted value is then set by the prior on ``log T`` (``l2``), not by the data.
+
+    Examples
+    --------
+    >>> import warnings, torch
+    >>> from cogcal.calibrators import SeparableDataWarning, Temperature
+    >>> z, y = torch.tensor([[3.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     t = Temperature().fit(z, y)
+    >>> [w.category.__name__ for w in caught]
+    ['SeparableDataWarning']
+    >>> 0 < t.temperature < 1
+    True
+    """
+
+
+class L2GridEdgeWarning(UserWarning):
+    """Cross-validation chose the smallest positive or the largest strength of ``l2_grid``.
+
+    The best strength may then lie outside the grid; extend ``l2_grid`` past that edge.
+
+    Examples
+    --------
+    >>> from cogcal.calibrators import L2GridEdgeWarning
+    >>> issubclass(L2GridEdgeWarning, UserWarning)
+    True
+    """
 
 
 def _check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
@@ -44,108 +132,541 @@ def _check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> N
         raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
 
 
-def _check_nonnegative_float(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
+def _is_nonnegative_number(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float | np.integer | np.floating)
+        and math.isfinite(float(value))
+        and float(value) >= 0
+    )
+
+
+def _check_l2(value: Any) -> None:
+    if isinstance(value, str):
+        if value != "cv":
+            raise ValueError(
+                f"`l2` must be a non-negative number or the string 'cv', got {value!r}."
+            )
+        return
+    if not _is_nonnegative_number(value):
+        raise ValueError(
+            f"`l2` must be a non-negative finite number (the penalty strength) or 'cv' "
+            f"(choose it by cross-validation), got {value!r}."
+        )
+
+
+def _check_grid(grid: Any) -> tuple[float, ...]:
+    if isinstance(grid, str) or not isinstance(grid, Sequence | np.ndarray):
+        raise ValueError(
+            f"`l2_grid` must be a sequence of non-negative numbers, got {type(grid).__name__}."
+        )
+    values = list(grid)
+    bad = [v for v in values if not _is_nonnegative_number(v)]
+    if bad:
+        raise ValueError(
+            f"`l2_grid` must hold non-negative finite numbers, got {bad[0]!r} among them."
+        )
+    distinct = tuple(sorted({float(v) for v in values}))
+    if len(distinct) < 2:
+        raise ValueError(
+            f"`l2_grid` needs at least two distinct strengths to choose from, got {values!r}; "
+            "for one fixed strength pass it as `l2=` instead."
+        )
+    return distinct
+
+
+def _array_like(x: Any) -> Any:
+    """Turn pandas objects and other ``__array__`` providers into (writable) numpy arrays.
+
+    Tensors, lists and tuples pass through for :mod:`cogcal._checks`; anything else
+    without ``__array__`` also passes through, to be refused there by name.
+    """
+    if isinstance(x, torch.Tensor | list | tuple):
+        return x
+    if isinstance(x, np.ndarray) or hasattr(x, "__array__"):
+        array = np.asarray(x)
+        # read-only arrays (pandas' copy-on-write views, np.broadcast_to) cannot back a tensor
+        return array if array.flags.writeable else array.copy()
+    return x
+
+
+def _column_stats(
+    logits: torch.Tensor, penalty_weight: float, multilabel: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-column mean and standard deviation of the logits for preconditioning an affine fit.
+
+    Returns ``None`` (optimise the raw parameters) when the penalty's curvature
+    ``2 * penalty_weight`` = lambda / n exceeds a tenth of a rough scale of the data term's
+    curvature, ``mean(E[z_k^2]) / K`` (``/ 4`` for binary tasks): the penalty is isotropic in
+    the raw parameters, the NLL nearly so in those of standardised logits. (The factor was
+    set from L-BFGS iteration counts on both sides of the crossover.)
+    """
+    mu = logits.mean(0)
+    sd = logits.std(0, correction=0)
+    data_curvature = float((sd**2 + mu**2).mean()) / (4.0 if multilabel else logits.shape[1])
+    if 2.0 * penalty_weight > 0.1 * data_curvature:
+        return None
+    return mu, torch.where(sd > 1e-12 * (1.0 + mu.abs()), sd, torch.ones_like(sd))
+
+
+def _stratified_folds(y: torch.Tensor, k: int, seed: int = CV_SEED) -> torch.Tensor:
+    """Fold index (0..k-1) of each of the N labels in ``y``, stratified by class.
+
+    The samples are permuted with a generator seeded by ``seed``, stably sorted by class,
+    and dealt to the folds in turn, so every fold holds ``floor(n_c / k)`` or
+    ``ceil(n_c / k)`` samples of each class ``c`` and the fold sizes differ by at most one.
+    The assignment depends only on ``y``, ``k`` and ``seed``.
+    """
+    labels = y.detach().cpu().long()
+    n = labels.shape[0]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    order = perm[torch.argsort(labels[perm], stable=True)]
+    folds = torch.empty(n, dtype=torch.long)
+    folds[order] = torch.arange(n) % k
+    return folds
+
+
+def _shuffled_folds(n: int, k: int, seed: int = CV_SEED) -> torch.Tensor:
+    """Fold index of each of ``n`` rows: a seeded permutation dealt to the folds in turn."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    folds = torch.empty(n, dtype=torch.long)
+    folds[perm] = torch.arange(n) % k
+    return folds
+
+
+def separable_temperature_floor(
+    num_samples: int, num_classes: int, min_margin: float, l2: float
+) -> float:
+    r"""Lower bound on the fitted temperature of perfectly separable data.
+
+    If every one of ``N`` samples has margin :math:`\Delta_i = z_{i,y_i} - \max_{k \neq y_i}
+    z_{ik} \ge \Delta > 0`, any stationary point of the penalised objective of
+    :class:`Temperature` with ``l2`` :math:`= \lambda > 0` satisfies
+
+    .. math::
+
+        T \;\ge\; \min\Big(e^{-1},\; \frac{\Delta}{2 \ln\big(2N(K-1)/(e\lambda)\big)}\Big)
+
+    (only :math:`T \ge e^{-1}` when :math:`2N(K-1) \le e\lambda`). For binary tasks use
+    ``num_classes=2`` and the margin :math:`(2y-1)z`.
+
+    Why: with :math:`u = \log T`, :math:`s = 1/T`, each sample's NLL has
+    :math:`\partial\ell_i/\partial u = s\sum_{k \neq y} p_k \Delta_{ik} \le \sum_{k \neq y}
+    s\Delta_{ik} e^{-s\Delta_{ik}} \le (K-1)\,\tfrac{2}{e}\, e^{-s\Delta/2}`, while the
+    stationarity condition reads :math:`\sum_i \partial\ell_i/\partial u = -\lambda u`.
+    If :math:`T < e^{-1}`, then :math:`-u > 1` and
+    :math:`\lambda < \tfrac{2}{e} N (K-1) e^{-\Delta/(2T)}`, which rearranges to the bound.
+    The floor falls only logarithmically with ``N`` and scales with the logits.
+
+    Examples
+    --------
+    >>> from cogcal.calibrators import separable_temperature_floor
+    >>> round(separable_temperature_floor(200, 5, 4.0, 1.0), 3)
+    0.314
+    """
+    if not (min_margin > 0 and l2 > 0):
+        return 0.0
+    ratio = 2.0 * num_samples * (num_classes - 1) / (math.e * l2)
+    if ratio <= 1.0:
+        return math.exp(-1.0)
+    return min(math.exp(-1.0), min_margin / (2.0 * math.log(ratio)))
 
 
 class Calibrator(nn.Module):
-    """Base class of the post-hoc-capable calibrators.
+    r"""Base class of the post-hoc-capable calibrators.
 
-    Subclasses define ``forward`` (logits to calibrated logits), ``_loss`` (the mean
-    negative log-likelihood of calibrated logits) and, when their size is only known from
-    data, ``_build(num_outputs)``.  :meth:`fit` then runs full-batch L-BFGS on a float64
-    copy of the parameters and writes the result back.
+    Subclasses define ``_forward`` (logits to calibrated logits), ``_deviations`` (each
+    parameter with its value at the shrinkage centre) and, when their size is only known
+    from data, ``_build(num_outputs)``. :meth:`fit` then runs full-batch L-BFGS in float64
+    and writes the result back in the parameters' own dtype.
 
-    Fitted attributes (set by :meth:`fit`): ``n_iter_`` (L-BFGS iterations),
-    ``nll_before_`` and ``nll_after_`` (mean NLL on the fitting data).
+    Parameters
+    ----------
+    max_iter : int
+        L-BFGS iterations per fit.
+    l2 : float or "cv"
+        Strength :math:`\lambda \ge 0` of the penalty
+        :math:`\tfrac{\lambda}{2}\lVert\theta-\theta_0\rVert^2` added to the summed NLL
+        (see the module docstring), or ``"cv"`` to choose it from ``l2_grid``.
+    cv : int
+        Number of cross-validation folds for ``l2="cv"`` (at least 2).
+    l2_grid : sequence of float
+        Strengths tried by ``l2="cv"`` (default :data:`DEFAULT_L2_GRID`).
+
+    Attributes
+    ----------
+    n_iter_ : int
+        L-BFGS iterations of the final fit.
+    nll_before_, nll_after_ : float
+        Mean NLL on the fitting data of the identity map (the uncalibrated logits) and of
+        the fitted calibrator.
+    l2_ : float
+        Penalty strength used for the final fit (``l2`` itself, or the one CV chose).
+    l2_grid_ : ndarray or None
+        The distinct strengths CV tried, ascending (``None`` for a fixed ``l2``).
+    cv_scores_ : ndarray or None
+        Pooled mean held-out NLL of each strength of ``l2_grid_`` (every sample is held out
+        exactly once; ``nan`` for strengths the early stop skipped, see :meth:`fit`); CV
+        picks the smallest (the strongest penalty among exact ties).
+    cv_fold_scores_ : ndarray or None
+        Mean held-out NLL per fold and strength, shape ``(cv, len(l2_grid_))`` (``inf``
+        where a fit diverged, ``nan`` where skipped).
+    l2_at_edge_ : {None, "lower", "upper"}
+        Where in ``l2_grid_`` the chosen strength lies, if at an end. An edge raises an
+        :class:`L2GridEdgeWarning` when a strength beyond it could give a different map:
+        not for ``"lower"`` at 0 (no weaker penalty exists) and not for ``"upper"`` when the
+        fitted map already equals the penalty's centre (every penalised deviation below
+        1e-3, so a stronger penalty changes nothing).
+
+    Examples
+    --------
+    Numpy in, numpy out; tensors in, tensors out:
+
+    >>> import numpy as np, torch
+    >>> from cogcal.calibrators import Temperature
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, 600)
+    >>> z = rng.normal(size=(600, 3)) + 2.0 * np.eye(3)[y]
+    >>> t = Temperature().fit(3.0 * z, y)              # three times too confident
+    >>> out = t(3.0 * z[:2].astype(np.float32))
+    >>> type(out).__name__, out.dtype
+    ('ndarray', dtype('float32'))
+    >>> t.predict_proba(torch.tensor(3.0 * z[:2])).sum(1)
+    tensor([1.0000, 1.0000], dtype=torch.float64)
     """
 
     multilabel: bool = False
+    # Test hooks (private): centre the weight penalty at 0 instead of the identity, and
+    # leave the biases unpenalised -- the form of scikit-learn's L2 LogisticRegression.
+    _weights_toward_identity: bool = True
+    _penalize_bias: bool = True
 
-    def __init__(self, *, max_iter: int = 200, l2: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_iter: int = 200,
+        l2: float | str = 0.0,
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ) -> None:
         super().__init__()
-        _check_positive_int("max_iter", max_iter)
-        _check_nonnegative_float("l2", l2)
         self.max_iter = max_iter
         self.l2 = l2
+        self.cv = cv
+        grid_like = isinstance(l2_grid, Sequence | np.ndarray) and not isinstance(l2_grid, str)
+        self.l2_grid = tuple(l2_grid) if grid_like else l2_grid
+        self._validate_hyperparameters()
+
+    def _validate_hyperparameters(self) -> None:
+        _check_positive_int("max_iter", self.max_iter)
+        _check_l2(self.l2)
+        if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
+            raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {self.cv!r}.")
+        _check_grid(self.l2_grid)
 
     # -- to be provided by subclasses -------------------------------------------------
     def _build(self, num_outputs: int) -> None:  # pragma: no cover - overridden when needed
         return None
 
-    def _penalty(self) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.float64)
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
 
-    # -- shared machinery ---------------------------------------------------------------
+    def _deviations(self) -> list[tuple[str, Any, str]]:  # pragma: no cover
+        """``(parameter name, identity value, "weight" | "bias")`` for every parameter."""
+        raise NotImplementedError
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        return None
+
+    def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Fix data-dependent parts of the penalty from the training data of one fit."""
+        return None
+
+    # The optimisation runs on variables v = encode(theta) in which L-BFGS is well
+    # conditioned; each evaluation decodes the parameters, so the objective is unchanged.
+    def _standardisation(self, logits: torch.Tensor, penalty_weight: float) -> Any:
+        return None
+
+    def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name).detach() for name, _, _ in self._deviations()}
+
+    def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
+        return variables
+
+    def _canonical(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The representative of ``params`` that the fit returns (for maps with symmetries)."""
+        return params
+
+    def _penalty_terms(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The penalised deviations ``theta - theta_0`` (their squares sum to the penalty)."""
+        terms = []
+        for name, identity, kind in self._deviations():
+            if kind == "bias" and not self._penalize_bias:
+                continue
+            centre = identity if (kind == "bias" or self._weights_toward_identity) else 0.0
+            terms.append(params[name] - centre)
+        return terms
+
+    # -- prediction ---------------------------------------------------------------------
+    def forward(self, logits: Any) -> Any:
+        """Calibrated logits. A tensor gives a tensor (differentiable, as in COG training);
+        a numpy array (or anything with ``__array__``) gives a numpy array of its dtype."""
+        if isinstance(logits, torch.Tensor):
+            return self._forward(logits)
+        z = self._prediction_input(logits)
+        with torch.no_grad():
+            return self._forward(z.to(self._device())).cpu().numpy()
+
+    def predict_proba(self, logits: Any) -> Any:
+        """Calibrated probabilities, without gradients.
+
+        Softmax over the classes for multiclass calibrators, one sigmoid per task for the
+        multi-label ones. Numpy in gives numpy out; a tensor gives a tensor on its own
+        device. The output has the input's dtype (half precision is computed in float32).
+        """
+        is_tensor = isinstance(logits, torch.Tensor)
+        z = self._prediction_input(logits)
+        work = torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
+        with torch.no_grad():
+            out = self._forward(z.to(self._device())).to(work)
+            probs = torch.sigmoid(out) if self.multilabel else torch.softmax(out, dim=1)
+        probs = probs.to(z.dtype)
+        return probs.to(z.device) if is_tensor else probs.cpu().numpy()
+
+    def _prediction_input(self, logits: Any) -> torch.Tensor:
+        z = as_float_tensor(_array_like(logits), "logits", 2)
+        if not self.multilabel and z.shape[1] < 2:
+            raise ValueError(
+                f"`logits` has {z.shape[1]} column(s); a multiclass calibrator needs K >= 2 "
+                "columns (for independent binary tasks use TaskTemperature or TaskAffine)."
+            )
+        self._require_built()
+        self._check_width(z.shape[1])
+        return z
+
+    def _device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- fitting --------------------------------------------------------------------------
     def _check(self, logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = _array_like(logits), _array_like(labels)
         if self.multilabel:
             return check_multilabel(logits, labels)
         return check_multiclass(logits, labels)
 
     def _nll(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        z = self(logits)
+        return self._nll_of(self._forward(logits), labels)
+
+    def _nll_of(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.multilabel:
             return F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="mean")
         return F.cross_entropy(z, labels)
 
+    def _reset_parameters(self) -> None:
+        with torch.no_grad():
+            for name, identity, _ in self._deviations():
+                param = getattr(self, name)
+                param.copy_(torch.as_tensor(identity, dtype=param.dtype).expand_as(param))
+
+    def _minimise(self, logits: torch.Tensor, labels: torch.Tensor, l2: float) -> int:
+        """Minimise :math:`J_\\lambda` from the current parameters; return the iterations.
+
+        The decoded parameters are also left (detached) in ``self._solution``.
+        """
+        n_terms = logits.numel() if self.multilabel else logits.shape[0]
+        weight = float(l2) / (2.0 * n_terms)
+        stats = self._standardisation(logits, weight)
+        variables = {
+            k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()
+        }
+        opt = torch.optim.LBFGS(
+            list(variables.values()),
+            lr=1.0,
+            max_iter=self.max_iter,
+            tolerance_grad=1e-8,
+            tolerance_change=1e-15,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+
+        def objective() -> torch.Tensor:
+            params = self._decode(variables, stats)
+            loss = self._nll_of(torch.func.functional_call(self, params, (logits,)), labels)
+            if weight:
+                loss = loss + weight * sum((d**2).sum() for d in self._penalty_terms(params))
+            return loss
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = objective()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        with torch.no_grad():
+            decoded = self._canonical(self._decode(variables, stats))
+            solution = {k: v.detach() for k, v in decoded.items()}
+            for name, value in solution.items():
+                getattr(self, name).copy_(value)
+        self._solution = solution
+        return int(opt.state[next(iter(variables.values()))].get("n_iter", 0))
+
+    def _folds(self, labels: torch.Tensor) -> torch.Tensor:
+        if self.multilabel:
+            return _shuffled_folds(labels.shape[0], self.cv)
+        return _stratified_folds(labels, self.cv)
+
+    def _cross_validate(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        n = labels.shape[0]
+        if n < self.cv:
+            raise ValueError(
+                f"`l2='cv'` with cv={self.cv} folds needs at least {self.cv} samples, got {n}; "
+                "pass a smaller `cv` or a fixed `l2`."
+            )
+        grid = np.asarray(_check_grid(self.l2_grid))
+        folds = self._folds(labels).to(labels.device)
+        held_out = [folds == f for f in range(self.cv)]
+        sizes = np.array([float(h.sum()) for h in held_out])
+        models = []
+        for held in held_out:
+            model = copy.deepcopy(self)
+            model._reset_parameters()
+            model._prepare(logits[~held], labels[~held])
+            models.append(model)
+        fold_scores = np.full((self.cv, grid.size), np.nan)
+        pooled = np.full(grid.size, np.nan)
+        best_score, worse_in_a_row = np.inf, 0
+        for j in reversed(range(grid.size)):  # strongest first, each fit warm-starts the next
+            for f, (model, held) in enumerate(zip(models, held_out, strict=True)):
+                model._minimise(logits[~held], labels[~held], float(grid[j]))
+                with torch.no_grad():
+                    score = float(model._nll(logits[held], labels[held]))
+                finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+                fold_scores[f, j] = score if math.isfinite(score) and finite else np.inf
+            pooled[j] = float((fold_scores[:, j] * sizes).sum() / sizes.sum())
+            if pooled[j] < best_score:
+                best_score, worse_in_a_row = pooled[j], 0
+            else:
+                worse_in_a_row += 1
+            if worse_in_a_row == _CV_PATIENCE:
+                break
+        if not np.isfinite(best_score):
+            raise RuntimeError(
+                f"{type(self).__name__}.fit: every strength of `l2_grid` diverged in "
+                "cross-validation; check the logits for extreme values."
+            )
+        best = int(np.flatnonzero(pooled == best_score).max())  # ties: stronger penalty
+        self.l2_grid_, self.cv_scores_, self.cv_fold_scores_ = grid, pooled, fold_scores
+        self.l2_at_edge_ = "upper" if best == grid.size - 1 else "lower" if best == 0 else None
+        return float(grid[best])
+
+    def _warn_edge(self) -> None:
+        name, grid = type(self).__name__, self.l2_grid_
+        if self.l2_at_edge_ == "upper":
+            deviation = max(float(d.abs().max()) for d in self._penalty_terms(self._solution))
+            if deviation >= 1e-3:
+                warnings.warn(
+                    f"{name}.fit: cross-validation chose the strongest penalty in `l2_grid` "
+                    f"(l2={grid[-1]:g}, its upper edge) and the fitted map is still "
+                    f"{deviation:.2g} away from the penalty's centre; a stronger penalty may "
+                    "be better: extend `l2_grid` upwards.",
+                    L2GridEdgeWarning,
+                    stacklevel=3,
+                )
+        elif self.l2_at_edge_ == "lower" and grid[0] > 0:
+            warnings.warn(
+                f"{name}.fit: cross-validation chose the weakest penalty in `l2_grid` "
+                f"(l2={grid[0]:g}, its lower edge); a weaker one may be better: add smaller "
+                "strengths (or 0) to `l2_grid`.",
+                L2GridEdgeWarning,
+                stacklevel=3,
+            )
+
     def fit(self, logits: Any, labels: Any) -> Calibrator:
-        """Fit the calibrator post hoc by full-batch L-BFGS on the NLL of ``labels``.
+        r"""Fit the calibrator post hoc by full-batch float64 L-BFGS on the penalised NLL.
+
+        Minimises :math:`J_\lambda(\theta) = \frac1n\big[\sum_i \ell_i(\theta) +
+        \frac{\lambda}{2}\lVert\theta-\theta_0\rVert^2\big]` (module docstring; each class
+        documents its :math:`\theta_0`) starting from the identity map (``fit`` always
+        starts afresh), with :math:`\lambda` = ``l2``.
+
+        With ``l2="cv"``, :math:`\lambda` is chosen by ``cv``-fold cross-validation **inside
+        the data given here**: the folds are stratified by class (multi-label: shuffled rows)
+        with the fixed seed :data:`CV_SEED`. Walking ``l2_grid`` from the strongest penalty
+        down, the calibrator is fitted on each fold's complement (each fit starting from that
+        fold's previous solution) and scored by the mean NLL of the held-out fold; the scores
+        are pooled over all samples. The walk stops early once the pooled score has failed
+        to improve on its best at two consecutive weaker strengths (those fits are the
+        slowest and, past a minimum of the usual U-shaped curve, cannot win; the skipped
+        strengths score ``nan``). The strength with the smallest pooled held-out NLL is
+        refitted on all the data. A choice at an edge of the grid is recorded in
+        ``l2_at_edge_`` (see the class docstring).
+
+        After fitting, the parameters are frozen (``requires_grad=False``), so the
+        calibrator's outputs carry no gradient and ``.numpy()`` works on them. To train
+        the fitted calibrator further -- e.g. as the COG calibrator of
+        :class:`cogcal.CalibratedModel` -- unfreeze it with ``.requires_grad_(True)``.
 
         Parameters
         ----------
-        logits : Tensor of shape (N, K) (multiclass) or (N, T) (multi-label)
-            Frozen logits of a held-out split (never the test split). Any floating dtype;
-            the optimisation runs in float64.
-        labels : Tensor of shape (N,) with class indices, or (N, T) with 0/1 targets
+        logits : Tensor, ndarray or array-like of shape (N, K) or (N, T)
+            Frozen logits of a held-out split (never the test split): (N, K) for multiclass,
+            (N, T) for multi-label. Any floating dtype; the optimisation runs in float64.
+        labels : Tensor, ndarray, list or pandas Series
+            (N,) class indices for multiclass, (N, T) 0/1 targets for multi-label.
 
         Returns
         -------
         self
+
+        Raises
+        ------
+        ValueError
+            For logits that are not a finite 2-D floating array, labels of the wrong shape,
+            dtype or range, or ``l2="cv"`` with fewer than ``cv`` samples.
+        RuntimeError
+            If the fit diverges to non-finite parameters.
         """
+        self._validate_hyperparameters()
         z, y = self._check(logits, labels)
         width = z.shape[1]
         self._build(width)
         self._check_width(width)
-        device = next(self.parameters()).device
+        device = self._device()
+        original_dtype = next(self.parameters()).dtype
         z64 = z.detach().to(device=device, dtype=torch.float64)
         y = y.to(device)
-        original_dtype = next(self.parameters()).dtype
         self.to(torch.float64)
         self.train(False)
         try:
-            params = [p for p in self.parameters() if p.requires_grad]
+            for p in self.parameters():
+                p.requires_grad_(True)
+            self._reset_parameters()
             with torch.no_grad():
                 self.nll_before_ = float(self._nll(z64, y))
-            opt = torch.optim.LBFGS(
-                params,
-                lr=1.0,
-                max_iter=self.max_iter,
-                tolerance_grad=1e-10,
-                tolerance_change=1e-14,
-                history_size=20,
-                line_search_fn="strong_wolfe",
-            )
-
-            def closure() -> torch.Tensor:
-                opt.zero_grad()
-                loss = self._nll(z64, y) + self.l2 * self._penalty()
-                loss.backward()
-                return loss
-
-            with torch.enable_grad():
-                opt.step(closure)
-            state = opt.state[opt._params[0]]
-            self.n_iter_ = int(state.get("n_iter", 0))
+            if self.l2 == "cv":
+                self.l2_ = self._cross_validate(z64, y)
+            else:
+                self.l2_ = float(self.l2)
+                self.l2_grid_ = self.cv_scores_ = self.cv_fold_scores_ = None
+                self.l2_at_edge_ = None
+            self._reset_parameters()
+            self._prepare(z64, y)
+            self.n_iter_ = self._minimise(z64, y, self.l2_)
             with torch.no_grad():
                 self.nll_after_ = float(self._nll(z64, y))
-            if not all(bool(torch.isfinite(p).all()) for p in params):
+            if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):
                 raise RuntimeError(
-                    f"{type(self).__name__}.fit diverged (non-finite parameters); the logits may "
-                    "be extreme or the classes perfectly separable: try l2 > 0."
+                    f"{type(self).__name__}.fit diverged (non-finite parameters); the logits "
+                    "may be extreme or the classes perfectly separable: try l2 > 0 or 'cv'."
                 )
+            self._warn_edge()
+            self._after_fit(z64, y)
         finally:
             self.to(original_dtype)
+        for p in self.parameters():
+            p.requires_grad_(False)
         return self
 
     def _check_width(self, width: int) -> None:
@@ -165,11 +686,66 @@ class Calibrator(nn.Module):
             )
 
 
+def _warn_separable(
+    name: str, margins: torch.Tensor, temperature: float, l2: float, num_classes: int, what: str
+) -> None:
+    """Warn when no margin is negative (and one is positive): the ML temperature is T -> 0."""
+    lo, hi = float(margins.min()), float(margins.max())
+    if not (lo >= 0 and hi > 0):
+        return
+    n = margins.numel()
+    if l2 > 0:
+        floor = separable_temperature_floor(n, num_classes, lo, l2)
+        how = (
+            f"the fitted T = {temperature:.4g} is set by the Gaussian prior on log T "
+            f"(l2={l2:g}; T >= {floor:.3g} by separable_temperature_floor), not by the data"
+        )
+    else:
+        how = (
+            f"with l2=0 the fitted T = {temperature:.4g} is wherever L-BFGS stopped: pass "
+            "l2 > 0 (a prior on log T) to bound it"
+        )
+    warnings.warn(
+        f"{name}.fit: all {n} {what} are classified correctly (smallest margin {lo:.3g}), so "
+        f"the maximum-likelihood temperature is unbounded below (T -> 0); {how}. A larger "
+        "or harder validation split gives a data-driven temperature.",
+        SeparableDataWarning,
+        stacklevel=4,
+    )
+
+
 class Temperature(Calibrator):
-    """Temperature scaling: ``z / T`` with one scalar ``T > 0`` (Guo et al., 2017).
+    r"""Temperature scaling: ``z / T`` with one scalar ``T > 0`` (Guo et al., 2017).
 
     ``T`` is parametrised as ``exp(log_temperature)`` so that it stays positive whether
     it is fitted post hoc or trained with COG. It starts at ``T = 1`` (identity).
+
+    Post-hoc fitting is a MAP estimate with a Gaussian prior on :math:`u = \log T`:
+
+    .. math::
+
+        \hat u = \arg\min_u \Big[\sum_{i=1}^N \ell_i(e^{u}) + \frac{\lambda}{2} u^2\Big],
+        \qquad \lambda = \texttt{l2} = 1/\sigma^2,
+
+    with the default :math:`\lambda = 1` (:math:`\sigma = 1`: ``T`` within
+    :math:`[e^{-2}, e^{2}]` at two prior standard deviations). On ordinary validation sets
+    its effect is negligible (a relative shift of :math:`T` of order
+    :math:`|\log T| / (N\,\mathcal I)`, :math:`\mathcal I` the per-sample Fisher
+    information of :math:`u`). On separable sets -- every sample classified correctly,
+    where the maximum-likelihood ``T`` is unbounded below -- it keeps ``T`` finite, at
+    least :func:`separable_temperature_floor`, and ``fit`` raises a
+    :class:`SeparableDataWarning` naming the cause and the sample count. ``l2=0`` gives
+    the plain maximum-likelihood fit; ``l2="cv"`` chooses :math:`\lambda` by
+    cross-validation as for the other calibrators.
+
+    Parameters
+    ----------
+    max_iter : int
+        L-BFGS iterations.
+    l2 : float or "cv"
+        Precision :math:`\lambda` of the prior on ``log T`` (default 1.0).
+    cv, l2_grid
+        As for :class:`Calibrator`, used with ``l2="cv"``.
 
     Examples
     --------
@@ -183,10 +759,19 @@ class Temperature(Calibrator):
     >>> t = Temperature().fit(clean * 2.0, y)   # logits twice too confident
     >>> abs(t.temperature - 2.0) < 0.15
     True
+    >>> t(clean[:1] * 2.0).requires_grad       # fitted parameters are frozen
+    False
     """
 
-    def __init__(self, *, max_iter: int = 200) -> None:
-        super().__init__(max_iter=max_iter)
+    def __init__(
+        self,
+        *,
+        max_iter: int = 200,
+        l2: float | str = DEFAULT_TEMPERATURE_L2,
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ) -> None:
+        super().__init__(max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid)
         self.log_temperature = nn.Parameter(torch.zeros(()))
 
     @property
@@ -194,8 +779,23 @@ class Temperature(Calibrator):
         """The current temperature ``T`` as a float."""
         return float(self.log_temperature.detach().exp())
 
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         return logits / self.log_temperature.exp().to(logits.dtype)
+
+    def _deviations(self) -> list[tuple[str, Any, str]]:
+        return [("log_temperature", 0.0, "weight")]
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        true = logits.gather(1, labels[:, None])[:, 0]
+        others = logits.scatter(1, labels[:, None], float("-inf")).amax(1)
+        _warn_separable(
+            "Temperature",
+            true - others,
+            self.temperature,
+            self.l2_,
+            logits.shape[1],
+            "validation samples",
+        )
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature:.4g}"
@@ -204,8 +804,17 @@ class Temperature(Calibrator):
 class _LazyWidth(Calibrator):
     """A calibrator whose parameters depend on the number of outputs, possibly known only at fit."""
 
-    def __init__(self, num_outputs: int | None, *, max_iter: int, l2: float, name: str) -> None:
-        super().__init__(max_iter=max_iter, l2=l2)
+    def __init__(
+        self,
+        num_outputs: int | None,
+        *,
+        max_iter: int,
+        l2: float | str,
+        cv: int,
+        l2_grid: Sequence[float],
+        name: str,
+    ) -> None:
+        super().__init__(max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid)
         _check_positive_int(name, num_outputs, allow_none=True)
         if num_outputs is not None and num_outputs < 2 and not self.multilabel:
             raise ValueError(f"`{name}` must be at least 2 for a multiclass calibrator.")
@@ -221,6 +830,10 @@ class _LazyWidth(Calibrator):
     def _init_params(self, k: int) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _device(self) -> torch.device:
+        self._require_built()
+        return super()._device()
+
     _width_key = "bias"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
@@ -229,35 +842,156 @@ class _LazyWidth(Calibrator):
             self._build(int(state_dict[key].shape[0]))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _penalty(self) -> torch.Tensor:
-        return sum(((p - p0) ** 2).sum() for p, p0 in self._deviations())  # type: ignore[return-value]
 
-    def _deviations(self):  # pragma: no cover - overridden
-        raise NotImplementedError
+class _AffineScaling(_LazyWidth):
+    """``W z + b`` (full matrix) or ``w * z + b`` (one weight per output), from the identity.
 
+    ``_temperature_target`` (vector and matrix scaling) centres the penalty on the identity
+    after temperature scaling, ``W = I / T_0``, instead of on the identity itself (see
+    :class:`MatrixScaling`).
+    """
 
-class _ElementwiseAffine(_LazyWidth):
-    """``w * z + b`` with one weight and one bias per output, starting at the identity."""
+    _full_matrix = False
+    _temperature_target = False
 
     def _init_params(self, k: int) -> None:
-        self.weight = nn.Parameter(torch.ones(k))
+        self.weight = nn.Parameter(torch.eye(k) if self._full_matrix else torch.ones(k))
         self.bias = nn.Parameter(torch.zeros(k))
 
-    def _deviations(self):
-        return [(self.weight, 1.0), (self.bias, 0.0)]
+    def _identity(self) -> torch.Tensor:
+        w = self.weight
+        if self._full_matrix:
+            return torch.eye(w.shape[0], dtype=w.dtype, device=w.device)
+        return torch.ones_like(w)
 
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+    def _deviations(self) -> list[tuple[str, Any, str]]:
+        return [("weight", self._identity(), "weight"), ("bias", 0.0, "bias")]
+
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         self._require_built()
-        return logits * self.weight.to(logits.dtype) + self.bias.to(logits.dtype)
+        weight, bias = self.weight.to(logits.dtype), self.bias.to(logits.dtype)
+        if self._full_matrix:
+            return F.linear(logits, weight, bias)
+        return logits * weight + bias
+
+    # -- fitting: penalty centre, conditioning ----------------------------------------
+    def _shrinks_to_temperature(self) -> bool:
+        return self._temperature_target and self._weights_toward_identity
+
+    def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        self._target_temperature = (
+            _temperature_map(logits, labels) if self._shrinks_to_temperature() else None
+        )
+
+    def _times(self, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return w @ v if self._full_matrix else w * v
+
+    def _standardisation(self, logits: torch.Tensor, penalty_weight: float) -> Any:
+        return _column_stats(logits, penalty_weight, self.multilabel)
+
+    def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
+        # Standardised logits x = (z - mu) / sd:  W z + b = (W diag(sd)) x + (W mu + b).
+        w, b = self.weight.detach(), self.bias.detach()
+        if stats is None:
+            return {"weight": w, "bias": b}
+        mu, sd = stats
+        return {"weight": w * sd, "bias": self._times(w, mu) + b}
+
+    def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
+        if stats is None:
+            return variables
+        mu, sd = stats
+        w = variables["weight"] / sd
+        return {"weight": w, "bias": variables["bias"] - self._times(w, mu)}
+
+    def _weight_deviation(self, weight: torch.Tensor) -> torch.Tensor:
+        if self._shrinks_to_temperature():
+            return self._target_temperature * weight - self._identity()  # T0 W - I
+        return weight - self._identity() if self._weights_toward_identity else weight
+
+    def _penalty_terms(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        # The softmax is unchanged by W -> W + 1 v^T and b -> b + c 1. Measuring the penalty
+        # at the representative that minimises it (columns of the deviation and the bias
+        # centred) makes the objective exactly flat along those directions instead of weakly
+        # curved, which L-BFGS handles far better; _canonical then returns that representative,
+        # the minimiser of the documented penalty.
+        weight, bias = self._weight_deviation(params["weight"]), params["bias"]
+        if not self.multilabel:
+            if self._full_matrix:
+                weight = weight - weight.mean(0, keepdim=True)
+            bias = bias - bias.mean()
+        return [weight, bias] if self._penalize_bias else [weight]
+
+    def _canonical(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.multilabel:
+            return params
+        weight, bias = params["weight"], params["bias"]
+        if self._full_matrix:
+            shift = self._weight_deviation(weight).mean(0, keepdim=True)
+            scale = self._target_temperature if self._shrinks_to_temperature() else 1.0
+            weight = weight - shift / scale
+        return {"weight": weight, "bias": bias - bias.mean()}
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        if self._temperature_target:
+            self.target_temperature_ = self._target_temperature
 
 
-class VectorScaling(_ElementwiseAffine):
-    """Vector scaling: ``w * z + b`` with one weight and one bias per class (2K parameters).
+def _temperature_map(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The temperature ``Temperature().fit`` gives (prior precision DEFAULT_TEMPERATURE_L2),
+    without its checks or warnings; ``logits`` are float64 on the calibrator's device."""
+    ts = Temperature().to(device=logits.device, dtype=torch.float64)
+    ts._minimise(logits, labels, DEFAULT_TEMPERATURE_L2)
+    return ts.temperature
+
+
+_AFFINE_PARAMETERS_DOC = r"""
+    Parameters
+    ----------
+    num_classes : int or None
+        Number of classes ``K``; ``None`` takes it from :meth:`fit`.
+    max_iter : int
+        L-BFGS iterations per fit.
+    l2 : float or "cv"
+        Penalty strength :math:`\lambda`, or ``"cv"`` (default) to choose it by
+        stratified ``cv``-fold cross-validation from ``l2_grid``; ``l2=0`` is plain
+        maximum likelihood.
+    cv : int
+        Folds for ``l2="cv"``.
+    l2_grid : sequence of float
+        Strengths tried by ``l2="cv"`` (default :data:`DEFAULT_L2_GRID`).
+
+    Attributes
+    ----------
+    target_temperature_ : float
+        :math:`T_0`, the temperature of the penalty's centre ``I / T_0`` in the final fit
+        (it plays no role when ``l2_ = 0``); the other fitted attributes are those of
+        :class:`Calibrator`.
+"""
+
+
+class VectorScaling(_AffineScaling):
+    __doc__ = (
+        r"""Vector scaling: ``w * z + b`` with one weight and one bias per class (2K parameters).
 
     Starts at the identity (``w = 1``, ``b = 0``). ``num_classes=None`` defers creating the
-    parameters until :meth:`fit` sees the logits. ``l2`` penalises ``||w - 1||^2 + ||b||^2``
-    in post-hoc fitting.
+    parameters until :meth:`fit` sees the logits.
 
+    Post-hoc fitting is regularised as in docs/method.md §2, with the penalty of
+    :class:`MatrixScaling` restricted to a diagonal map: with ``N`` validation samples it
+    minimises
+
+    .. math::
+
+        \frac1N\Big[\sum_{i=1}^N \ell_i(w, b)
+            + \frac{\lambda}{2}\Big(\sum_k (T_0 w_k - 1)^2 + \sum_k b_k^2\Big)\Big],
+
+    :math:`T_0` being the temperature :class:`Temperature` fits to the same data, so that a
+    strong penalty gives temperature scaling (``w = 1 / T_0``, ``b = 0``) and ``l2=0`` the
+    maximum-likelihood vector scaling.
+"""
+        + _AFFINE_PARAMETERS_DOC
+        + r"""
     Examples
     --------
     >>> import torch
@@ -265,71 +999,143 @@ class VectorScaling(_ElementwiseAffine):
     >>> vs = VectorScaling(3)
     >>> vs(torch.tensor([[1.0, 2.0, 3.0]]))
     tensor([[1., 2., 3.]], grad_fn=<AddBackward0>)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> y = torch.randint(0, 3, (600,), generator=g)
+    >>> z = torch.randn(600, 3, generator=g) + 2 * torch.nn.functional.one_hot(y, 3)
+    >>> vs.fit(z, y).l2_ in vs.l2_grid_           # strength chosen by 5-fold CV
+    True
     """
+    )
 
-    def __init__(self, num_classes: int | None = None, *, max_iter: int = 500, l2: float = 0.0):
-        super().__init__(num_classes, max_iter=max_iter, l2=l2, name="num_classes")
+    _temperature_target = True
+
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        *,
+        max_iter: int = 500,
+        l2: float | str = "cv",
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ):
+        super().__init__(
+            num_classes, max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid, name="num_classes"
+        )
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
 
 
-class MatrixScaling(_LazyWidth):
-    """Matrix scaling: ``W z + b`` with a full K x K matrix (K^2 + K parameters).
+class MatrixScaling(_AffineScaling):
+    __doc__ = (
+        r"""Matrix scaling: ``W z + b`` with a full K x K matrix (K^2 + K parameters).
 
     ``W`` starts at the identity and ``b`` at zero, so an untrained calibrator changes
     nothing. ``num_classes=None`` defers creating the parameters until :meth:`fit`.
-    ``l2`` penalises ``||W - I||_F^2 + ||b||^2`` in post-hoc fitting (the unregularised
-    fit can overfit a small validation split when K is large).
 
+    Post-hoc fitting is regularised (docs/method.md §2; the unregularised fit overfits a
+    small validation split, or diverges on a separable one). With ``N`` samples it
+    minimises
+
+    .. math::
+
+        \frac1N\Big[\sum_{i=1}^N \ell_i(W, b)
+            + \frac{\lambda}{2}\Big(\lVert T_0 W - I \rVert_F^2 + \lVert b \rVert^2\Big)\Big],
+
+    where :math:`T_0` is the temperature :class:`Temperature` fits to the same data (with
+    its prior on :math:`\log T`; under ``l2="cv"``, to the training folds of each fit).
+    Writing the map as :math:`(I + \Delta)(z / T_0) + b`, this is a Gaussian prior on
+    :math:`\Delta = T_0 W - I` and :math:`b`: the off-diagonal weights, the diagonal's
+    deviation from :math:`1/T_0` and the biases are all pulled toward 0 (the ODIR penalty
+    of Kull et al. 2019, plus the diagonal). As with Probmetrics' structured matrix scaling
+    (temperature scaling first, then a map regularised toward the identity), a strong
+    penalty gives temperature scaling (:math:`\lambda \to \infty`: ``W = I / T_0``,
+    ``b = 0``), never the uncalibrated logits, and the objective is convex in
+    :math:`(W, b)`; ``l2=0`` is plain multinomial logistic regression on the logits. The
+    softmax does not change when a vector is added to every row of ``W`` or a constant to
+    ``b``; the fit returns the representative with the smallest penalty (the minimiser
+    above, which for ``l2=0`` is one of many).
+"""
+        + _AFFINE_PARAMETERS_DOC
+        + r"""
     Examples
     --------
     >>> import torch
     >>> from cogcal.calibrators import MatrixScaling
-    >>> ms = MatrixScaling()            # K taken from the data at fit
-    >>> z = torch.randn(300, 4); y = z.argmax(1)
-    >>> ms.fit(z, y).num_outputs
-    4
+    >>> g = torch.Generator().manual_seed(0)
+    >>> y = torch.randint(0, 4, (400,), generator=g)
+    >>> z = torch.randn(400, 4, generator=g) + 2 * torch.nn.functional.one_hot(y, 4)
+    >>> ms = MatrixScaling().fit(z, y)        # K taken from the data, l2 by 5-fold CV
+    >>> ms.num_outputs, ms.weight.shape
+    (4, torch.Size([4, 4]))
+    >>> ms.predict_proba(z[:2]).sum(1)
+    tensor([1., 1.])
     """
+    )
 
-    def __init__(self, num_classes: int | None = None, *, max_iter: int = 500, l2: float = 0.0):
-        super().__init__(num_classes, max_iter=max_iter, l2=l2, name="num_classes")
+    _full_matrix = True
+    _temperature_target = True
 
-    def _init_params(self, k: int) -> None:
-        self.weight = nn.Parameter(torch.eye(k))
-        self.bias = nn.Parameter(torch.zeros(k))
-
-    def _deviations(self):
-        eye = torch.eye(self.weight.shape[0], dtype=self.weight.dtype, device=self.weight.device)
-        return [(self.weight, eye), (self.bias, 0.0)]
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        self._require_built()
-        return F.linear(logits, self.weight.to(logits.dtype), self.bias.to(logits.dtype))
+    def __init__(
+        self,
+        num_classes: int | None = None,
+        *,
+        max_iter: int = 500,
+        l2: float | str = "cv",
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ):
+        super().__init__(
+            num_classes, max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid, name="num_classes"
+        )
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
 
 
 class TaskTemperature(_LazyWidth):
-    """One temperature per binary task: ``z_t / T_t`` for (N, T) multi-label logits.
+    r"""One temperature per binary task: ``z_t / T_t`` for (N, T) multi-label logits.
 
-    ``T_t = exp(log_temperature[t])``, starting at 1. Fitting minimises the mean binary
-    cross-entropy over all tasks; the tasks do not share parameters, so this equals T
-    separate fits.
+    ``T_t = exp(log_temperature[t])``, starting at 1. Fitting minimises the summed binary
+    cross-entropy over all tasks plus, as for :class:`Temperature`, a Gaussian prior
+    :math:`\tfrac{\lambda}{2}\sum_t (\log T_t)^2` (``l2`` :math:`=\lambda`, default 1);
+    the tasks do not share parameters, so this equals T separate fits. A task whose
+    validation samples are all on the right side of 0 raises a
+    :class:`SeparableDataWarning` (its maximum-likelihood temperature is unbounded below).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal.calibrators import TaskTemperature
+    >>> g = torch.Generator().manual_seed(0)
+    >>> true = 2 * torch.randn(20000, 2, generator=g)
+    >>> y = torch.bernoulli(torch.sigmoid(true), generator=g)
+    >>> tt = TaskTemperature().fit(true * torch.tensor([0.5, 3.0]), y)
+    >>> [round(t, 1) for t in tt.temperature.tolist()]
+    [0.5, 3.0]
     """
 
     multilabel = True
     _width_key = "log_temperature"
 
-    def __init__(self, num_tasks: int | None = None, *, max_iter: int = 200):
-        super().__init__(num_tasks, max_iter=max_iter, l2=0.0, name="num_tasks")
+    def __init__(
+        self,
+        num_tasks: int | None = None,
+        *,
+        max_iter: int = 200,
+        l2: float | str = DEFAULT_TEMPERATURE_L2,
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ):
+        super().__init__(
+            num_tasks, max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid, name="num_tasks"
+        )
 
     def _init_params(self, k: int) -> None:
         self.log_temperature = nn.Parameter(torch.zeros(k))
 
-    def _deviations(self):
-        return []
+    def _deviations(self) -> list[tuple[str, Any, str]]:
+        return [("log_temperature", 0.0, "weight")]
 
     @property
     def temperature(self) -> torch.Tensor:
@@ -337,32 +1143,79 @@ class TaskTemperature(_LazyWidth):
         self._require_built()
         return self.log_temperature.detach().exp()
 
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         self._require_built()
         return logits / self.log_temperature.exp().to(logits.dtype)
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        margins = (2.0 * labels.to(logits.dtype) - 1.0) * logits
+        temps = self.log_temperature.detach().exp()
+        for t in range(logits.shape[1]):
+            _warn_separable(
+                "TaskTemperature",
+                margins[:, t],
+                float(temps[t]),
+                self.l2_,
+                2,
+                f"validation samples of task {t}",
+            )
 
     def extra_repr(self) -> str:
         return f"num_tasks={self.num_outputs}"
 
 
-class TaskAffine(_ElementwiseAffine):
-    """One affine map per binary task, ``a_t * z_t + b_t`` (Platt scaling in logit form).
+class TaskAffine(_AffineScaling):
+    r"""One affine map per binary task, ``a_t * z_t + b_t`` (Platt scaling in logit form).
 
-    This is the multi-label form of vector and matrix scaling (SPEC §4): each task's
-    calibrated probability is ``sigmoid(a_t z_t + b_t)``. Starts at ``a = 1``, ``b = 0``.
+    This is the multi-label form of vector and matrix scaling (docs/method.md §4): each
+    task's calibrated probability is ``sigmoid(a_t z_t + b_t)``. Starts at ``a = 1``,
+    ``b = 0``. Post-hoc fitting minimises the summed binary cross-entropy over the
+    ``N T`` terms plus :math:`\tfrac{\lambda}{2}\sum_t\big[(a_t - 1)^2 + b_t^2\big]`, with
+    :math:`\lambda` chosen by ``cv``-fold cross-validation over shuffled rows (``l2="cv"``,
+    the default; one strength for all tasks) or fixed.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from cogcal.calibrators import TaskAffine
+    >>> rng = np.random.default_rng(0)
+    >>> true = rng.normal(size=(2000, 2))
+    >>> y = rng.random((2000, 2)) < 1 / (1 + np.exp(-true))
+    >>> cal = TaskAffine().fit(2.0 * true + 1.0, y)
+    >>> np.round(cal.weight.numpy(), 1), np.round(cal.bias.numpy(), 1)
+    (array([0.5, 0.5], dtype=float32), array([-0.5, -0.5], dtype=float32))
+    >>> cal.predict_proba(np.zeros((3, 2))).shape    # one sigmoid per task
+    (3, 2)
     """
 
     multilabel = True
 
-    def __init__(self, num_tasks: int | None = None, *, max_iter: int = 500, l2: float = 0.0):
-        super().__init__(num_tasks, max_iter=max_iter, l2=l2, name="num_tasks")
+    def __init__(
+        self,
+        num_tasks: int | None = None,
+        *,
+        max_iter: int = 500,
+        l2: float | str = "cv",
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ):
+        super().__init__(
+            num_tasks, max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid, name="num_tasks"
+        )
 
     def extra_repr(self) -> str:
         return f"num_tasks={self.num_outputs}"
 
 
 def default_latent_dim(num_classes: int) -> int:
-    """TST latent size Z of SPEC §2: 128 for 10 classes, 512 for 100, 256 otherwise."""
+    """TST latent size Z of docs/method.md §2: 128 for 10 classes, 512 for 100, 256 otherwise.
+
+    Examples
+    --------
+    >>> from cogcal.calibrators import default_latent_dim
+    >>> default_latent_dim(10), default_latent_dim(100), default_latent_dim(7)
+    (128, 512, 256)
+    """
     return {10: 128, 100: 512}.get(num_classes, 256)
 
 
@@ -381,6 +1234,16 @@ class TSTHead(nn.Module):
         Number of outputs ``K``.
     latent_dim : int, optional
         ``Z``; default :func:`default_latent_dim` of ``num_classes``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal.calibrators import TSTHead
+    >>> head = TSTHead(64, 10)
+    >>> head(torch.randn(3, 64)).shape
+    torch.Size([3, 10])
+    >>> head.predict_proba(torch.randn(3, 64).numpy()).sum(1).round(4)
+    array([1., 1., 1.], dtype=float32)
     """
 
     def __init__(self, in_features: int, num_classes: int, *, latent_dim: int | None = None):
@@ -396,6 +1259,25 @@ class TSTHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.encoder(features))
 
+    def predict_proba(self, features: Any) -> Any:
+        """Softmax of the head's logits for ``(N, d)`` features, without gradients.
+
+        Numpy in gives numpy out; a tensor gives a tensor on its own device, of its dtype.
+        The module's mode is kept: call ``.eval()`` first for the V-TST predictive mean.
+        """
+        is_tensor = isinstance(features, torch.Tensor)
+        x = as_float_tensor(_array_like(features), "features", 2)
+        if x.shape[1] != self.in_features:
+            raise ValueError(
+                f"`features` must have {self.in_features} columns for this head, got {x.shape[1]}."
+            )
+        param = next(self.parameters())
+        work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        with torch.no_grad():
+            logits = self(x.to(device=param.device, dtype=param.dtype))
+            probs = torch.softmax(logits.to(work), dim=1).to(x.dtype)
+        return probs.to(x.device) if is_tensor else probs.cpu().numpy()
+
 
 class VTSTHead(TSTHead):
     """The variational TST head (V-TST, Jordahn & Olmos, 2024).
@@ -410,6 +1292,18 @@ class VTSTHead(TSTHead):
       ``num_samples`` draws, ``logsumexp_m(log_softmax(z_m)) - log M``, so metrics and
       post-hoc steps take them like any other logits. In training mode ``forward`` returns
       the single-sample logits.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal.calibrators import VTSTHead
+    >>> head = VTSTHead(16, 5, latent_dim=8).eval()
+    >>> logits = head(torch.randn(4, 16))         # log of the mean of 10 softmaxes
+    >>> torch.allclose(logits.exp().sum(1), torch.ones(4), atol=1e-5)
+    True
+    >>> _, kl = head.train().forward_with_kl(torch.randn(4, 16))
+    >>> bool(kl >= 0)
+    True
     """
 
     def __init__(
