@@ -249,13 +249,10 @@ def _cpu_ood(dataset: Dataset) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         x_tr = dataset.train.x.numpy().astype(np.float64)
         sets["noise"] = torch.from_numpy((noise * x_tr.std() + x_tr.mean()).astype(np.float32))
     else:  # digits
-        try:
-            gen = _tabular.make_mnist1d(
-                num_samples=10 * math.ceil(n / 10), seed=SHIFT_SEED, standardize=True
-            )
-            sets["mnist1d-rendered"] = torch.from_numpy(_render_sequences(gen["x"][:n]))
-        except ImportError as err:
-            missing["mnist1d-rendered"] = str(err)
+        gen = _tabular.make_mnist1d(
+            num_samples=10 * math.ceil(n / 10), seed=SHIFT_SEED, standardize=True
+        )
+        sets["mnist1d-rendered"] = torch.from_numpy(_render_sequences(gen["x"][:n]))
         flat = x_test.reshape(n, -1)
         perm = np.argsort(rng.random(flat.shape), axis=1)
         shuffled = np.take_along_axis(flat, perm, 1).reshape(x_test.shape)

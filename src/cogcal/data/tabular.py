@@ -61,16 +61,11 @@ _CACHE_VERSION = 1
 
 
 def _import_mnist1d() -> tuple[Any, Any]:
-    # Imported lazily: only generation needs the package (which itself imports
-    # matplotlib and requests); loading from the cache does not.
-    try:
-        from mnist1d.data import get_templates
-        from mnist1d.transform import transform
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "generating mnist1d needs the `mnist1d` package: pip install mnist1d "
-            "(or pip install 'cogcal[cli]')."
-        ) from err
+    # Imported here: only generation needs the package (which itself imports matplotlib
+    # and requests, seconds of start-up); loading from the cache does not.
+    from mnist1d.data import get_templates
+    from mnist1d.transform import transform
+
     return get_templates, transform
 
 

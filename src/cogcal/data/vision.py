@@ -247,10 +247,8 @@ def _load_cifar100(root: Path) -> Dataset:
 
 
 def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        import scipy.io
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("reading SVHN needs scipy: pip install scipy") from err
+    import scipy.io  # here: only reading SVHN needs it
+
     try:
         mat = scipy.io.loadmat(str(path), variable_names=["X", "y"])
     except Exception as err:
