@@ -134,9 +134,9 @@ TINY = {
         "fair": {"epochs": 1, "schedule": "step", "step_size": 1, "patience": None},
     },
     "tune": {
-        "lrs": [1e-3, 3e-3],
+        "lrs": [1e-3, 2e-3],
         "ratios": [0.01, 0.1],
-        "baseline_lrs": [1e-3, 3e-3],
+        "baseline_lrs": [1e-3, 2e-3],
         "max_extensions": 2,
     },
 }
@@ -326,6 +326,7 @@ def test_unknown_suite_name_suggests():
         ({"tune": {**TINY["tune"], "ratios": [0.1, 1.0]}}, "hierarchy"),
         ({"tune": {**TINY["tune"], "lrs": [1e-3, 2e-3, 1e-2]}}, "log-spaced"),
         ({"tune": {**TINY["tune"], "max_extensions": -1}}, "max_extensions"),
+        ({"tune": {**TINY["tune"], "lrs": [1e-3, 3e-3]}}, "cannot be extended 2 times on its low"),
         ({"tune": {"lrs": [1e-3]}}, "given together"),
         ({"budget": {"paper": TINY["budget"]["paper"]}}, "no budget for the fair protocol"),
         (
@@ -489,13 +490,13 @@ def _tune(out: Path, group: str) -> dict:
     ("opt", "diverge", "expect"),
     [
         # optimum above the lr grid: extended upward twice, still at the edge (cap)
-        ("lr=1,ratio=0.05", None, {"ext": 2, "cap": True, "edges": ["lr high"], "lr": 0.027}),
+        ("lr=1,ratio=0.05", None, {"ext": 2, "cap": True, "edges": ["lr high"], "lr": 0.008}),
         # optimum below the ratio grid: ratio extended downward, then interior
         ("lr=2e-3,ratio=1e-3", None, {"ext": 2, "cap": False, "edges": [], "ratio": 0.001}),
-        # interior after one lr extension (2e-3 lies between 1e-3 and 3e-3)
+        # interior after one lr extension (2.5e-3 is nearer 2e-3 than 4e-3)
         ("lr=2.5e-3,ratio=0.05", None, {"ext": 1, "cap": False, "edges": ["ratio high"]}),
-        # points at lr >= 5e-3 diverge: results, excluded from the choice
-        ("lr=1,ratio=0.05", 5e-3, {"ext": 1, "cap": False, "edges": [], "lr": 0.003}),
+        # points at lr >= 3e-3 diverge: results, excluded from the choice
+        ("lr=1,ratio=0.05", 3e-3, {"ext": 1, "cap": False, "edges": [], "lr": 0.002}),
     ],
 )
 def test_grid_extension(tmp_path, monkeypatch, opt, diverge, expect):
@@ -552,7 +553,7 @@ def test_selection_uses_the_nll_before_calibration(tmp_path):
     """A post-hoc record's calibrated validation NLL is not what chooses its lr."""
     search = GridSearch(parse_suite(TINY).tune.grid("baselines"), max_extensions=0)
     group = TuneGroup("fair", "digits", "ts", {}, search, tmp_path, 0)
-    for lr, uncal, cal in ((1e-3, 0.5, 0.1), (3e-3, 0.4, 0.2)):
+    for lr, uncal, cal in ((1e-3, 0.5, 0.1), (2e-3, 0.4, 0.2)):
         folder = RunDir(tmp_path / f"lr{lr:g}")
         folder.path.mkdir()
         folder.write_record(
@@ -568,21 +569,21 @@ def test_selection_uses_the_nll_before_calibration(tmp_path):
             status, point, out = "complete", {"lr": lr}, folder.path
 
         group.record(Done)
-    assert search.best == {"lr": 3e-3}
-    assert group.rows["lr0.003"]["val_nll"] == 0.4
+    assert search.best == {"lr": 2e-3}
+    assert group.rows["lr0.002"]["val_nll"] == 0.4
 
 
 def test_fair_post_hoc_methods_use_ce_choice(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_OPT", "lr=3e-3,ratio=0.05")
+    monkeypatch.setenv("FAKE_OPT", "lr=4e-3,ratio=0.05")
     out = tmp_path / "out"
     assert (
         _bench(tmp_path, out, _suite(methods=["ce", "ts"], protocols=["fair"], effect=False)).failed
         == 0
     )
     tune = _tune(out, "fair/digits/ce")
-    assert tune["used_by"] == ["ce", "ts"] and tune["best"]["lr"] == pytest.approx(3e-3)
+    assert tune["used_by"] == ["ce", "ts"] and tune["best"]["lr"] == pytest.approx(4e-3)
     ts = _record(out / "runs/fair/digits/ts/seed1")
-    assert ts["config"]["method"] == "ts" and ts["config"]["lr"] == pytest.approx(3e-3)
+    assert ts["config"]["method"] == "ts" and ts["config"]["lr"] == pytest.approx(4e-3)
     assert ts["config"]["schedule"] == "step"
     assert not (out / "tune/fair/digits/ts").exists()
 

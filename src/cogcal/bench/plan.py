@@ -216,15 +216,22 @@ class TuneGroup:
             schedule=self.schedule,
             seed=self.seed,
         )
-        self.summary = summary
-        if self.search.best is None:
+        if not self.error and self.search.best is None:
             self.error = (
                 f"no finite point in tuning group {self.label} (every point diverged or "
                 f"failed; see {self.folder / 'tune.csv'})"
             )
+        if self.error:  # nothing is chosen: the seed runs are blocked
+            summary.update(best=None, best_config=None, error=self.error)
+        self.summary = summary
         write_tables(self.folder, summary)
         for listener in self.listeners:
             listener(self)
+
+    @property
+    def chosen(self) -> dict[str, float] | None:
+        """The chosen point; None when no point is finite or the search failed."""
+        return None if self.error else self.search.best
 
     def best_per_ratio(self) -> dict[float, dict[str, float] | None]:
         """For each ratio of the final grid, the point with the lowest finite selection NLL
@@ -236,7 +243,9 @@ class TuneGroup:
                 for row in self.rows.values()
                 if row["ratio"] == ratio and row["val_nll"] is not None
             ]
-            out[ratio] = {"lr": min(finite)[1], "ratio": ratio} if finite else None
+            out[ratio] = (
+                {"lr": min(finite)[1], "ratio": ratio} if finite and not self.error else None
+            )
         return out
 
 
@@ -429,13 +438,13 @@ class Plan:
 
     def _seed_listener(self, method: str) -> Callable[[TuneGroup], None]:
         def listener(group: TuneGroup) -> None:
-            self._queue(group, group.search.best, method, method, group.protocol, None)
+            self._queue(group, group.chosen, method, method, group.protocol, None)
 
         return listener
 
     def _effect_listener(self, variant: str) -> Callable[[TuneGroup], None]:
         def listener(group: TuneGroup) -> None:
-            self._queue(group, group.search.best, "ce", effect_slug(variant), EFFECT, variant)
+            self._queue(group, group.chosen, "ce", effect_slug(variant), EFFECT, variant)
 
         return listener
 
@@ -471,7 +480,11 @@ class Plan:
             group.record(job)
             if group.pending or group.finished:
                 return
-            more = group.next_jobs(on_done)
+            try:
+                more = group.next_jobs(on_done)
+            except Exception as err:  # noqa: BLE001 - the group stops; its runs are blocked
+                group.error = f"the grid search of {group.label} failed: {err}"
+                more = []
             if more:
                 self.expected_total += len(more)
                 self.enqueue(more)
