@@ -394,9 +394,16 @@ def _run_locked(
     if report:
         from cogcal.report.build import build_report
 
-        html = build_report(out)
-        if say:
-            say(f"report: {html}")
+        try:
+            html = build_report(out)
+        except Exception as err:
+            if interrupted is None:
+                raise
+            # interrupted: the interrupt is what the caller must see
+            _stderr(f"the report could not be built ({type(err).__name__}: {err})")
+        else:
+            if say:
+                say(f"report: {html}")
     summary = BenchSummary(out=out, counts=counts)
     if say:
         c = counts
