@@ -742,27 +742,35 @@ def _check_extensible(grid: Grid, max_extensions: int, where: str) -> None:
     WORKAROUND (train layer): :meth:`cogcal.train.tuning.Grid.extended` rounds a new value
     to 3 significant digits and the extended grid must then pass the exact log-spacing
     check, so a factor such as 3 (1e-3 / 3 = 3.33e-4) or sqrt(10) fails in the middle of a
-    search. Until that is fixed there, the suite is refused here with the fix.
+    search; extending both edges of a one-value axis at once fails too. Until that is
+    fixed there, such a suite is refused here, with the fix.
     """
     for axis in grid.axes:
-        for side in ("low", "high"):
-            edge = f"{axis} {side}"
+        low, high = f"{axis} low", f"{axis} high"
+        for edges in ([low], [high], [low, high]):
             g = grid
             for _ in range(max_extensions):
-                if not g.can_extend(edge):
+                usable = [e for e in edges if g.can_extend(e)]
+                if not usable:
                     break
                 try:
-                    g = g.extended([edge])
+                    g = g.extended(usable)
                 except ValueError as err:
                     name = {"lr": "lrs" if grid.ratios is not None else "baseline_lrs"}.get(
                         axis, "ratios"
                     )
-                    values = ", ".join(f"{v:g}" for v in grid.values(axis))
+                    values = grid.values(axis)
+                    fix = (
+                        "give at least two values"
+                        if len(values) == 1
+                        else "use a factor of 2 or 10 between values, e.g. [2.5e-3, 5e-3, 1e-2] "
+                        "or [1e-4, 1e-3]"
+                    )
                     raise ValueError(
-                        f"{where}.{name} [{values}] cannot be extended {max_extensions} times "
-                        f"on its {side} side ({err}); the search rounds new values to 3 "
-                        "significant digits, so use a factor of 2 or 10 between values, e.g. "
-                        "[2.5e-3, 5e-3, 1e-2] or [1e-4, 1e-3]."
+                        f"{where}.{name} [{', '.join(f'{v:g}' for v in values)}] cannot be "
+                        f"extended {max_extensions} times on its "
+                        f"{' and '.join(e.split()[1] for e in edges)} side ({err}); the search "
+                        f"rounds new values to 3 significant digits, so {fix}."
                     ) from None
 
 
