@@ -18,8 +18,13 @@ SUITE = {
     "methods": ["ts", "cog-fc"],
     "seeds": 1,
     "protocols": ["paper"],
-    "train": {"epochs": 1},
-    "tune": {"cog": [{"lr": 1e-3, "calibrator_lr": 1e-4}]},
+    "budget": {
+        "paper": {
+            "baselines": {"lr": 1e-4, "epochs": 1, "schedule": "none", "patience": None},
+            "cog": {"epochs": 1, "schedule": "step", "step_size": 1, "patience": None},
+        }
+    },
+    "tune": {"lrs": [1e-3], "ratios": [0.1], "max_extensions": 0},
 }
 
 
@@ -45,11 +50,11 @@ def test_ray_executor_matches_local_pool(tmp_path, monkeypatch):
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump(SUITE))
     common = dict(jobs=1, data_root=tmp_path / "data", progress=False, report=False)
-    run_bench(suite, out=tmp_path / "local", **common)
+    assert run_bench(suite, out=tmp_path / "local", **common).failed == 0
     # a local Ray instance with this machine's CPUs; the workers inherit PYTHONPATH
     monkeypatch.setenv("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
-        run_bench(suite, out=tmp_path / "ray", executor="ray", **common)
+        assert run_bench(suite, out=tmp_path / "ray", executor="ray", **common).failed == 0
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -60,7 +65,7 @@ def test_ray_executor_matches_local_pool(tmp_path, monkeypatch):
 
 
 def test_address_needs_ray_executor(tmp_path):
-    with pytest.raises(ValueError, match="--address applies to --executor ray only"):
+    with pytest.raises(ValueError, match="`address` applies to executor 'ray' only"):
         run_bench("quick", out=tmp_path, address="auto")
-    with pytest.raises(ValueError, match="--executor must be one of"):
+    with pytest.raises(ValueError, match="`executor` must be one of"):
         run_bench("quick", out=tmp_path, executor="slurm")

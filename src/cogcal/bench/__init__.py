@@ -7,31 +7,90 @@ True
 ('ce', 'ls', 'ts')
 
 :func:`run_bench` plans the suite (:mod:`cogcal.bench.plan`), runs it on a local process
-pool (:mod:`cogcal.bench.executor`), collects ``results.csv`` (:mod:`cogcal.bench.results`)
-and builds ``report.md`` and ``report.html`` (:mod:`cogcal.report.build`). Re-running with
-the same ``out`` skips finished runs, so an interrupted bench resumes where it stopped.
+pool or Ray (:mod:`cogcal.bench.executor`), writes ``results.csv``, ``runs.csv``,
+``tuning.csv`` and ``effect.csv`` (:mod:`cogcal.bench.results`, schemas in
+:mod:`cogcal.report.schema`), ``bench.json`` (the suite, its budgets, one entry per
+session) and builds ``report.md`` / ``report.html`` (:func:`cogcal.report.build.build_report`).
+Re-running with the same ``out`` skips the runs that finished with the planned
+configuration (the run-folder contract, :mod:`cogcal.train.rundir`), so an interrupted
+bench resumes where it stopped.
+
+Exit status (through ``cogcal bench``): 0 when every planned run finished (complete or
+diverged); 1 when runs failed, were interrupted or were blocked (their tuning group had no
+finite point); 130 / 143 when the bench itself was interrupted by SIGINT / SIGTERM, after
+the running jobs were stopped and recorded as interrupted and the tables and the report
+were written for what had finished.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cogcal import _io
+from cogcal._errors import Interrupted
 from cogcal.bench.executor import DEFAULT_RUNNER, EXECUTORS, Job, Scheduler
-from cogcal.bench.plan import TuneGroup, build_plan
-from cogcal.bench.results import write_results
-from cogcal.bench.suites import PROTOCOLS, Suite, list_suites, load_suite
+from cogcal.bench.plan import Blocked, Plan, tuning_method
+from cogcal.bench.results import write_tables
+from cogcal.bench.suites import (
+    FAMILIES,
+    PROTOCOLS,
+    Suite,
+    family_of,
+    floor_epoch,
+    list_suites,
+    load_suite,
+)
 
-__all__ = ["PROTOCOLS", "Suite", "check_requirements", "list_suites", "load_suite", "run_bench"]
+__all__ = [
+    "PROTOCOLS",
+    "BenchSummary",
+    "Suite",
+    "budgets",
+    "check_requirements",
+    "list_suites",
+    "load_suite",
+    "run_bench",
+]
+
+#: The counts of a session, in the order the summary line prints them.
+COUNT_KEYS = ("trained", "skipped", "copied", "diverged", "failed", "interrupted", "blocked")
+
+
+@dataclass(frozen=True)
+class BenchSummary:
+    """What one :func:`run_bench` session did.
+
+    Attributes
+    ----------
+    out : Path
+        The output folder (``os.fspath(summary)`` gives it too).
+    counts : dict
+        Planned runs by outcome: ``trained``, ``skipped`` (finished in an earlier session),
+        ``copied`` (identical to another run), ``diverged`` (of those three, the runs whose
+        loss became non-finite: results, not failures), ``failed``, ``interrupted`` and
+        ``blocked`` (never started: their tuning group had no finite point).
+    failed : int
+        ``failed + interrupted + blocked``: non-zero means the bench did not finish.
+    """
+
+    out: Path
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        c = self.counts
+        return c.get("failed", 0) + c.get("interrupted", 0) + c.get("blocked", 0)
+
+    def __fspath__(self) -> str:
+        return os.fspath(self.out)
 
 
 def _stderr(line: str) -> None:
@@ -43,13 +102,22 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
 
     Loads every dataset once (``mnist1d`` is generated and cached under ``data_root``, so
     the workers only read the cache), checks for a GPU when the suite needs one, and
-    validates every planned training configuration.
+    refuses methods without a multi-task form on multi-label datasets. (Every planned
+    TrainConfig was validated when the suite was loaded.)
+
+    Parameters
+    ----------
+    suite : Suite
+    data_root : Path
+    check_train : bool
+        Also build each dataset's backbone once (its feature size goes into
+        ``bench.json`` for the complexity table).
 
     Returns
     -------
     dict
         Per dataset: ``task``, ``num_classes``, ``input_shape``, ``model`` and
-        ``feature_dim`` (used by the complexity table).
+        ``feature_dim``.
 
     Raises
     ------
@@ -65,21 +133,10 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
                 "False here; run it on a GPU machine, or run `cogcal bench --suite quick` "
                 "on this CPU."
             )
-    if check_train:
-        try:
-            import cogcal.train  # noqa: F401
-        except ImportError as err:
-            raise ValueError(
-                f"cogcal bench needs cogcal.train, which failed to import ({err}); install "
-                "the command-line extras with `pip install -e .[cli]`."
-            ) from None
     from cogcal.data import load_dataset
     from cogcal.models import create_model
+    from cogcal.train.methods import METHODS, get_method
 
-    try:
-        from cogcal.train.config import DEFAULT_MODELS
-    except ImportError:
-        DEFAULT_MODELS = {}  # noqa: N806
     info: dict[str, Any] = {}
     for entry in suite.datasets:
         try:
@@ -89,9 +146,18 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
                 f"suite {suite.name!r} needs the dataset {entry.name!r} under {str(data_root)!r} "
                 f"and it is not usable: {err}"
             ) from None
-        model = entry.model or DEFAULT_MODELS.get(entry.name)
+        if data.task == "multilabel":
+            bad = [m for m in suite.methods if not get_method(m).supports_multilabel]
+            if bad:
+                ok = [m for m, spec in METHODS.items() if spec.supports_multilabel]
+                raise ValueError(
+                    f"suite {suite.name!r}: the multi-label dataset {entry.name!r} needs methods "
+                    f"with a multi-task form; {', '.join(bad)} have none. Use some of: "
+                    f"{', '.join(ok)} (or move the others to a suite of single-task datasets)."
+                )
+        model = entry.model or data.default_model
         feature_dim = None
-        if model is not None:
+        if check_train and model is not None:
             net = create_model(model, num_classes=data.num_classes, input_shape=data.input_shape)
             feature_dim = int(getattr(net, "num_features", 0)) or None
             del net
@@ -102,85 +168,71 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
             "model": model,
             "feature_dim": feature_dim,
         }
-    if check_train:
-        _validate_configs(suite, data_root)
     return info
 
 
-def _validate_configs(suite: Suite, data_root: Path) -> None:
-    from cogcal.bench.plan import base_config, is_cog
-    from cogcal.train import TrainConfig
+def budgets(suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
+    """The stated budgets, per protocol and method family (recorded in ``bench.json``).
 
+    Each entry: ``methods`` (of the suite, in that family), ``epochs``, ``schedule``,
+    ``step_size`` (None without the step schedule), ``patience`` (None: no early
+    stopping), ``stage2_epochs`` (TST / V-TST head; None for COG), ``lr`` and
+    ``calibrator_lr`` (fixed values, or None when tuned), ``tuned``, ``grid`` (the starting
+    grid when tuned), and ``floor_epoch``: the epoch at which every learning rate has
+    decayed below the 1e-8 floor so that training stops, None if that never happens
+    within ``epochs``; for a tuned family it is given for ``floor_epoch_lr``, the smallest
+    λ_f of the starting grid (the earliest any of its runs can stop; larger rates stop
+    later).
+
+    >>> b = budgets(load_suite("paper-vit"))
+    >>> b["paper"]["cog"]["floor_epoch"] is None, b["paper"]["cog"]["step_size"]
+    (True, 100)
+    """
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for protocol in suite.protocols:
-        for di, entry in enumerate(suite.datasets):
-            for method in suite.methods:
-                base = base_config(suite, di, method, protocol)
-                points: tuple[dict[str, float], ...] = ({},)
-                if is_cog(method) and suite.cog_grid:
-                    points = suite.cog_grid
-                elif protocol == "fair" and not is_cog(method) and suite.baseline_grid:
-                    points = suite.baseline_grid
-                for point in points:
-                    cfg = {**base, **point, "seed": 0, "data_root": str(data_root), "out": "."}
-                    try:
-                        TrainConfig.from_dict(cfg)
-                    except ValueError as err:
-                        raise ValueError(
-                            f"suite {suite.name!r}: the run {protocol}/{entry.name}/{method} "
-                            f"has an invalid training configuration: {err}"
-                        ) from None
-
-
-@contextlib.contextmanager
-def _lock(out: Path) -> Iterator[None]:
-    """Refuse to run two benches into the same folder at once."""
-    path = out / ".bench.lock"
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _alive(pid):
-                raise ValueError(
-                    f"another cogcal bench (process {pid}) is writing into {str(out)!r}; wait "
-                    "for it or stop it, or choose another --out."
-                ) from None
-            path.unlink(missing_ok=True)  # stale lock of a killed bench
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        break
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _children_cpu() -> float:
-    """CPU seconds (user + system) used by finished child processes (the workers)."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return 0.0
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+        out[protocol] = {}
+        for fam in FAMILIES:
+            b = suite.budgets[protocol][fam]
+            grid: dict[str, list[float]] | None = None
+            if b.tuned:
+                g = suite.tune.grid(fam, allow_fast_calibrator=suite.allow_fast_calibrator)
+                grid = {"lrs": list(g.lrs)}
+                if g.ratios is not None:
+                    grid["ratios"] = list(g.ratios)
+                lr_floor = min(g.lrs)
+            else:
+                lr_floor = b.lr
+            out[protocol][fam] = {
+                "methods": [m for m in suite.methods if family_of(m) == fam],
+                "epochs": b.epochs,
+                "schedule": b.schedule,
+                "step_size": b.step_size,
+                "patience": b.patience,
+                "stage2_epochs": b.stage2_epochs,
+                "lr": b.lr,
+                "calibrator_lr": (
+                    b.calibrator_lr
+                    if b.calibrator_lr is not None or b.lr is None or fam != "cog"
+                    else b.lr / 10
+                ),
+                "tuned": b.tuned,
+                "grid": grid,
+                "floor_epoch": floor_epoch(lr_floor, b.schedule, b.step_size, b.epochs),
+                "floor_epoch_lr": lr_floor,
+            }
+    return out
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) used by finished child processes (the workers)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_bench(
@@ -193,11 +245,11 @@ def run_bench(
     seeds: int | None = None,
     progress: bool = True,
     report: bool = True,
-    runner: str = DEFAULT_RUNNER,
+    runner: str | None = None,
     executor: str = "local",
     address: str | None = None,
-) -> Path:
-    """Run a benchmark suite into ``out`` and write ``results.csv`` and the report.
+) -> BenchSummary:
+    """Run a benchmark suite into ``out`` and write the tables and the report.
 
     Parameters
     ----------
@@ -217,46 +269,52 @@ def run_bench(
         Print progress lines to stderr.
     report : bool
         Build ``report.md`` / ``report.html`` at the end.
-    runner : str
-        ``module:function`` run in the workers with each config dict (for tests).
+    runner : str, optional
+        ``module:function`` run in the workers as ``function(config_dict, resume=bool)``
+        (default: :data:`cogcal.bench.executor.DEFAULT_RUNNER`, which trains).
     executor : {"local", "ray"}
-        Run the jobs on a local process pool (default) or as tasks on a Ray cluster; both
-        give the same results.
+        Run the jobs on a local process pool (default) or as tasks on a Ray cluster.
     address : str, optional
         Ray cluster address for ``executor="ray"`` (default: start a local Ray).
 
     Returns
     -------
-    Path
-        ``out``.
+    BenchSummary
+        The counts of the session; ``summary.failed`` is non-zero when runs failed, were
+        interrupted or blocked.
 
     Raises
     ------
     ValueError
-        Invalid suite or arguments, missing data or GPU (before anything starts).
+        Invalid suite or arguments, missing data or GPU, another bench writing into ``out``
+        (before anything starts).
+    Interrupted, KeyboardInterrupt
+        SIGTERM / SIGINT: re-raised after the workers were stopped, the running jobs
+        recorded as interrupted, and the tables and the report written.
     """
     loaded = suite if isinstance(suite, Suite) else load_suite(suite)
     if protocols is not None:
         loaded = loaded.replace(protocols=protocols)
     if seeds is not None:
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"seeds must be a positive integer, got {seeds!r}.")
+            raise ValueError(f"`seeds` must be a positive integer, got {seeds!r}.")
         loaded = loaded.replace(seeds=seeds)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+        raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
     if executor not in EXECUTORS:
-        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+        raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
     if address is not None and executor != "ray":
-        raise ValueError("--address applies to --executor ray only.")
+        raise ValueError("`address` applies to executor 'ray' only.")
+    runner = runner or DEFAULT_RUNNER
     out = Path(out).expanduser()
     data_root = Path(data_root).expanduser()
     say: Callable[[str], None] | None = _stderr if progress else None
 
     if say:
         say(f"suite {loaded.name!r}: checking data and configuration ...")
-    info = check_requirements(loaded, data_root, check_train=runner == DEFAULT_RUNNER)
+    info = check_requirements(loaded, data_root)
     out.mkdir(parents=True, exist_ok=True)
-    with _lock(out):
+    with _io.pid_lock(out / ".bench.lock", what=f"bench folder {out}"):
         return _run_locked(
             loaded, out, jobs, data_root, info, say, report, runner, executor, address
         )
@@ -271,60 +329,51 @@ def _run_locked(
     say: Callable[[str], None] | None,
     report: bool,
     runner: str,
-    executor: str = "local",
-    address: str | None = None,
-) -> Path:
+    executor: str,
+    address: str | None,
+) -> BenchSummary:
     started_at, t0 = _now(), time.monotonic()
     cpu0 = _children_cpu()
     meta_path = out / "bench.json"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        sessions = list(meta.get("sessions", [])) if isinstance(meta, dict) else []
+        previous = _io.read_json(meta_path)
+        sessions = list(previous.get("sessions", [])) if isinstance(previous, dict) else []
     except (OSError, ValueError):
         sessions = []
-    meta = _meta(suite, jobs, data_root, info, sessions)
-    _io.write_json(meta_path, meta)
+    _io.write_json(meta_path, _meta(suite, jobs, data_root, info, sessions))
 
     scheduler = Scheduler(
         jobs=jobs,
         runner=runner,
         reuse=suite.reuse,
         progress=say,
-        warm=("cogcal.train",) if runner == DEFAULT_RUNNER else (),
+        warm=("cogcal.train.runner",) if runner == DEFAULT_RUNNER else (),
         executor=executor,
         address=address,
     )
-    blocked: list[tuple[TuneGroup, list[Job]]] = []
-
-    def on_group_failed(group: TuneGroup, dependents: list[Job]) -> None:
-        blocked.append((group, dependents))
-        if say:
-            say(f"FAILED tuning {group.label}: {group.error}; its {len(dependents)} runs skipped")
-
-    plan = build_plan(suite, out, data_root, scheduler.add, on_group_failed)
-    scheduler.expected_total = plan.expected_total
+    plan = Plan(suite, out, data_root, scheduler.add)
+    scheduler.expected_total = lambda: plan.expected_total
     if say:
         say(
             f"{plan.expected_total} runs planned ({len(plan.groups)} tuning groups), "
             f"{jobs} worker(s), output {out}"
         )
-    scheduler.add(plan.initial)
-    scheduler.run()
+    interrupted: BaseException | None = None
+    try:
+        scheduler.add(plan.initial_jobs())
+        scheduler.run()
+    except (Interrupted, KeyboardInterrupt) as err:
+        interrupted = err
+    signame = None
+    if interrupted is not None:
+        signame = interrupted.signame if isinstance(interrupted, Interrupted) else "SIGINT"
+        if say:
+            say(f"interrupted ({signame}): writing the tables and the report for what finished")
 
-    failures = [f"{job.label}\t{job.error}\t{job.out / 'run.log'}" for job in scheduler.failures]
-    for group, dependents in blocked:
-        for job in dependents:
-            failures.append(f"{job.label}\t{group.error}\t{group.folder / 'tune.json'}")
-    failed_path = out / "failed.txt"
-    if failures:
-        header = "# run\terror\tlog\n"
-        _io.write_text(failed_path, header + "\n".join(failures) + "\n")
-    else:
-        failed_path.unlink(missing_ok=True)
-
-    write_results(out)
-    counts = scheduler.counts
-    counts["blocked"] = sum(len(d) for _, d in blocked)
+    counts = {k: scheduler.counts.get(k, 0) for k in COUNT_KEYS}
+    counts["blocked"] = len(plan.blocked)
+    failed_path = _write_failures(out, scheduler.all_jobs, plan.blocked)
+    write_tables(out, scheduler.all_jobs, plan.groups, plan.blocked)
     sessions.append(
         {
             "started": started_at,
@@ -332,25 +381,57 @@ def _run_locked(
             "wall_seconds": round(time.monotonic() - t0, 2),
             "worker_cpu_seconds": round(_children_cpu() - cpu0, 2),
             "jobs": jobs,
+            "executor": executor,
+            "protocols": list(suite.protocols),
+            "seeds": list(suite.seeds),
+            "planned": plan.expected_total,
+            "not_started": sum(1 for j in scheduler.all_jobs if not j.final),
             "counts": counts,
+            "interrupted": signame,
         }
     )
-    meta = _meta(suite, jobs, data_root, info, sessions)
-    _io.write_json(meta_path, meta)
+    _io.write_json(meta_path, _meta(suite, jobs, data_root, info, sessions))
     if report:
         from cogcal.report.build import build_report
 
-        html = build_report(out)
-        if say:
-            say(f"report: {html}")
+        try:
+            html = build_report(out)
+        except Exception as err:
+            if interrupted is None:
+                raise
+            # interrupted: the interrupt is what the caller must see
+            _stderr(f"the report could not be built ({type(err).__name__}: {err})")
+        else:
+            if say:
+                say(f"report: {html}")
+    summary = BenchSummary(out=out, counts=counts)
     if say:
         c = counts
         say(
             f"done in {sessions[-1]['wall_seconds']:.0f}s: trained {c['trained']}, skipped "
-            f"{c['skipped']}, reused {c['copied']}, failed {c['failed'] + c['blocked']}"
-            + (f" (see {failed_path})" if failures else "")
+            f"{c['skipped']}, reused {c['copied']} ({c['diverged']} diverged), failed "
+            f"{c['failed']}, interrupted {c['interrupted']}, blocked {c['blocked']}"
+            + (f" (see {failed_path})" if summary.failed else "")
         )
-    return out
+    if interrupted is not None:
+        raise interrupted
+    return summary
+
+
+def _write_failures(out: Path, jobs: list[Job], blocked: list[Blocked]) -> Path:
+    """``failed.txt``: one line per failed, interrupted or blocked run (removed if none)."""
+    lines = []
+    for job in jobs:
+        if job.status in ("failed", "interrupted"):
+            lines.append(f"{job.label}\t{job.status}\t{job.error}\t{job.out / 'run.log'}")
+    for b in blocked:
+        lines.append(f"{b.label}\tblocked\t{b.reason}\t{b.run_dir}")
+    path = out / "failed.txt"
+    if lines:
+        _io.write_text(path, "# run\tstatus\terror\tlog\n" + "\n".join(lines) + "\n")
+    else:
+        path.unlink(missing_ok=True)
+    return path
 
 
 def _meta(
@@ -362,6 +443,8 @@ def _meta(
 
     return {
         "suite": suite.to_dict(),
+        "budgets": budgets(suite),
+        "tuning_groups": {m: tuning_method(m) for m in suite.methods if tuning_method(m) != m},
         "datasets": info,
         "data_root": str(data_root),
         "jobs": jobs,

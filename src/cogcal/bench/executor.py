@@ -1,22 +1,31 @@
-"""Run training jobs as independent processes on a local pool, resumably.
+"""Run training jobs as independent processes on a local pool (or Ray), resumably.
 
-Every job is one run directory. A run is *finished* iff its ``metrics.json`` exists with
-``"status": "complete"`` and its recorded configuration matches the planned one;
-anything else found in a run directory (an interrupted or failed attempt, or a run made
-with another configuration) is cleared and redone, so a half-written run is never
-trusted. ``cogcal.train.run`` writes ``metrics.json`` last and atomically.
+Every job is one run folder, and the run-folder contract (:mod:`cogcal.train.rundir`) is
+the only rule for what is found there:
 
-Jobs run in ``spawn``-ed worker processes that stay warm for the whole bench (the
-imports are paid once per worker). Each job's stdout and stderr (file descriptors 1 and
-2, so the output of C extensions too) go to ``<run dir>/run.log``. A failed job leaves
-its log and a traceback there and does not stop the others. Workers exit by themselves
-when the bench process dies, so a killed bench never leaves a worker writing into a run
-directory that the next bench clears.
+* a folder holding a finished run of the planned configuration
+  (:meth:`RunDir.finished_with <cogcal.train.rundir.RunDir.finished_with>`, a resolved
+  comparison: a field left to its default is compared too) is *skipped*; so is a
+  diverged outcome of the same configuration (a result: retraining would diverge again);
+* an unfinished run of the same configuration with checkpoints is *resumed*;
+* anything else cogcal wrote there is cleared with :meth:`RunDir.clear
+  <cogcal.train.rundir.RunDir.clear>` (files cogcal did not write are never deleted, and
+  a symbolic link is never followed: such a job fails with that one-line reason) and the
+  run is trained again.
 
-Jobs with identical configurations (for instance a tuning run at seed 0 and the final
-seed-0 run with the chosen learning rates, or a COG run that both protocols plan with the
-same grid) are trained once and copied (``reuse``); the copy's ``metrics.json`` names its
-source under ``"copied_from"``.
+Jobs run in ``spawn``-ed worker processes that stay warm for the whole bench. Each job's
+stdout and stderr (file descriptors 1 and 2) go to ``<run dir>/run.log``. Any exception,
+``SystemExit`` or other ``BaseException`` of a job makes it a failure (``KeyboardInterrupt``
+and SIGTERM: *interrupted*), never a success: a job succeeds only when it returned normally
+and its folder then holds a finished run of its configuration. A worker turns SIGTERM
+into :class:`cogcal._errors.Interrupted` inside the job, so ``kill <worker pid>`` stops
+that one job (recorded as interrupted) and the bench goes on. Workers exit by themselves
+when the bench process dies.
+
+Jobs with identical configurations (:func:`cogcal.train.config.result_fields`, e.g. a
+tuning point at seed 0 and the seed-0 run at the chosen point, or a COG run that both
+protocols plan identically) are trained once and copied (``reuse``); the copy's
+``metrics.json`` names its source under ``"copied_from"``.
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ import heapq
 import importlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -41,144 +52,142 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
+from cogcal._errors import Interrupted
+from cogcal.train.config import TrainConfig, result_fields
+from cogcal.train.rundir import RUN_DIRS, RUN_FILES, RunDir, RunFolderError, same_config
 
 __all__ = [
     "DEFAULT_RUNNER",
     "EXECUTORS",
-    "RayPool",
+    "FINAL_STATUSES",
     "Job",
+    "RayPool",
     "Scheduler",
-    "clear_run_dir",
-    "config_key",
     "copy_run",
-    "is_finished",
+    "diverged_with",
+    "reuse_key",
 ]
 
-#: ``module:function`` called in the worker with the run's config dict.
+#: ``module:function`` called in the worker as ``function(config_dict, resume=bool)``.
 DEFAULT_RUNNER = "cogcal.bench.executor:train_run"
 
 #: Where jobs run: a local process pool (the default) or a Ray cluster.
 EXECUTORS = ("local", "ray")
 
-#: Config keys that do not change what a run computes (ignored when comparing configs).
-_IGNORED_KEYS = frozenset({"out", "progress", "data_root", "extra", "steps_per_call"})
+#: Statuses a job ends with.
+FINAL_STATUSES = ("complete", "diverged", "failed", "interrupted")
+
+#: Files of a run folder that a copy writes itself instead of copying.
+_NOT_COPIED = ("metrics.json", "config.json", "run.log", ".cogcal.lock")
+
+#: Seconds a worker gets to stop after SIGTERM before it is killed.
+STOP_GRACE = 20.0
 
 
-# --------------------------------------------------------------------------- run dirs
+# --------------------------------------------------------------------------- run folders
 
 
-def config_key(config: dict[str, Any]) -> str:
-    """A canonical string of what a run computes (its config without paths/display)."""
+def reuse_key(config: TrainConfig) -> str:
+    """What identifies "the same run" between jobs: the fields that can change results
+    (:func:`cogcal.train.config.result_fields` of the resolved configuration); floats to
+    12 significant digits (the tolerance of :func:`cogcal.train.rundir.same_config`)."""
+    fields = result_fields(config.resolved())
     return json.dumps(
-        {k: v for k, v in config.items() if k not in _IGNORED_KEYS}, sort_keys=True, default=str
+        {k: float(f"{v:.12g}") if isinstance(v, float) else v for k, v in fields.items()},
+        sort_keys=True,
+        default=str,
     )
 
 
-def _read_metrics(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "metrics.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _same(planned: Any, recorded: Any) -> bool:
-    if isinstance(planned, float) or isinstance(recorded, float):
-        try:
-            return abs(float(planned) - float(recorded)) <= 1e-12 * max(1.0, abs(float(planned)))
-        except (TypeError, ValueError):
-            return False
-    return planned == recorded
-
-
-def is_finished(run_dir: Path, config: dict[str, Any] | None = None) -> bool:
-    """Whether ``run_dir`` holds a complete run made with ``config``.
-
-    Parameters
-    ----------
-    run_dir : Path
-        The run directory.
-    config : dict, optional
-        The planned configuration; every key of it (except ``out``, ``progress``,
-        ``data_root``, ``extra`` and ``steps_per_call``) must equal the value recorded in
-        ``metrics.json``.
-
-    Returns
-    -------
-    bool
-    """
-    data = _read_metrics(Path(run_dir))
-    if data is None or data.get("status") != "complete":
+def diverged_with(folder: RunDir, config: TrainConfig) -> bool:
+    """Whether ``folder`` holds a diverged outcome (``metrics.json`` status ``diverged``)
+    of the same configuration."""
+    outcome = folder.read_outcome()
+    if outcome is None or outcome.get("status") != "diverged":
         return False
-    if config is None:
-        return True
-    recorded = data.get("config")
-    if not isinstance(recorded, dict):
-        return False
-    for key, value in config.items():
-        if key in _IGNORED_KEYS:
-            continue
-        if key not in recorded or not _same(value, recorded[key]):
-            return False
-    return True
+    recorded = outcome.get("config")
+    return isinstance(recorded, dict) and same_config(recorded, config)
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove everything in ``run_dir`` (an unfinished attempt), keeping the folder."""
-    run_dir = Path(run_dir)
-    if run_dir.is_dir():
-        for entry in run_dir.iterdir():
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+def copy_run(src: RunDir, dst: RunDir) -> None:
+    """Copy the finished (or diverged) run in ``src`` to ``dst`` (hard links where possible).
 
+    ``dst`` is cleared first (:meth:`RunDir.clear`: never through a link, never a foreign
+    file); only the files cogcal wrote in ``src`` are copied; ``metrics.json`` is written
+    last, with ``"copied_from"`` naming ``src``, so ``dst`` counts as finished only once
+    it is whole.
 
-def copy_run(src: Path, dst: Path) -> None:
-    """Copy the finished run ``src`` to ``dst`` (hard links where possible).
-
-    ``metrics.json`` is written last and atomically, with ``"copied_from"`` naming
-    ``src``, so ``dst`` counts as finished only once it is whole.
+    Raises
+    ------
+    RunFolderError
+        ``dst`` cannot be cleared, or ``src`` holds no finished run.
     """
-    src, dst = Path(src), Path(dst)
-    clear_run_dir(dst)
-    for path in sorted(src.rglob("*")):
-        rel = path.relative_to(src)
-        if rel.name == "metrics.json" and len(rel.parts) == 1:
-            continue
-        target = dst / rel
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
-    data = _read_metrics(src)
-    if data is None:
-        raise ValueError(f"cannot copy run {src}: its metrics.json is unreadable.")
-    data["copied_from"] = os.path.relpath(src, dst)
-    _io.write_json(dst / "metrics.json", data)
+    outcome = src.read_outcome()
+    if outcome is None or outcome.get("status") not in ("complete", "diverged"):
+        raise RunFolderError(f"cannot copy {src.path}: it holds no finished run.")
+    dst.clear()
+    with dst.lock():
+        foreign = set(src.foreign_entries())
+        files = [src.path / name for name in RUN_FILES if name not in _NOT_COPIED]
+        for name in RUN_DIRS:
+            sub = src.path / name
+            if sub.is_dir() and not sub.is_symlink():
+                files += [
+                    p
+                    for p in sorted(sub.rglob("*"))
+                    if p.relative_to(src.path).as_posix() not in foreign
+                ]
+        for path in files:
+            if path.is_symlink() or not path.is_file() or path.name.endswith(".tmp"):
+                continue
+            target = dst.path / path.relative_to(src.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+        source = os.path.relpath(src.path, dst.path)
+        saved = src.read_config()
+        if saved is not None:
+            _io.write_json(dst.config_path, {**saved, "out": str(dst.path)})
+        _io.write_text(dst.path / "run.log", f"cogcal bench: copied from {source}\n")
+        outcome = {**outcome, "copied_from": source}
+        if isinstance(outcome.get("config"), dict):
+            outcome["config"] = {**outcome["config"], "out": str(dst.path)}
+        _io.write_json(dst.metrics_path, outcome)
 
 
 # --------------------------------------------------------------------------- worker side
 
 
-def train_run(config: dict[str, Any]) -> dict[str, Any]:
-    """The default runner: ``cogcal.train.run(TrainConfig.from_dict(config))``."""
-    from cogcal.train import TrainConfig, run
+def train_run(config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
+    """The default runner: ``cogcal.train.run(TrainConfig.from_dict(config), resume=...)``."""
+    from cogcal.train import run
 
-    return run(TrainConfig.from_dict(config))
+    return run(TrainConfig.from_dict(config), resume=resume)
 
 
-def _resolve(runner: str) -> Callable[[dict[str, Any]], Any]:
+def _resolve(runner: str) -> Callable[..., Any]:
     module, _, name = runner.partition(":")
     if not module or not name:
         raise ValueError(f"a runner is 'module:function', got {runner!r}.")
     return getattr(importlib.import_module(module), name)
+
+
+_IN_JOB = False  # whether this worker process is running a job (signal handlers look)
+
+
+def _worker_signal(signum: int, frame: object) -> None:
+    """SIGTERM / SIGINT in a worker: stop the job (Interrupted); idle: exit at once."""
+    if _IN_JOB:
+        raise Interrupted(signum)
+    os._exit(128 + signum)
+
+
+def _install_worker_signals() -> None:
+    with contextlib.suppress(ValueError):  # not the main thread (some Ray workers)
+        signal.signal(signal.SIGTERM, _worker_signal)
+        signal.signal(signal.SIGINT, _worker_signal)
 
 
 def _watch_parent() -> None:
@@ -197,38 +206,61 @@ def _watch_parent() -> None:
 
 
 def _init_worker(threads: int, runner: str, warm: tuple[str, ...]) -> None:
-    """Pool initializer: parent watch, thread count, warm imports."""
+    """Pool initializer: signals, parent watch, thread count, warm imports."""
+    _install_worker_signals()
     _watch_parent()
     import torch
 
     torch.set_num_threads(max(1, threads))
     for module in warm:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(module)
+        importlib.import_module(module)
     with contextlib.suppress(ImportError, AttributeError, ValueError):
         _resolve(runner)  # errors are reported per job
 
 
-def _execute(runner: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Run one job in a worker, with fds 1 and 2 redirected into ``<out>/run.log``."""
+def _execute(runner: str, config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
+    """Run one job in a worker, with fds 1 and 2 redirected into ``<out>/run.log``.
+
+    Returns ``{"status": "returned" | "error" | "interrupted", "error", "seconds"}``; every
+    exception and ``BaseException`` of the runner is caught here and reported.
+    """
+    global _IN_JOB
     out = Path(config["out"])
-    out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    status, error = "returned", ""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    log = open(out / "run.log", "ab", buffering=0)  # noqa: SIM115  (closed in finally)
-    ok, error = True, ""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        log = open(out / "run.log", "ab", buffering=0)  # noqa: SIM115  (closed below)
+    except OSError as err:
+        os.close(saved[0])
+        os.close(saved[1])
+        return {"status": "error", "error": f"cannot open {out / 'run.log'}: {err}", "seconds": 0.0}
     try:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        print(f"cogcal bench: run with config {json.dumps(config, sort_keys=True)}", flush=True)
+        print(
+            f"cogcal bench: {'resuming' if resume else 'run'} with config "
+            f"{json.dumps(config, sort_keys=True)}",
+            flush=True,
+        )
         try:
-            _resolve(runner)(dict(config))
-        except Exception as err:  # reported, never re-raised: the other runs go on
-            ok = False
-            error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            _IN_JOB = True
+            _resolve(runner)(dict(config), resume=resume)
+        except (Interrupted, KeyboardInterrupt) as err:
+            status = "interrupted"
+            name = err.signame if isinstance(err, Interrupted) else "SIGINT"
+            error = f"interrupted ({name})"
+            print(f"cogcal bench: {error}", flush=True)
+        except BaseException as err:  # noqa: BLE001 - every outcome is reported, never success
+            status = "error"
+            text = str(err) or repr(err)
+            error = f"{type(err).__name__}: {text}".splitlines()[0][:300]
             traceback.print_exc()
+        finally:
+            _IN_JOB = False
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -237,15 +269,16 @@ def _execute(runner: str, config: dict[str, Any]) -> dict[str, Any]:
         os.close(saved[0])
         os.close(saved[1])
         log.close()
-    return {"ok": ok, "error": error, "seconds": time.perf_counter() - started}
+    return {"status": status, "error": error, "seconds": time.perf_counter() - started}
 
 
-def _ray_execute(threads: int, runner: str, config: dict[str, Any]) -> dict[str, Any]:
+def _ray_execute(threads: int, runner: str, config: dict[str, Any], resume: bool) -> dict:
     """A Ray task: the same job as in a local worker, with the thread count set per task."""
     import torch
 
+    _install_worker_signals()
     torch.set_num_threads(max(1, threads))
-    return _execute(runner, config)
+    return _execute(runner, config, resume)
 
 
 class RayPool:
@@ -267,7 +300,7 @@ class RayPool:
     def __init__(self, *, address: str | None, threads: int) -> None:
         try:
             import ray
-        except ImportError:
+        except ImportError:  # an optional extra
             raise ValueError(
                 "--executor ray needs Ray, which is an optional extra: "
                 "pip install -e '.[ray]' (or pip install 'ray>=2.9')."
@@ -290,19 +323,24 @@ class RayPool:
         self._task = ray.remote(num_cpus=threads, max_retries=0)(_ray_execute)
         self._refs: list[Any] = []
 
-    def submit(self, fn: Callable[..., Any], runner: str, config: dict[str, Any]) -> cf.Future:
+    def submit(
+        self, fn: Callable[..., Any], runner: str, config: dict[str, Any], resume: bool
+    ) -> cf.Future:
         if fn is not _execute:
             raise ValueError("RayPool runs cogcal bench jobs only.")
-        ref = self._task.remote(self.threads, runner, config)
+        ref = self._task.remote(self.threads, runner, config, resume)
         self._refs.append(ref)
         return ref.future()
 
+    def stop(self) -> None:
+        """Cancel every task (running ones are killed)."""
+        for ref in self._refs:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self.shutdown(wait=False)
+
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        if cancel_futures:
-            for ref in self._refs:
-                with contextlib.suppress(Exception):
-                    self._ray.cancel(ref, force=True)
-        elif wait and self._refs:
+        if wait and self._refs:
             with contextlib.suppress(Exception):
                 self._ray.wait(self._refs, num_returns=len(self._refs))
         self._refs = []
@@ -315,42 +353,72 @@ class RayPool:
 
 @dataclass
 class Job:
-    """One run directory to fill.
+    """One run folder to fill.
 
     Attributes
     ----------
-    config : dict
-        TrainConfig fields, ``out`` included.
+    config : TrainConfig
+        The planned configuration (``out`` is the run folder).
     label : str
         Short name for progress lines and failures (``paper/mnist1d/ce/seed0``).
+    kind : {"seed", "point", "effect"}
+        A seed run of a method, a tuning grid point, or a run of the effect comparison.
+    protocol, dataset, method : str
+    seed : int
     priority : int
-        Lower runs first (tuning jobs 0, final runs 1).
+        Lower runs first (grid points 0, seed runs 1).
     on_done : callable, optional
-        Called in the bench process with the job once it is finished or failed.
+        Called in the bench process with the job once it has its final status.
+    point : dict, optional
+        The grid point (grid-point jobs).
+    variant : str, optional
+        The effect variant (effect runs).
+    status : str
+        ``pending``, ``waiting`` (for an identical job), ``running``, then one of
+        :data:`FINAL_STATUSES`.
+    how : str
+        For a finished job: ``trained``, ``skipped`` (finished earlier) or ``copied``.
     """
 
-    config: dict[str, Any]
+    config: TrainConfig
     label: str
+    kind: str = "seed"
+    protocol: str = ""
+    dataset: str = ""
+    method: str = ""
+    seed: int = 0
     priority: int = 1
     on_done: Callable[[Job], None] | None = None
-    status: str = "pending"  # pending | running | done | failed
-    how: str = ""  # trained | skipped | copied
+    point: dict[str, float] | None = None
+    variant: str | None = None
+    status: str = "pending"
+    how: str = ""
     error: str = ""
     seconds: float = 0.0
     attempts: int = 0
+    resumed: bool = False
+    copied_from: str = ""
     waiters: list[Job] = field(default_factory=list)
 
     @property
     def out(self) -> Path:
-        return Path(self.config["out"])
+        return Path(self.config.out)
+
+    @property
+    def folder(self) -> RunDir:
+        return RunDir(self.config.out)
 
     @property
     def key(self) -> str:
-        return config_key(self.config)
+        return reuse_key(self.config)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
 
 
 class Scheduler:
-    """A local process pool running :class:`Job` s, with dependencies added on the fly.
+    """A pool of workers running :class:`Job` s, with jobs added on the fly.
 
     Parameters
     ----------
@@ -362,13 +430,9 @@ class Scheduler:
         Train jobs with identical configurations once and copy the result.
     progress : callable, optional
         Called with one status line whenever something changes.
-    expected_total : int
-        Jobs expected in all (for the progress line; grows if more are added).
     executor : {"local", "ray"}
-        ``"local"``: a process pool on this machine; ``"ray"``: tasks on a Ray cluster
-        (:class:`RayPool`).
     address : str, optional
-        Ray cluster address (``executor="ray"`` only); ``None`` starts a local Ray.
+        Ray cluster address (``executor="ray"`` only).
     """
 
     def __init__(
@@ -378,32 +442,30 @@ class Scheduler:
         runner: str = DEFAULT_RUNNER,
         reuse: bool = True,
         progress: Callable[[str], None] | None = None,
-        expected_total: int = 0,
-        warm: tuple[str, ...] = ("cogcal.train",),
+        warm: tuple[str, ...] = ("cogcal.train.runner",),
         executor: str = "local",
         address: str | None = None,
     ) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ValueError(f"jobs must be a positive integer, got {jobs!r}.")
+            raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
         if executor not in EXECUTORS:
-            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+            raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
         if address is not None and executor != "ray":
-            raise ValueError("--address applies to --executor ray only.")
+            raise ValueError("`address` applies to executor 'ray' only.")
         self.executor = executor
         self.address = address
         self.jobs = jobs
         self.runner = runner
         self.reuse = reuse
         self.progress = progress
-        self.expected_total = expected_total
+        self.expected_total: Callable[[], int] | None = None
         self.warm = warm
         self._heap: list[tuple[int, int, Job]] = []
         self._counter = itertools.count()
         self._by_key: dict[str, Job] = {}
         self.all_jobs: list[Job] = []
-        self.failures: list[Job] = []
         self._running: dict[cf.Future[dict[str, Any]], Job] = {}
-        self._future_pool: dict[cf.Future[dict[str, Any]], cf.ProcessPoolExecutor] = {}
+        self._future_pool: dict[cf.Future[dict[str, Any]], Any] = {}
         self._pool: cf.ProcessPoolExecutor | RayPool | None = None
         self._started = time.monotonic()
         self._last_state: tuple[Any, ...] = ()
@@ -411,18 +473,19 @@ class Scheduler:
 
     # -- public --------------------------------------------------------------------------
     def add(self, jobs: Iterable[Job]) -> None:
-        """Queue jobs; finished ones are recognised at once (and registered for reuse)."""
+        """Queue jobs; finished ones are recognised at once (through the run contract)."""
         for job in jobs:
             self.all_jobs.append(job)
-            if is_finished(job.out, job.config):
-                job.how = "skipped"
-                self._finish(job, "done")
-                continue
-            heapq.heappush(self._heap, (job.priority, next(self._counter), job))
-        self.expected_total = max(self.expected_total, len(self.all_jobs))
+            if not self._settle_from_disk(job):
+                heapq.heappush(self._heap, (job.priority, next(self._counter), job))
 
     def run(self) -> None:
-        """Run until every queued (and newly added) job is done or failed."""
+        """Run until every queued (and newly added) job has its final status.
+
+        On any exception or interrupt (SIGTERM as :class:`Interrupted`, SIGINT as
+        ``KeyboardInterrupt``), the workers are stopped (and waited for), the running jobs
+        are marked ``interrupted``, and the exception is re-raised.
+        """
         try:
             while self._heap or self._running:
                 self._submit_ready()
@@ -432,40 +495,85 @@ class Scheduler:
                 for future in done:
                     self._collect(future)
                 self._report()
-        except BaseException:
-            self.shutdown(cancel=True)
+        except BaseException as err:
+            name = err.signame if isinstance(err, Interrupted) else type(err).__name__
+            if isinstance(err, KeyboardInterrupt):
+                name = "SIGINT"
+            self.stop(f"interrupted: the bench stopped ({name})")
             raise
         self.shutdown()
         self._report(force=True)
 
-    def shutdown(self, cancel: bool = False) -> None:
-        """Stop the workers (``cancel``: without waiting for running jobs)."""
+    def stop(self, reason: str) -> None:
+        """Stop the workers now (SIGTERM, then SIGKILL after :data:`STOP_GRACE` s) and mark
+        the running jobs (and the jobs waiting for them) ``interrupted``."""
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if cancel:
-            procs = list(getattr(pool, "_processes", {}).values())
+        if isinstance(pool, RayPool):
+            pool.stop()
+        elif pool is not None:
+            procs = list((getattr(pool, "_processes", None) or {}).values())
             pool.shutdown(wait=False, cancel_futures=True)
             for proc in procs:  # only the workers this scheduler started
                 if proc.is_alive():
-                    proc.terminate()
-        else:
+                    with contextlib.suppress(OSError):
+                        proc.terminate()
+            deadline = time.monotonic() + STOP_GRACE
+            for proc in procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+                if proc.is_alive():
+                    with contextlib.suppress(OSError):
+                        proc.kill()
+                    proc.join(5)
+        running, self._running = list(self._running.values()), {}
+        self._future_pool.clear()
+        for job in running:
+            job.error = reason
+            self._finish(job, "interrupted", notify=False)
+
+    def shutdown(self) -> None:
+        """Stop the workers after the running jobs (none are running at the end of run)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
             pool.shutdown(wait=True)
 
     @property
     def counts(self) -> dict[str, int]:
-        """How many jobs were trained, skipped, copied, failed, and how many are left."""
-        c = {"trained": 0, "skipped": 0, "copied": 0, "failed": 0, "running": 0}
+        """Jobs by outcome: ``trained``, ``skipped``, ``copied`` (finished, complete or
+        diverged), ``diverged`` (of those), ``failed``, ``interrupted``, and ``running``."""
+        c = dict.fromkeys(
+            ("trained", "skipped", "copied", "diverged", "failed", "interrupted", "running"), 0
+        )
         for job in self.all_jobs:
-            if job.status == "failed":
-                c["failed"] += 1
-            elif job.status == "done":
+            if job.status in ("complete", "diverged"):
                 c[job.how or "trained"] += 1
+                c["diverged"] += job.status == "diverged"
+            elif job.status in ("failed", "interrupted"):
+                c[job.status] += 1
             elif job.status == "running":
                 c["running"] += 1
         return c
 
     # -- internals -----------------------------------------------------------------------
+    def _settle_from_disk(self, job: Job) -> bool:
+        """Give ``job`` its final status from its folder when the contract allows it."""
+        folder = job.folder
+        if folder.path.is_symlink():
+            job.error = (
+                f"run folder {folder.path} is a symbolic link; cogcal never writes or deletes "
+                "through links: remove the link or use another --out"
+            )
+            self._finish(job, "failed")
+            return True
+        if folder.finished_with(job.config):
+            job.how = "skipped"
+            self._finish(job, "complete")
+            return True
+        if diverged_with(folder, job.config):
+            job.how = "skipped"
+            self._finish(job, "diverged")
+            return True
+        return False
+
     def _ensure_pool(self) -> cf.ProcessPoolExecutor | RayPool:
         if self._pool is None:
             threads = max(1, (os.cpu_count() or 1) // self.jobs)
@@ -485,32 +593,45 @@ class Scheduler:
             _, _, job = heapq.heappop(self._heap)
             if job.status != "pending":
                 continue
-            if is_finished(job.out, job.config):
-                job.how = "skipped"
-                self._finish(job, "done")
+            if self._settle_from_disk(job):  # e.g. finished by a twin's copy meanwhile
                 continue
             if self.reuse:
                 twin = self._by_key.get(job.key)
-                if twin is not None and twin is not job:
-                    if twin.status == "done":
+                if twin is not None and twin is not job and same_config(twin.config, job.config):
+                    if twin.status in ("complete", "diverged"):
                         self._copy(twin, job)
                         continue
-                    if twin.status == "failed":
-                        job.error = f"same configuration as {twin.label}, which failed"
+                    if twin.final:
+                        job.error = f"same configuration as {twin.label}, which {twin.status}"
                         self._finish(job, "failed")
                         continue
-                    twin.waiters.append(job)  # running or queued: wait for it
+                    twin.waiters.append(job)  # queued or running: wait for it
                     job.status = "waiting"
                     continue
                 self._by_key[job.key] = job
             self._start(job)
 
-    def _start(self, job: Job) -> None:
-        clear_run_dir(job.out)
+    def _start(self, job: Job, *, fresh: bool = False) -> None:
+        folder = job.folder
+        resume = False
+        if not fresh:
+            try:
+                saved = folder.read_config() if folder.is_marked() else None
+            except RunFolderError:
+                saved = None
+            resume = saved is not None and same_config(saved, job.config) and folder.has_state()
+        if not resume:
+            try:
+                folder.clear()
+            except (RunFolderError, OSError) as err:
+                job.error = str(err)
+                self._finish(job, "failed")
+                return
         job.status = "running"
         job.attempts += 1
+        job.resumed = resume
         pool = self._ensure_pool()
-        future = pool.submit(_execute, self.runner, job.config)
+        future = pool.submit(_execute, self.runner, job.config.to_dict(), resume)
         self._running[future] = job
         self._future_pool[future] = pool
 
@@ -527,16 +648,29 @@ class Scheduler:
                 job.status = "pending"
                 heapq.heappush(self._heap, (job.priority, next(self._counter), job))
                 return
-            result = {"ok": False, "error": "the worker process died (twice)", "seconds": 0.0}
-        except Exception as err:  # pickling or pool errors: report, go on
-            result = {"ok": False, "error": f"{type(err).__name__}: {err}", "seconds": 0.0}
+            result = {"status": "error", "error": "the worker process died (twice)"}
+        except BaseException as err:  # noqa: BLE001 - pool, pickling or Ray errors: a failure
+            if isinstance(err, KeyboardInterrupt | Interrupted):
+                raise
+            result = {"status": "error", "error": f"{type(err).__name__}: {err}"}
         job.seconds = float(result.get("seconds", 0.0))
-        if result.get("ok") and is_finished(job.out, job.config):
+        folder = job.folder
+        if result.get("status") == "interrupted":
+            job.error = result.get("error") or "interrupted"
+            self._finish(job, "interrupted")
+        elif result.get("status") == "returned" and folder.finished_with(job.config):
             job.how = "trained"
-            self._finish(job, "done")
+            self._finish(job, "complete")
+        elif diverged_with(folder, job.config):
+            job.how = "trained"
+            job.error = result.get("error", "")
+            self._finish(job, "diverged")
+        elif job.resumed and result.get("status") == "error" and job.attempts < 2:
+            # the checkpoint it resumed from may be the problem: start over once
+            self._start(job, fresh=True)
         else:
             job.error = result.get("error") or (
-                "the run ended without a complete metrics.json matching its configuration"
+                "the run returned without a finished metrics.json of its configuration"
             )
             self._finish(job, "failed")
 
@@ -547,47 +681,46 @@ class Scheduler:
 
     def _copy(self, src: Job, dst: Job) -> None:
         try:
-            copy_run(src.out, dst.out)
+            copy_run(src.folder, dst.folder)
         except (OSError, ValueError) as err:
             dst.error = f"copying {src.label} failed: {err}"
             self._finish(dst, "failed")
             return
         dst.how = "copied"
-        self._finish(dst, "done")
+        dst.copied_from = src.label
+        self._finish(dst, src.status)
 
-    def _finish(self, job: Job, status: str) -> None:
+    def _finish(self, job: Job, status: str, *, notify: bool = True) -> None:
         job.status = status
-        if status == "done" and self.reuse:
-            self._by_key.setdefault(job.key, job)
-            if self._by_key[job.key].status != "done":
+        if status in ("complete", "diverged") and self.reuse:
+            known = self._by_key.get(job.key)
+            if known is None or known.status not in ("complete", "diverged"):
                 self._by_key[job.key] = job
-        if status == "failed":
-            self.failures.append(job)
-            if self.progress is not None:
-                self.progress(f"FAILED {job.label}: {job.error} (log: {job.out / 'run.log'})")
+        if status in ("failed", "interrupted") and self.progress is not None and notify:
+            self.progress(f"{status.upper()} {job.label}: {job.error} (log: {job.out / 'run.log'})")
         waiters, job.waiters = job.waiters, []
         for waiter in waiters:
             waiter.status = "pending"
-            if status == "done":
+            if status in ("complete", "diverged"):
                 self._copy(job, waiter)
             else:
-                waiter.error = f"same configuration as {job.label}, which failed"
-                self._finish(waiter, "failed")
-        if job.on_done is not None:
+                waiter.error = f"same configuration as {job.label}, which {status}"
+                self._finish(waiter, status if status == "interrupted" else "failed", notify=notify)
+        if notify and job.on_done is not None:
             job.on_done(job)
 
     def _report(self, force: bool = False) -> None:
         if self.progress is None:
             return
         c = self.counts
-        finished = c["trained"] + c["skipped"] + c["copied"] + c["failed"]
-        total = max(self.expected_total, len(self.all_jobs))
+        finished = sum(c[k] for k in ("trained", "skipped", "copied", "failed", "interrupted"))
+        total = max(self.expected_total() if self.expected_total else 0, len(self.all_jobs))
         elapsed = time.monotonic() - self._started
         running = ", ".join(j.label for j in self._running.values())
         line = (
             f"[{finished}/{total}] trained {c['trained']}, skipped {c['skipped']}, "
-            f"reused {c['copied']}, failed {c['failed']} | {_fmt_time(elapsed)}"
-            + (f" | running: {running}" if running else "")
+            f"reused {c['copied']}, failed {c['failed'] + c['interrupted']} | "
+            f"{_fmt_time(elapsed)}" + (f" | running: {running}" if running else "")
         )
         state = (finished, total, running)
         now = time.monotonic()
@@ -597,5 +730,7 @@ class Scheduler:
 
 
 def _fmt_time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
     m, s = divmod(int(seconds), 60)
     return f"{m}m{s:02d}s"

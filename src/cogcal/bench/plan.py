@@ -1,152 +1,256 @@
-"""Turn a :class:`~cogcal.bench.suites.Suite` into jobs: tuning groups, then seed runs.
+"""Turn a :class:`~cogcal.bench.suites.Suite` into runs: tuning groups, then seed runs.
 
 Layout of the output folder::
 
-    runs/<protocol>/<dataset>/<method>/seed<k>/     one run each (cogcal.train.run)
-    tune/<protocol>/<dataset>/<method>/<point>/     one run per grid point (seed tune.seed)
-    tune/<protocol>/<dataset>/<method>/tune.{json,csv}   the table and the chosen point
+    runs/<protocol>/<dataset>/<method>/seed<k>/          one run each (cogcal.train.run)
+    runs/effect/<dataset>/<variant>/seed<k>/             the effect comparison's runs
+    tune/<protocol>/<dataset>/<group>/<point>/           one run per grid point (tune.seed)
+    tune/<protocol>/<dataset>/<group>/tune.{json,csv}    every point, the choice, at_edge
+    tune/effect/<dataset>/ce-no-schedule/...             the effect's own tuning group
 
-A tuning group trains every grid point, then picks the point with the lowest validation
-cross-entropy (NLL) -- never a test metric -- and only then queues the seed runs that
-use it. In the ``fair`` protocol the post-hoc methods (``ts``, ``vs``, ``ms``) use the
-learning rate chosen for ``ce``: their network is a plain cross-entropy network, and its
-learning rate is chosen by validation cross-entropy *before* calibration (SPEC section 2).
+Every planned run is a :class:`~cogcal.train.config.TrainConfig`. A tuning group trains
+the points of its :class:`~cogcal.train.tuning.GridSearch` on the worker pool; when they
+have finished, the search's :meth:`~cogcal.train.tuning.GridSearch.next_points` gives the
+extension points (trained too) until it returns ``[]``; then the group writes its tables
+and the seed runs of the methods using it are queued with the chosen point. Points are
+chosen by :attr:`~cogcal.train.rundir.RunRecord.selection_nll` (validation cross-entropy;
+post-hoc methods: before calibration); a diverged point is a result, worse than every
+finite one. A group without a finite point blocks its seed runs (reported as failures,
+never trained with a guessed learning rate).
+
+In both protocols the post-hoc methods (``ts``, ``vs``, ``ms``) use the group of the plain
+network they calibrate (``ce``): their network is a cross-entropy network, its learning rate
+chosen by validation cross-entropy before calibration (docs/method.md §2).
+
+The effect comparison ("where COG's effect comes from"), per dataset, when the suite runs
+the fair protocol with ``ce`` and ``cog-fc`` (and ``effect: true``):
+
+* ``ce (no schedule)``: ``ce`` with the fair budget but no schedule, its learning rate
+  tuned in a group of its own;
+* ``ce (step schedule)``: the fair ``ce`` runs (the same configuration: copied);
+* ``cog-fc (ratio R)``: ``cog-fc`` at each ratio R of its fair grid, at the λ_f that is best
+  for that ratio (the one at the chosen ratio is the fair ``cog-fc`` run: copied).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cogcal import _io
-from cogcal.bench.executor import Job, _read_metrics
-from cogcal.bench.suites import POST_HOC_ON_CE, Suite
+from cogcal.bench.executor import Job
+from cogcal.bench.suites import DatasetEntry, Suite, family_of
+from cogcal.train.config import TrainConfig
+from cogcal.train.methods import get_method, list_methods
+from cogcal.train.rundir import RunDir
+from cogcal.train.tuning import GridSearch, point_config, point_label, write_tables
 
-__all__ = ["TuneGroup", "build_plan", "is_cog", "point_label"]
+__all__ = [
+    "EFFECT",
+    "Blocked",
+    "Plan",
+    "TuneGroup",
+    "effect_slug",
+    "effect_variant",
+    "tuning_method",
+]
+
+#: The ``protocol`` part of the effect comparison's folders and tables.
+EFFECT = "effect"
+CE_NO_SCHEDULE = "ce (no schedule)"
+CE_STEP_SCHEDULE = "ce (step schedule)"
 
 
-def is_cog(method: str) -> bool:
-    """Whether ``method`` is a COG variant (from the registry; by name as a fallback)."""
-    try:
-        from cogcal.train.methods import METHODS
-    except ImportError:
-        return method.startswith("cog-")
-    m = METHODS.get(method)
-    return bool(m.is_cog) if m is not None else method.startswith("cog-")
+def effect_variant(ratio: float) -> str:
+    """The variant name of ``cog-fc`` at ratio R (``report.schema.EFFECT_VARIANTS``).
 
-
-def point_label(point: dict[str, float]) -> str:
-    """Folder name of a grid point, e.g. ``lr0.001_calibrator_lr0.0001``.
-
-    The same names as :func:`cogcal.train.tune`, so ``cogcal tune --out`` on a bench's
-    ``tune/<protocol>/<dataset>/<method>`` folder finds (and skips) the bench's runs.
+    >>> effect_variant(0.1)
+    'cog-fc (ratio 0.1)'
     """
-    return "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in point.items())
+    return f"cog-fc (ratio {ratio:g})"
 
 
-def base_config(suite: Suite, dataset_index: int, method: str, protocol: str) -> dict[str, Any]:
-    """The TrainConfig fields of one (dataset, method, protocol), before tuning."""
-    entry = suite.datasets[dataset_index]
-    cfg: dict[str, Any] = {"dataset": entry.name, "method": method}
-    if entry.model is not None:
-        cfg["model"] = entry.model
-    cfg.update(suite.train)
-    cfg.update(entry.train)
-    overrides = suite.method_train.get(method, {})
-    if not is_cog(method):
-        cfg.pop("calibrator_lr", None)  # meaningless for one-learning-rate methods
-        if protocol == "paper" and "lr" not in overrides:
-            cfg["lr"] = suite.paper_baseline_lr  # the paper's baselines: lr 1e-4
-    cfg.update(overrides)
-    cfg["progress"] = False
-    return cfg
+def effect_slug(variant: str) -> str:
+    """Folder name of an effect variant.
+
+    >>> effect_slug("ce (no schedule)"), effect_slug("cog-fc (ratio 0.01)")
+    ('ce-no-schedule', 'cog-fc-ratio0.01')
+    """
+    slug = variant.replace(" (ratio ", "-ratio").replace(" (", "-").replace(")", "")
+    return slug.replace(" ", "-")
+
+
+def tuning_method(method: str) -> str:
+    """The method trained at the grid points that choose ``method``'s learning rate: for
+    a post-hoc method, the plain network it calibrates (``ts`` -> ``ce``); else itself.
+
+    >>> tuning_method("ts"), tuning_method("cog-ts"), tuning_method("tst")
+    ('ce', 'cog-ts', 'tst')
+    """
+    m = get_method(method)
+    if m.posthoc is None:
+        return method
+    for name in list_methods():
+        c = get_method(name)
+        if c.loss == m.loss and c.cog is None and c.posthoc is None and c.stage2 is None:
+            return name
+    return method
+
+
+@dataclass
+class Blocked:
+    """A planned run that cannot start because its tuning group has no finite point."""
+
+    label: str
+    protocol: str
+    dataset: str
+    method: str
+    seed: int
+    run_dir: Path
+    reason: str
+    variant: str | None = None
 
 
 @dataclass
 class TuneGroup:
-    """The grid points of one (protocol, dataset, method) and the methods waiting on it."""
+    """The grid search of one (protocol, dataset, method trained at the points).
+
+    Attributes
+    ----------
+    used_by : list of str
+        Methods (or effect variants) whose seed runs use the chosen point.
+    fields : dict
+        TrainConfig fields of every point, without the learning rates, seed and out.
+    """
 
     protocol: str
     dataset: str
-    method: str  # the method trained at the grid points
-    grid: tuple[dict[str, float], ...]
+    method: str
+    fields: dict[str, Any]
+    search: GridSearch
     folder: Path
-    points: list[Job] = field(default_factory=list)
-    dependents: list[str] = field(default_factory=list)  # methods using the chosen point
-    best: dict[str, float] | None = None
+    seed: int
+    used_by: list[str] = field(default_factory=list)
+    listeners: list[Callable[[TuneGroup], None]] = field(default_factory=list)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    finished: bool = False
+    summary: dict[str, Any] | None = None
     error: str = ""
-
-    def select(self) -> dict[str, float] | None:
-        """Choose the point with the lowest validation NLL; write tune.json and tune.csv."""
-        rows = []
-        for point, job in zip(self.grid, self.points, strict=True):
-            metrics = _read_metrics(job.out) if job.status == "done" else None
-            val = (metrics or {}).get("val") or {}
-            nll = val.get("nll")
-            rows.append(
-                {
-                    **point,
-                    "val_nll": nll,
-                    "val_brier": val.get("brier"),
-                    "val_acc": val.get("acc"),
-                    "status": job.status,
-                    "run": str(job.out.relative_to(self.folder)),
-                }
-            )
-        finite = [
-            (r, p)
-            for r, p in zip(rows, self.grid, strict=True)
-            if isinstance(r["val_nll"], int | float) and math.isfinite(r["val_nll"])
-        ]
-        if finite:
-            self.best = dict(min(finite, key=lambda rp: rp[0]["val_nll"])[1])
-        else:
-            self.error = f"every tuning run of {self.label} failed or diverged"
-        summary = {
-            "protocol": self.protocol,
-            "dataset": self.dataset,
-            "method": self.method,
-            "used_by": self.dependents,
-            "selection": "lowest validation NLL (cross-entropy) at seed tune.seed",
-            "best": self.best,
-            "table": rows,
-        }
-        _io.write_json(self.folder / "tune.json", summary)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        _io.write_text(self.folder / "tune.csv", buf.getvalue())
-        return self.best
 
     @property
     def label(self) -> str:
         return f"{self.protocol}/{self.dataset}/{self.method}"
 
+    @property
+    def schedule(self) -> str:
+        return str(self.fields.get("schedule"))
 
-@dataclass
+    def config(self, point: dict[str, float], *, seed: int, out: Path) -> TrainConfig:
+        """The TrainConfig of ``point`` at ``seed`` into ``out``."""
+        return TrainConfig.from_dict(
+            {**self.fields, **point_config(point), "seed": seed, "out": str(out)}
+        )
+
+    def next_jobs(self, on_done: Callable[[Job], None]) -> list[Job]:
+        """Jobs for the search's next points (``[]``: the search is over)."""
+        jobs = []
+        for point in self.search.next_points():
+            name = point_label(point)
+            cfg = self.config(point, seed=self.seed, out=self.folder / name)
+            job = Job(
+                cfg,
+                f"tune {self.label} {name}",
+                kind="point",
+                protocol=self.protocol,
+                dataset=self.dataset,
+                method=self.method,
+                seed=self.seed,
+                priority=0,
+                on_done=on_done,
+                point=dict(point),
+            )
+            self.jobs[name] = job
+            self.pending.add(name)
+            jobs.append(job)
+        return jobs
+
+    def record(self, job: Job) -> None:
+        """Record a finished point job (complete, diverged, failed or interrupted)."""
+        point = job.point or {}
+        name = point_label(point)
+        self.pending.discard(name)
+        record = RunDir(job.out).read_record() if job.status == "complete" else None
+        nll = record.selection_nll if record is not None else math.inf
+        status = job.status
+        if status == "complete" and not math.isfinite(nll):  # no finite NLL: diverged
+            status = "diverged"
+        self.search.record(point, nll, status)
+        val = record.val if record is not None else {}
+        cfg = point_config(point)
+        self.rows[name] = {
+            "lr": point["lr"],
+            "ratio": point.get("ratio"),
+            "calibrator_lr": cfg.get("calibrator_lr"),
+            "schedule": self.schedule,
+            "val_nll": nll if math.isfinite(nll) else None,
+            "val_brier": val.get("brier"),
+            "val_acc": val.get("acc"),
+            "status": status,
+            "run": name,
+        }
+
+    def finish(self) -> None:
+        """Write ``tune.json`` / ``tune.csv`` and tell the listeners."""
+        self.finished = True
+        rows = sorted(self.rows.values(), key=lambda r: (r["lr"], r["ratio"] or 0.0))
+        summary = self.search.summary(rows)
+        summary.update(
+            protocol=self.protocol,
+            dataset=self.dataset,
+            method=self.method,
+            used_by=list(self.used_by),
+            schedule=self.schedule,
+            seed=self.seed,
+        )
+        if not self.error and self.search.best is None:
+            self.error = (
+                f"no finite point in tuning group {self.label} (every point diverged or "
+                f"failed; see {self.folder / 'tune.csv'})"
+            )
+        if self.error:  # nothing is chosen: the seed runs are blocked
+            summary.update(best=None, best_config=None, error=self.error)
+        self.summary = summary
+        write_tables(self.folder, summary)
+        for listener in self.listeners:
+            listener(self)
+
+    @property
+    def chosen(self) -> dict[str, float] | None:
+        """The chosen point; None when no point is finite or the search failed."""
+        return None if self.error else self.search.best
+
+    def best_per_ratio(self) -> dict[float, dict[str, float] | None]:
+        """For each ratio of the final grid, the point with the lowest finite selection NLL
+        at that ratio (None when every point there diverged or failed)."""
+        out: dict[float, dict[str, float] | None] = {}
+        for ratio in self.search.grid.ratios or ():
+            finite = [
+                (row["val_nll"], row["lr"])
+                for row in self.rows.values()
+                if row["ratio"] == ratio and row["val_nll"] is not None
+            ]
+            out[ratio] = (
+                {"lr": min(finite)[1], "ratio": ratio} if finite and not self.error else None
+            )
+        return out
+
+
 class Plan:
-    """Jobs ready now, tuning groups (which queue more jobs when they finish)."""
-
-    initial: list[Job]
-    groups: list[TuneGroup]
-    expected_total: int
-    failed_groups: list[TuneGroup] = field(default_factory=list)
-
-
-def build_plan(
-    suite: Suite,
-    out: Path,
-    data_root: Path,
-    enqueue: Callable[[list[Job]], None],
-    on_group_failed: Callable[[TuneGroup, list[Job]], None],
-) -> Plan:
-    """Plan every job of ``suite`` into ``out``.
+    """Every run of a suite, queued through ``enqueue`` as soon as it can start.
 
     Parameters
     ----------
@@ -154,85 +258,240 @@ def build_plan(
     out : Path
         The bench output folder.
     data_root : Path
-        Passed to every run.
     enqueue : callable
-        Called with the seed jobs of a tuning group once it has chosen its point.
-    on_group_failed : callable
-        Called with a group whose every point failed and the seed jobs it cannot run
-        (they are reported as failed, never trained with a guessed learning rate).
+        Called with jobs ready to run (the scheduler's ``add``).
 
-    Returns
-    -------
-    Plan
+    Attributes
+    ----------
+    groups : list of TuneGroup
+    runs : list of Job
+        Every seed run (``kind`` "seed") and effect run (``kind`` "effect") queued so far.
+    blocked : list of Blocked
+    expected_total : int
+        Runs expected in all (grows when a grid is extended).
     """
-    initial: list[Job] = []
-    groups: dict[tuple[str, str, str], TuneGroup] = {}
-    group_of: dict[tuple[str, str, str], TuneGroup] = {}
-    expected = 0
 
-    def seed_jobs(protocol: str, di: int, method: str, extra: dict[str, float]) -> list[Job]:
-        ds = suite.datasets[di].name
+    def __init__(
+        self, suite: Suite, out: Path, data_root: Path, enqueue: Callable[[list[Job]], None]
+    ) -> None:
+        self.suite = suite
+        self.out = Path(out)
+        self.data_root = Path(data_root)
+        self.enqueue = enqueue
+        self.groups: list[TuneGroup] = []
+        self.runs: list[Job] = []
+        self.blocked: list[Blocked] = []
+        self.expected_total = 0
+        self._groups: dict[tuple[str, str, str], TuneGroup] = {}
+        self._fixed: list[Job] = []
+        self._build()
+
+    # -- building ------------------------------------------------------------------------
+    def fields(self, protocol: str, entry: DatasetEntry, method: str) -> dict[str, Any]:
+        """TrainConfig fields of ``method`` on ``entry`` in ``protocol``, without seed/out
+        (and without the learning rates when they are tuned)."""
+        budget = self.suite.budget(protocol, method)
+        return {
+            **self.suite.train,
+            **entry.train,
+            **budget.config_fields(),
+            "dataset": entry.name,
+            "model": entry.model,
+            "method": method,
+            "data_root": str(self.data_root),
+            "progress": False,
+        }
+
+    def _group(
+        self,
+        protocol: str,
+        entry: DatasetEntry,
+        method: str,
+        fields: dict[str, Any],
+        folder_name: str | None = None,
+    ) -> TuneGroup:
+        key = (protocol, entry.name, folder_name or method)
+        if key not in self._groups:
+            suite = self.suite
+            group = TuneGroup(
+                protocol=protocol,
+                dataset=entry.name,
+                method=method,
+                fields=fields,
+                search=suite.tune.search(
+                    family_of(method), allow_fast_calibrator=suite.allow_fast_calibrator
+                ),
+                folder=self.out / "tune" / protocol / entry.name / (folder_name or method),
+                seed=suite.tune.seed,
+            )
+            self._groups[key] = group
+            self.groups.append(group)
+            self.expected_total += len(group.search.grid.points())
+        return self._groups[key]
+
+    def _seed_dir(self, protocol: str, dataset: str, name: str, seed: int) -> Path:
+        return self.out / "runs" / protocol / dataset / name / f"seed{seed}"
+
+    def _build(self) -> None:
+        suite = self.suite
+        seeds = suite.seeds
+        for protocol in suite.protocols:
+            for entry in suite.datasets:
+                for method in suite.methods:
+                    budget = suite.budget(protocol, method)
+                    self.expected_total += len(seeds)
+                    if not budget.tuned:
+                        for seed in seeds:
+                            cfg = TrainConfig.from_dict(
+                                {
+                                    **self.fields(protocol, entry, method),
+                                    "seed": seed,
+                                    "out": str(self._seed_dir(protocol, entry.name, method, seed)),
+                                }
+                            )
+                            self._fixed.append(self._run_job(cfg, protocol, entry.name, method))
+                        continue
+                    tuned = tuning_method(method)
+                    group = self._group(protocol, entry, tuned, self.fields(protocol, entry, tuned))
+                    group.used_by.append(method)
+                    group.listeners.append(self._seed_listener(method))
+            if protocol == "fair" and suite.effect and {"ce", "cog-fc"} <= set(suite.methods):
+                for entry in suite.datasets:
+                    self._plan_effect(entry)
+
+    def _run_job(
+        self,
+        cfg: TrainConfig,
+        protocol: str,
+        dataset: str,
+        method: str,
+        variant: str | None = None,
+    ) -> Job:
+        kind = "effect" if variant is not None else "seed"
+        name = variant if variant is not None else method
+        return Job(
+            cfg,
+            f"{protocol}/{dataset}/{name}/seed{cfg.seed}",
+            kind=kind,
+            protocol=protocol,
+            dataset=dataset,
+            method=method,
+            seed=cfg.seed,
+            priority=1,
+            variant=variant,
+        )
+
+    def _plan_effect(self, entry: DatasetEntry) -> None:
+        seeds = self.suite.seeds
+        ce = self._groups[("fair", entry.name, "ce")]
+        cog = self._groups[("fair", entry.name, "cog-fc")]
+        no_schedule = {**self.fields("fair", entry, "ce"), "schedule": "none"}
+        no_schedule.pop("step_size", None)
+        group = self._group(EFFECT, entry, "ce", no_schedule, folder_name="ce-no-schedule")
+        group.used_by.append(CE_NO_SCHEDULE)
+        group.listeners.append(self._effect_listener(CE_NO_SCHEDULE))
+        ce.listeners.append(self._effect_listener(CE_STEP_SCHEDULE))
+        cog.listeners.append(self._ratio_listener())
+        self.expected_total += len(seeds) * (2 + len(cog.search.grid.ratios or ()))
+
+    # -- listeners: queue seed runs once a group has chosen ------------------------------
+    def _queue(
+        self,
+        group: TuneGroup,
+        point: dict[str, float] | None,
+        method: str,
+        name: str,
+        protocol: str,
+        variant: str | None,
+        reason: str = "",
+    ) -> None:
         jobs = []
-        for seed in suite.seeds:
-            cfg = base_config(suite, di, method, protocol)
-            cfg.update(extra)
-            run_dir = out / "runs" / protocol / ds / method / f"seed{seed}"
-            cfg.update(seed=seed, data_root=str(data_root), out=str(run_dir))
-            jobs.append(Job(cfg, f"{protocol}/{ds}/{method}/seed{seed}", priority=1))
-        return jobs
+        for seed in self.suite.seeds:
+            run_dir = self._seed_dir(protocol, group.dataset, name, seed)
+            label = f"{protocol}/{group.dataset}/{variant or method}/seed{seed}"
+            if point is None:
+                self.blocked.append(
+                    Blocked(
+                        label,
+                        protocol,
+                        group.dataset,
+                        method,
+                        seed,
+                        run_dir,
+                        reason or group.error,
+                        variant,
+                    )
+                )
+                continue
+            fields = {**group.fields, "method": method}
+            if method != group.method:  # post-hoc methods on ce's choice: their own budget
+                entry = next(e for e in self.suite.datasets if e.name == group.dataset)
+                fields = self.fields(group.protocol, entry, method)
+            cfg = TrainConfig.from_dict(
+                {**fields, **point_config(point), "seed": seed, "out": str(run_dir)}
+            )
+            job = self._run_job(cfg, protocol, group.dataset, method, variant)
+            self.runs.append(job)
+            jobs.append(job)
+        if jobs:
+            self.enqueue(jobs)
 
-    for protocol in suite.protocols:
-        for di, entry in enumerate(suite.datasets):
-            for method in suite.methods:
-                expected += len(suite.seeds)
-                cog = is_cog(method)
-                if cog:
-                    grid, tuned = suite.cog_grid, method
-                elif protocol == "fair":
-                    grid = suite.baseline_grid
-                    tuned = "ce" if method in POST_HOC_ON_CE else method
-                else:
-                    grid, tuned = (), method
-                if not grid:
-                    initial.extend(seed_jobs(protocol, di, method, {}))
-                    continue
-                key = (protocol, entry.name, tuned)
-                if key not in groups:
-                    folder = out / "tune" / protocol / entry.name / tuned
-                    group = TuneGroup(protocol, entry.name, tuned, grid, folder)
-                    for point in grid:
-                        cfg = base_config(suite, di, tuned, protocol)
-                        cfg.update(point)
-                        run_dir = folder / point_label(point)
-                        cfg.update(seed=suite.tune_seed, data_root=str(data_root), out=str(run_dir))
-                        group.points.append(
-                            Job(cfg, f"tune {group.label} {point_label(point)}", priority=0)
-                        )
-                    groups[key] = group
-                    expected += len(grid)
-                groups[key].dependents.append(method)
-                group_of[(protocol, entry.name, method)] = groups[key]
+    def _seed_listener(self, method: str) -> Callable[[TuneGroup], None]:
+        def listener(group: TuneGroup) -> None:
+            self._queue(group, group.chosen, method, method, group.protocol, None)
 
-    index = {e.name: i for i, e in enumerate(suite.datasets)}
+        return listener
 
-    def make_callback(group: TuneGroup) -> Callable[[Job], None]:
-        def on_point_done(_: Job) -> None:
-            if any(p.status not in ("done", "failed") for p in group.points):
+    def _effect_listener(self, variant: str) -> Callable[[TuneGroup], None]:
+        def listener(group: TuneGroup) -> None:
+            self._queue(group, group.chosen, "ce", effect_slug(variant), EFFECT, variant)
+
+        return listener
+
+    def _ratio_listener(self) -> Callable[[TuneGroup], None]:
+        def listener(group: TuneGroup) -> None:
+            initial = len(self.suite.tune.ratios)
+            self.expected_total += len(self.suite.seeds) * (len(group.search.grid.ratios) - initial)
+            for ratio, point in group.best_per_ratio().items():
+                variant = effect_variant(ratio)
+                reason = (
+                    ""
+                    if point is not None or group.error
+                    else (
+                        f"every cog-fc point at ratio {ratio:g} diverged or failed (see "
+                        f"{group.folder / 'tune.csv'})"
+                    )
+                )
+                self._queue(group, point, "cog-fc", effect_slug(variant), EFFECT, variant, reason)
+
+        return listener
+
+    # -- running -------------------------------------------------------------------------
+    def initial_jobs(self) -> list[Job]:
+        """The jobs that can start now: every group's first points, then the fixed runs."""
+        jobs: list[Job] = []
+        for group in self.groups:
+            jobs.extend(group.next_jobs(self._point_done(group)))
+        self.runs.extend(self._fixed)
+        return jobs + self._fixed
+
+    def _point_done(self, group: TuneGroup) -> Callable[[Job], None]:
+        def on_done(job: Job) -> None:
+            group.record(job)
+            if group.pending or group.finished:
                 return
-            best = group.select()
-            jobs: list[Job] = []
-            for method in group.dependents:
-                jobs.extend(seed_jobs(group.protocol, index[group.dataset], method, best or {}))
-            if best is None:
-                on_group_failed(group, jobs)
+            try:
+                more = group.next_jobs(on_done)
+            except Exception as err:  # noqa: BLE001 - the group stops; its runs are blocked
+                group.error = f"the grid search of {group.label} failed: {err}"
+                more = []
+            if more:
+                self.expected_total += len(more)
+                self.enqueue(more)
             else:
-                enqueue(jobs)
+                group.finish()
 
-        return on_point_done
+        return on_done
 
-    for group in groups.values():
-        callback = make_callback(group)
-        for job in group.points:
-            job.on_done = callback
-    points = [job for group in groups.values() for job in group.points]
-    return Plan(initial=points + initial, groups=list(groups.values()), expected_total=expected)
+    def unfinished_groups(self) -> Iterable[TuneGroup]:
+        return (g for g in self.groups if not g.finished)

@@ -1,86 +1,49 @@
-"""Collect the finished runs of a bench folder into the tidy ``results.csv`` (SPEC §6).
+"""Write the tables of a bench folder from its planned runs (schemas: :mod:`cogcal.report.schema`).
 
-``results.csv`` has one row per value, header first, columns :data:`COLUMNS`. The run
-folder ``runs/<protocol>/<dataset>/<method>/seed<k>/`` gives the first four columns; its
-``metrics.json`` gives the values:
+* ``results.csv`` (docs/method.md §6): one row per value of every finished seed run of the
+  ``paper`` and ``fair`` protocols, columns :data:`~cogcal.report.schema.RESULT_COLUMNS`.
+  Values come from each run's record (:meth:`RunDir.read_record
+  <cogcal.train.rundir.RunDir.read_record>`): ``"val"`` / ``"test"`` give ``{metric: value}``
+  (multi-task runs also ``"metric/task"`` keys, so their plain keys get ``task = "mean"``);
+  ``"shift"`` gives ``{condition: {severity: {metric: value}}}`` (or ``{condition:
+  {metric: value}}``); ``"ood"`` gives ``{ood_set: {metric: value}}``. Non-finite values
+  (stored as ``null``) are written as ``nan``. Method names are never decorated.
+* ``runs.csv``: one row per planned seed run (:data:`~cogcal.report.schema.RUN_COLUMNS`).
+* ``tuning.csv``: one row per trained grid point of every tuning group
+  (:data:`~cogcal.report.schema.TUNING_COLUMNS`); the effect's own group has protocol
+  ``effect``.
+* ``effect.csv``: the runs of the "where COG's effect comes from" comparison
+  (:data:`~cogcal.report.schema.EFFECT_COLUMNS`), val and test values.
 
-* ``"val"`` / ``"test"``: ``{metric: value}``; multi-task runs also carry
-  ``"metric/task"`` keys, so their plain keys get ``task = "mean"``;
-* ``"shift"``: ``{condition: {severity: {metric: value}}}`` or ``{condition: {metric:
-  value}}`` (no severity), or a list of records with ``condition``, ``severity`` and
-  either ``metric``/``value`` or the metrics as keys;
-* ``"ood"``: ``{ood_set: {metric: value}}`` or a list of records with ``condition``.
-
-Non-finite values (stored as ``null``) are written as ``nan``. ``runs.csv`` holds one row
-per run (status, learning rates, run times, where it came from) for the report's run-time
-and hyperparameter tables.
+Only the runs of the current plan are collected: a run folder left by another suite or
+another selection of protocols and seeds never enters the tables.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
-import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cogcal import _io
+from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
+from cogcal.train.rundir import RunDir, RunRecord
 
-__all__ = ["COLUMNS", "RUN_COLUMNS", "collect", "iter_run_dirs", "metrics_rows", "write_results"]
+__all__ = [
+    "COLUMNS",
+    "effect_rows",
+    "metrics_rows",
+    "run_rows",
+    "tuning_rows",
+    "write_csv",
+    "write_tables",
+]
 
-#: Columns of ``results.csv`` (SPEC §6), in order.
-COLUMNS: tuple[str, ...] = (
-    "dataset",
-    "method",
-    "protocol",
-    "seed",
-    "split",
-    "metric",
-    "value",
-    "task",
-    "condition",
-    "severity",
-)
-
-#: Columns of ``runs.csv``.
-RUN_COLUMNS: tuple[str, ...] = (
-    "dataset",
-    "method",
-    "protocol",
-    "seed",
-    "status",
-    "model",
-    "epochs",
-    "lr",
-    "calibrator_lr",
-    "train_seconds",
-    "total_seconds",
-    "copied_from",
-    "run_dir",
-    "log",
-)
-
-_SEED_DIR = re.compile(r"^seed(\d+)$")
-
-
-def iter_run_dirs(out: Path) -> Iterator[tuple[str, str, str, int, Path]]:
-    """Yield ``(protocol, dataset, method, seed, path)`` for every run folder under ``out/runs``."""
-    root = Path(out) / "runs"
-    if not root.is_dir():
-        return
-    for proto_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for ds_dir in sorted(p for p in proto_dir.iterdir() if p.is_dir()):
-            for m_dir in sorted(p for p in ds_dir.iterdir() if p.is_dir()):
-                seeds = []
-                for s_dir in m_dir.iterdir():
-                    match = _SEED_DIR.match(s_dir.name)
-                    if match and s_dir.is_dir():
-                        seeds.append((int(match.group(1)), s_dir))
-                for seed, s_dir in sorted(seeds):
-                    yield proto_dir.name, ds_dir.name, m_dir.name, seed, s_dir
+#: Columns of ``results.csv`` (kept for compatibility: :data:`RESULT_COLUMNS`).
+COLUMNS = RESULT_COLUMNS
 
 
 def _num(v: Any) -> float | None:
@@ -108,24 +71,6 @@ def _split_rows(section: Any) -> Iterator[tuple[str, float, str]]:
 
 def _records(section: Any, kind: str) -> Iterator[tuple[str, str, str, float, str]]:
     """``(condition, severity, metric, value, task)`` of a shift/ood section."""
-    if isinstance(section, list):
-        for rec in section:
-            if not isinstance(rec, dict):
-                continue
-            cond = str(rec.get("condition", rec.get("dataset", "")))
-            sev = rec.get("severity", "")
-            sev = "" if sev is None or kind == "ood" else str(sev)
-            if "metric" in rec and "value" in rec:
-                v = _num(rec["value"])
-                if v is not None:
-                    metric, _, task = str(rec["metric"]).partition("/")
-                    yield cond, sev, metric, v, str(rec.get("task", task) or "")
-                continue
-            skip = {"condition", "dataset", "severity", "task"}
-            flat = {k: x for k, x in rec.items() if k not in skip}
-            for metric, v, task in _split_rows(flat):
-                yield cond, sev, metric, v, task
-        return
     if not isinstance(section, dict):
         return
     for cond, inner in section.items():
@@ -142,12 +87,19 @@ def _records(section: Any, kind: str) -> Iterator[tuple[str, str, str, float, st
 
 
 def metrics_rows(
-    metrics: dict[str, Any], dataset: str, method: str, protocol: str, seed: int
+    metrics: dict[str, Any],
+    dataset: str,
+    method: str,
+    protocol: str,
+    seed: int,
+    splits: tuple[str, ...] = ("val", "test", "shift", "ood"),
 ) -> list[dict[str, Any]]:
-    """The tidy rows of one run's ``metrics.json`` content."""
+    """The tidy ``results.csv`` rows of one run record (``metrics.json`` content)."""
     base = {"dataset": dataset, "method": method, "protocol": protocol, "seed": seed}
     rows = []
     for split in ("val", "test"):
+        if split not in splits:
+            continue
         for metric, value, task in _split_rows(metrics.get(split)):
             rows.append(
                 {
@@ -161,6 +113,8 @@ def metrics_rows(
                 }
             )
     for split in ("shift", "ood"):
+        if split not in splits:
+            continue
         for cond, sev, metric, value, task in _records(metrics.get(split), split):
             rows.append(
                 {
@@ -177,64 +131,162 @@ def metrics_rows(
 
 
 def _seconds(timing: Any) -> tuple[float | None, float | None]:
+    """(training seconds: the stages and the post-hoc fit, total seconds) of a record."""
     if not isinstance(timing, dict):
         return None, None
     total = _num(timing.get("total_seconds"))
-    if "fit_seconds" in timing:
-        train = _num(timing["fit_seconds"])
-    else:
-        parts = [
-            _num(v.get("seconds"))
-            for v in timing.values()
-            if isinstance(v, dict) and "seconds" in v
-        ]
-        parts.append(_num(timing.get("posthoc_seconds", 0.0)))
-        parts = [p for p in parts if p is not None and math.isfinite(p)]
-        train = sum(parts) if parts else None
-    return train, total
+    parts = [
+        _num(v.get("seconds")) for v in timing.values() if isinstance(v, dict) and "seconds" in v
+    ]
+    parts.append(_num(timing.get("posthoc_seconds", 0.0)))
+    parts = [p for p in parts if p is not None and math.isfinite(p)]
+    return (sum(parts) if parts else None), total
 
 
-def collect(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Read every run folder of ``out``.
+def _fmt(v: Any) -> Any:
+    return "" if v is None else v
 
-    Returns
-    -------
-    (results, runs) : tuple of lists of dict
-        The tidy rows of the finished runs, and one row per run folder (finished or not).
-    """
-    out = Path(out)
-    results: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    for protocol, dataset, method, seed, path in iter_run_dirs(out):
-        try:
-            metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            metrics = None
-        complete = isinstance(metrics, dict) and metrics.get("status") == "complete"
-        config = (metrics or {}).get("config") if complete else None
-        config = config if isinstance(config, dict) else {}
-        train_s, total_s = _seconds((metrics or {}).get("timing")) if complete else (None, None)
-        runs.append(
+
+def _record(job: Any) -> RunRecord | None:
+    return RunDir(job.out).read_record() if job.status == "complete" else None
+
+
+def run_rows(jobs: Iterable[Any], blocked: Iterable[Any], out: Path) -> list[dict[str, Any]]:
+    """``runs.csv`` rows: every seed run that has a final status, and the blocked ones."""
+    rows = []
+    for job in jobs:
+        if job.kind != "seed" or not job.final:
+            continue
+        record = _record(job)
+        resolved = job.config.resolved()
+        train_s, total_s = _seconds(record.timing) if record is not None else (None, None)
+        rows.append(
             {
-                "dataset": dataset,
-                "method": method,
-                "protocol": protocol,
-                "seed": seed,
-                "status": "complete" if complete else "failed",
-                "model": config.get("model", ""),
-                "epochs": config.get("epochs", ""),
-                "lr": config.get("lr", ""),
-                "calibrator_lr": config.get("calibrator_lr", "") or "",
+                "dataset": job.dataset,
+                "method": job.method,
+                "protocol": job.protocol,
+                "seed": job.seed,
+                "status": job.status,
+                "model": _fmt(resolved.get("model")),
+                "epochs": resolved["epochs"],
+                "schedule": resolved["schedule"],
+                "lr": resolved["lr"],
+                "calibrator_lr": _fmt(resolved["calibrator_lr"]),
                 "train_seconds": "" if train_s is None else round(train_s, 3),
                 "total_seconds": "" if total_s is None else round(total_s, 3),
-                "copied_from": (metrics or {}).get("copied_from", "") if complete else "",
-                "run_dir": str(path.relative_to(out)),
-                "log": str((path / "run.log").relative_to(out)),
+                "copied_from": _fmt(record.copied_from if record is not None else None),
+                "run_dir": _rel(job.out, out),
+                "log": _rel(job.out / "run.log", out),
             }
         )
-        if complete:
-            results.extend(metrics_rows(metrics, dataset, method, protocol, seed))
-    return results, runs
+    for b in blocked:
+        if b.variant is not None:
+            continue
+        rows.append(
+            {
+                "dataset": b.dataset,
+                "method": b.method,
+                "protocol": b.protocol,
+                "seed": b.seed,
+                "status": "failed",
+                "model": "",
+                "epochs": "",
+                "schedule": "",
+                "lr": "",
+                "calibrator_lr": "",
+                "train_seconds": "",
+                "total_seconds": "",
+                "copied_from": "",
+                "run_dir": _rel(b.run_dir, out),
+                "log": "",
+            }
+        )
+    return rows
+
+
+def _rel(path: Path, out: Path) -> str:
+    try:
+        return Path(path).relative_to(out).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def tuning_rows(groups: Iterable[Any]) -> list[dict[str, Any]]:
+    """``tuning.csv`` rows: every trained point of every finished tuning group."""
+    rows = []
+    for group in groups:
+        summary = group.summary
+        if summary is None:
+            continue
+        best = summary["best"]
+        for row in summary["table"]:
+            chosen = (
+                best is not None
+                and row["lr"] == best["lr"]
+                and (row["ratio"] is None or row["ratio"] == best.get("ratio"))
+            )
+            rows.append(
+                {
+                    "protocol": group.protocol,
+                    "dataset": group.dataset,
+                    "group": group.method,
+                    "used_by": " ".join(group.used_by),
+                    "lr": row["lr"],
+                    "ratio": _fmt(row["ratio"]),
+                    "calibrator_lr": _fmt(row["calibrator_lr"]),
+                    "schedule": row["schedule"],
+                    "val_nll": _fmt(row["val_nll"]),
+                    "val_brier": _fmt(row["val_brier"]),
+                    "val_acc": _fmt(row["val_acc"]),
+                    "status": row["status"],
+                    "chosen": chosen,
+                    "at_edge": summary["at_edge"],
+                    "edges": " ".join(summary["edges"]),
+                    "extensions": summary["extensions"],
+                    "cap_reached": summary["cap_reached"],
+                }
+            )
+    return rows
+
+
+def effect_rows(jobs: Iterable[Any]) -> list[dict[str, Any]]:
+    """``effect.csv`` rows: the val and test values of every finished effect run."""
+    rows = []
+    for job in jobs:
+        if job.kind != "effect":
+            continue
+        record = _record(job)
+        if record is None:
+            continue
+        resolved = job.config.resolved()
+        base = {
+            "dataset": job.dataset,
+            "variant": job.variant,
+            "schedule": resolved["schedule"],
+            "lr": resolved["lr"],
+            "calibrator_lr": _fmt(resolved["calibrator_lr"]),
+            "seed": job.seed,
+        }
+        for split in ("val", "test"):
+            for metric, value, task in _split_rows(getattr(record, split)):
+                if task not in ("", "mean"):
+                    continue
+                rows.append({**base, "split": split, "metric": metric, "value": value})
+    return rows
+
+
+def result_rows(jobs: Iterable[Any]) -> list[dict[str, Any]]:
+    """``results.csv`` rows: every complete seed run of the paper and fair protocols."""
+    rows = []
+    for job in jobs:
+        if job.kind != "seed":
+            continue
+        record = _record(job)
+        if record is not None:
+            rows.extend(
+                metrics_rows(record.to_dict(), job.dataset, job.method, job.protocol, job.seed)
+            )
+    return rows
 
 
 def _csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
@@ -243,15 +295,20 @@ def _csv_text(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     writer.writeheader()
     for row in rows:
         r = dict(row)
-        v = r.get("value")
-        if isinstance(v, float):
-            r["value"] = "nan" if math.isnan(v) else repr(v)
+        for key, v in r.items():
+            if isinstance(v, float):
+                r[key] = "nan" if math.isnan(v) else repr(v)
         writer.writerow(r)
     return buf.getvalue()
 
 
-def write_results(out: Path) -> Path:
-    """Write ``out/results.csv`` and ``out/runs.csv`` atomically from the run folders.
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Path:
+    """Write ``rows`` under ``columns`` (header first) atomically."""
+    return _io.write_text(path, _csv_text(rows, columns))
+
+
+def write_tables(out: Path, jobs: list[Any], groups: list[Any], blocked: list[Any]) -> Path:
+    """Write ``results.csv``, ``runs.csv``, ``tuning.csv`` and ``effect.csv`` into ``out``.
 
     Returns
     -------
@@ -259,6 +316,7 @@ def write_results(out: Path) -> Path:
         The path of ``results.csv``.
     """
     out = Path(out)
-    results, runs = collect(out)
-    _io.write_text(out / "runs.csv", _csv_text(runs, RUN_COLUMNS))
-    return _io.write_text(out / "results.csv", _csv_text(results, COLUMNS))
+    write_csv(out / "runs.csv", run_rows(jobs, blocked, out), RUN_COLUMNS)
+    write_csv(out / "tuning.csv", tuning_rows(groups), TUNING_COLUMNS)
+    write_csv(out / "effect.csv", effect_rows(jobs), EFFECT_COLUMNS)
+    return write_csv(out / "results.csv", result_rows(jobs), RESULT_COLUMNS)
