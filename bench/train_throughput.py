@@ -9,7 +9,7 @@ epoch:
 * ``plain``: the hand-written loop (forward, backward, step; validation Brier per epoch);
 * ``train``: ``cogcal.train.run`` with its defaults (Lightning Fabric, progress bar on,
   streaming validation metrics, ``last.ckpt`` every epoch and ``best.ckpt`` when the
-  validation Brier improves, both fsynced, CSV log, deterministic CPU kernels); its time is
+  validation Brier improves, both fsynced, CSV log); its time is
   the stage-1 loop (``timing.stage1.seconds``);
 * ``fit``: ``cogcal.fit`` on the same tensors, timed the same way.
 

@@ -92,7 +92,9 @@ def test_methods_run_on_digits_through_the_cli(method, data_root, tmp_path, caps
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "test" in printed and "brier" in printed  # the end-of-run summary
+    assert main(["report", str(out)]) == 0  # the one-run report and its reliability diagram
     assert (out / "reliability.png").stat().st_size > 1000
+    assert (out / "report.html").is_file()
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["config"]["dataset"] == "digits" and saved["config"]["model"] == "cnn"
     assert saved["config"]["method"] == method  # names are case-insensitive
@@ -203,14 +205,13 @@ def test_posthoc_calibrators_fit_on_validation_only(method, cls, data_root, tmp_
 
 @pytest.mark.slow
 def test_same_seed_same_result_on_cpu(data_root, tmp_path):
-    a = run(_config(data_root, tmp_path / "a", method="cog-ts", epochs=2))
-    b = run(_config(data_root, tmp_path / "b", method="cog-ts", epochs=2))
-    c = run(_config(data_root, tmp_path / "c", method="cog-ts", epochs=2, seed=1))
-    assert a["test"] == b["test"]
-    assert a["test"] != c["test"]
-    # deterministic kernels were on during training only: the caller's flags are restored
-    assert not torch.are_deterministic_algorithms_enabled()
-    assert torch.utils.deterministic.fill_uninitialized_memory
+    for model in ("mlp", "cnn1d"):
+        kw = dict(method="cog-ts", epochs=2, model=model)
+        a = run(_config(data_root, tmp_path / f"a{model}", **kw))
+        b = run(_config(data_root, tmp_path / f"b{model}", **kw))
+        c = run(_config(data_root, tmp_path / f"c{model}", **kw, seed=1))
+        assert a["test"] == b["test"]
+        assert a["test"] != c["test"]
 
 
 @pytest.mark.slow

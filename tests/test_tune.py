@@ -163,3 +163,20 @@ def test_tune_end_to_end_on_mnist1d(tmp_path):
     assert summary["best_config"] == {"lr": 1e-3, "calibrator_lr": 1e-4}
     assert summary["at_edge"]  # a one-point grid is at its edge, and says so
     assert Path(tmp_path / "t" / "lr0.001_ratio0.1" / "metrics.json").is_file()
+
+
+@pytest.mark.parametrize("lrs", [(1e-3,), (1e-3, 3e-3), (3e-3, 1e-2)])
+def test_any_log_spaced_grid_extends_on_both_sides(lrs):
+    grid = Grid(lrs=lrs)
+    for _ in range(3):
+        grid = grid.extended(["lr low", "lr high"])
+    steps = {round(math.log(b / a), 2) for a, b in zip(grid.lrs, grid.lrs[1:], strict=False)}
+    assert len(grid.lrs) == len(lrs) + 6 and len(steps) == 1  # still log-spaced
+    assert all(float(f"{v:.3g}") == v for v in grid.lrs)  # short, stable values
+
+
+def test_cap_reached_counts_only_edges_that_could_move():
+    search = GridSearch(Grid(lrs=(1e-3,), ratios=(0.1, 0.3)), max_extensions=1)
+    _drive(search, lambda p: -p["ratio"] + abs(math.log10(p["lr"]) + 3))
+    assert "ratio high" in search.at_edge and search.extendable_edges == []
+    assert not search.summary([])["cap_reached"]

@@ -90,19 +90,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = run(config, resume=args.resume, overwrite=args.overwrite)
     if result.get("status") != "complete":
         return 0  # another process of a multi-device run: rank 0 reports
-    from cogcal.report.diagrams import plot_reliability
-    from cogcal.train.rundir import RunDir
-
-    logits, labels = RunDir(out).read_logits("test")
-    plot_reliability(
-        {config.method: (logits, labels)},
-        Path(out) / "reliability.png",
-        task=result["config"]["task"],
-        title=f"{config.method} on {config.dataset} (test)",
-    )
     if config.progress:
         print(_summary(result))
-        print(f"wrote {out}/metrics.json, {out}/reliability.png")
+        print(
+            f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
+            "and a report"
+        )
     return 0
 
 
@@ -111,7 +104,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train one method on one dataset and evaluate it",
         description="Train one method with the paper's recipe and write metrics.json, "
-        "checkpoints, logits and a reliability diagram into --out.",
+        "checkpoints, logits and logs into --out (`cogcal report OUT` then writes the "
+        "reliability diagram and a report).",
         epilog=_names_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

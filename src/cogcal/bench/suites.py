@@ -729,49 +729,7 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
             spec = dataclasses.replace(spec, baseline_lrs=spec.grid("baselines").lrs)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-    if spec.lrs:
-        _check_extensible(spec.grid("cog", allow_fast_calibrator=allow_fast), max_ext, where)
-    if spec.baseline_lrs:
-        _check_extensible(spec.grid("baselines"), max_ext, where)
     return spec
-
-
-def _check_extensible(grid: Grid, max_extensions: int, where: str) -> None:
-    """Refuse, before anything runs, a grid that the search could not extend.
-
-    WORKAROUND (train layer): :meth:`cogcal.train.tuning.Grid.extended` rounds a new value
-    to 3 significant digits and the extended grid must then pass the exact log-spacing
-    check, so a factor such as 3 (1e-3 / 3 = 3.33e-4) or sqrt(10) fails in the middle of a
-    search; extending both edges of a one-value axis at once fails too. Until that is
-    fixed there, such a suite is refused here, with the fix.
-    """
-    for axis in grid.axes:
-        low, high = f"{axis} low", f"{axis} high"
-        for edges in ([low], [high], [low, high]):
-            g = grid
-            for _ in range(max_extensions):
-                usable = [e for e in edges if g.can_extend(e)]
-                if not usable:
-                    break
-                try:
-                    g = g.extended(usable)
-                except ValueError as err:
-                    name = {"lr": "lrs" if grid.ratios is not None else "baseline_lrs"}.get(
-                        axis, "ratios"
-                    )
-                    values = grid.values(axis)
-                    fix = (
-                        "give at least two values"
-                        if len(values) == 1
-                        else "use a factor of 2 or 10 between values, e.g. [2.5e-3, 5e-3, 1e-2] "
-                        "or [1e-4, 1e-3]"
-                    )
-                    raise ValueError(
-                        f"{where}.{name} [{', '.join(f'{v:g}' for v in values)}] cannot be "
-                        f"extended {max_extensions} times on its "
-                        f"{' and '.join(e.split()[1] for e in edges)} side ({err}); the search "
-                        f"rounds new values to 3 significant digits, so {fix}."
-                    ) from None
 
 
 def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom") -> Suite:

@@ -3,7 +3,7 @@
 Everything comes from the folder through :class:`cogcal.train.rundir.RunDir`: the record
 (``metrics.json``: configuration, validation and test metrics, OOD, shift, timing) and the
 saved test logits, from which the reliability diagram is drawn (written to
-``reliability.png``, the file ``cogcal train`` writes). Sections: configuration, metrics
+``reliability.png``). Sections: configuration, metrics
 (accuracy, NLL, Brier, ECE/RMSCE/MCE at 15 bins), the bin sweep, the reliability
 diagram, per-task metrics (multi-task runs), OOD detection and covariate shift when the
 run recorded them, and timing. No pandas; matplotlib only for the diagram.

@@ -24,7 +24,6 @@ order and durably (fsync before the rename), so saving overlaps with training.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import math
 import os
@@ -32,7 +31,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,6 @@ __all__ = [
     "NonFiniteLossError",
     "Stage",
     "StageResult",
-    "deterministic",
     "epoch_seed",
     "fit_stage",
     "load_checkpoint",
@@ -356,29 +354,6 @@ def _validate(
         metrics.update(model(x).float(), y)
     metrics.sync()  # sums over processes (a no-op in a single process)
     return metrics.compute()
-
-
-@contextlib.contextmanager
-def deterministic(enabled: bool) -> Iterator[None]:
-    """Deterministic kernels inside the block (restored afterwards), without filling every
-    new tensor with NaN (``fill_uninitialized_memory``, which
-    ``torch.use_deterministic_algorithms`` turns on, costs a visible share of a small CPU
-    step and is not needed for runs to repeat and resume bit for bit; tested)."""
-    if not enabled:
-        yield
-        return
-    previous = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.utils.deterministic.fill_uninitialized_memory,
-    )
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
-        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -37,7 +37,7 @@ from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
-from cogcal.train.loop import NonFiniteLossError, Stage, deterministic, fit_stage
+from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
@@ -275,11 +275,12 @@ def _train(
     step_size = config.step_size if config.schedule_name == "step" else None
     timing: dict[str, Any] = {}
     two_stage = method.stage2 is not None
-    on_cpu = fabric.device.type == "cpu"  # deterministic kernels: runs repeat and resume exactly
 
     def fit(stage: Stage, ckpt_dir: Path) -> None:
-        with deterministic(on_cpu):
-            result = fit_stage(
+        # CPU kernels are deterministic for a fixed thread count: CPU runs repeat and resume
+        # bit for bit (tested) without torch.use_deterministic_algorithms, whose import of
+        # torch._inductor costs seconds of start-up
+        result = fit_stage(
                 fabric, stage, train_loader, val_loader, ckpt_dir,
                 log_path=folder.logs / f"{stage.name}.csv", resume=resume,
                 progress=config.progress, channels_last=config.channels_last,

@@ -239,7 +239,7 @@ class GridSearch:
         best = self.best
         if best is None or self.extensions >= self.max_extensions:
             return []
-        edges = [e for e in self.grid.edges(best) if self.grid.can_extend(e)]
+        edges = self.extendable_edges
         if not edges:
             return []
         self.grid = self.grid.extended(edges)
@@ -249,9 +249,7 @@ class GridSearch:
     @property
     def finished(self) -> bool:
         return not self._pending() and (
-            self.best is None
-            or self.extensions >= self.max_extensions
-            or not [e for e in self.grid.edges(self.best) if self.grid.can_extend(e)]
+            self.best is None or self.extensions >= self.max_extensions or not self.extendable_edges
         )
 
     @property
@@ -270,9 +268,15 @@ class GridSearch:
         best = self.best
         return [] if best is None else self.grid.edges(best)
 
+    @property
+    def extendable_edges(self) -> list[str]:
+        """The edges of the choice the grid could still grow past (the ratio never reaches 1)."""
+        return [e for e in self.at_edge if self.grid.can_extend(e)]
+
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """``tune.json``: every point, the selection rule, the choice and whether it is at
-        an edge (and why it could not move: cap reached or the ratio bound)."""
+        an edge (``cap_reached``: it could have moved on but the extension cap was reached;
+        otherwise only the ratio's bound below 1 stopped it)."""
         at = self.at_edge
         return {
             "selection": SELECTION_RULE,
@@ -284,7 +288,7 @@ class GridSearch:
             "edges": at,
             "extensions": self.extensions,
             "max_extensions": self.max_extensions,
-            "cap_reached": bool(at) and self.extensions >= self.max_extensions,
+            "cap_reached": bool(self.extendable_edges) and self.extensions >= self.max_extensions,
             "table": rows,
         }
 
