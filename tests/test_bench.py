@@ -930,7 +930,7 @@ def test_sigterm_to_the_bench_exits_143_with_tables(tmp_path):
     runs = {(r["method"], r["seed"]): r["status"] for r in _read_csv(out / "runs.csv")}
     assert runs[("ts", "0")] == "interrupted"
     assert "ts/seed0\tinterrupted" in (out / "failed.txt").read_text()
-    assert (out / "report.md").is_file()
+    assert (out / "report.md").is_file(), err
     assert json.loads((out / "bench.json").read_text())["sessions"][-1]["interrupted"] == "SIGTERM"
     assert not (out / ".bench.lock").exists()
 

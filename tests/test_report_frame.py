@@ -140,6 +140,12 @@ def test_tuning_and_effect_files(tmp_path):
     t = load_tuning(tmp_path)
     assert t["chosen"].tolist() == [True, False] and t["at_edge"].all()
     assert t["edges"].iloc[0] == "lr high, ratio low" and np.isnan(t["val_nll"].iloc[1])
+    write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [])  # a bench stopped before any group
+    assert load_tuning(tmp_path).empty
+    effect_row = {"protocol": "effect", "dataset": "d", "group": "ce", "lr": "1e-2",
+                  "status": "complete", "chosen": "True", "edges": "", "at_edge": "0"}  # fmt: skip
+    write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [effect_row])
+    assert load_tuning(tmp_path)["protocol"].tolist() == ["effect"]
     write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [{"protocol": "fair", "dataset": "d",
               "group": "ce", "lr": "fast", "status": "complete"}])  # fmt: skip
     with pytest.raises(ValueError, match="column 'lr'.*'fast'"):

@@ -42,6 +42,7 @@ from typing import Any
 
 from cogcal.bench.executor import Job
 from cogcal.bench.suites import DatasetEntry, Suite, family_of
+from cogcal.report.schema import EFFECT
 from cogcal.train.config import TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.rundir import RunDir
@@ -57,8 +58,6 @@ __all__ = [
     "tuning_method",
 ]
 
-#: The ``protocol`` part of the effect comparison's folders and tables.
-EFFECT = "effect"
 CE_NO_SCHEDULE = "ce (no schedule)"
 CE_STEP_SCHEDULE = "ce (step schedule)"
 

@@ -241,7 +241,7 @@ def tuning_rows(groups: Iterable[Any]) -> list[dict[str, Any]]:
                     "status": row["status"],
                     "chosen": chosen,
                     "at_edge": summary["at_edge"],
-                    "edges": " ".join(summary["edges"]),
+                    "edges": "; ".join(summary["edges"]),
                     "extensions": summary["extensions"],
                     "cap_reached": summary["cap_reached"],
                 }

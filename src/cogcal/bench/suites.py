@@ -85,6 +85,7 @@ from typing import Any
 
 import yaml
 
+from cogcal.report.schema import PROTOCOLS
 from cogcal.train.config import LR_FLOOR, SCHEDULES, TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.tuning import Grid, GridSearch
@@ -104,8 +105,6 @@ __all__ = [
     "suite_description",
 ]
 
-#: The two protocols, in report order.
-PROTOCOLS: tuple[str, ...] = ("paper", "fair")
 
 #: Method families a budget is stated for: methods without a jointly trained calibrator,
 #: and COG methods.

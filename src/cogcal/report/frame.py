@@ -36,11 +36,13 @@ import pandas as pd
 from cogcal.report.schema import (
     EFFECT_COLUMNS,
     EFFECT_VARIANTS,
+    PROTOCOLS,
     RESULT_COLUMNS,
     RUN_COLUMNS,
     RUN_STATUSES,
     SPLITS,
     TUNING_COLUMNS,
+    TUNING_PROTOCOLS,
 )
 
 __all__ = [
@@ -62,8 +64,6 @@ __all__ = [
     "rows",
 ]
 
-#: Protocols of docs/method.md §1, in report order.
-PROTOCOLS: tuple[str, ...] = ("paper", "fair")
 _SHOWN = 5  # bad rows quoted in one error message
 _NAN_TEXT = frozenset({"nan", "NaN", "NAN", "inf", "-inf", "Infinity", "-Infinity"})
 
@@ -374,15 +374,18 @@ def load_tuning(folder: str | Path) -> pd.DataFrame | None:
     df = _read_csv(path, TUNING_COLUMNS, "tuning.csv")
     for col in ("dataset", "group", "status"):
         _nonempty(path, df, col)
-    _choices(path, df, "protocol", PROTOCOLS)
+    _choices(path, df, "protocol", TUNING_PROTOCOLS)
     df["lr"] = _numbers(path, df, "lr", allow_blank=False)
     for col in ("ratio", "calibrator_lr", "val_nll", "val_brier", "val_acc"):
         df[col] = _numbers(path, df, col, allow_blank=True)
     for col in ("chosen", "at_edge", "cap_reached"):
         df[col] = _booleans(path, df, col)
     df["extensions"] = _integers(path, df, "extensions", allow_blank=True).fillna(0).astype(int)
-    df["edges"] = [", ".join(p for p in re.split(r"[;,|]", e) if p.strip()) for e in df["edges"]]
-    df["edges"] = df["edges"].str.replace(r"\s*,\s*", ", ", regex=True).str.strip()
+    df["edges"] = pd.Series(
+        [", ".join(p.strip() for p in re.split(r"[;,|]", e) if p.strip()) for e in df["edges"]],
+        index=df.index,
+        dtype=object,
+    )
     return df
 
 
@@ -414,7 +417,8 @@ def load_effect(folder: str | Path) -> pd.DataFrame | None:
     for col in ("dataset", "metric"):
         _nonempty(path, df, col)
     fixed = set(EFFECT_VARIANTS) - {"cog-fc (ratio R)"}
-    ok = df["variant"].isin(fixed) | df["variant"].map(lambda v: effect_ratio(v) is not None)
+    ratio_ok = df["variant"].map(lambda v: effect_ratio(v) is not None).astype(bool)
+    ok = df["variant"].isin(fixed) | ratio_ok
     if not ok.all():
         raise _bad(
             path,

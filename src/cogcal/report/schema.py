@@ -11,7 +11,8 @@ OOD set and ``severity`` 1-5 for shift, both empty otherwise.
 run times, and where a reused run was copied from.
 
 ``tuning.csv``: one row per trained grid point of every tuning group
-(:data:`TUNING_COLUMNS`); ``group`` is the method trained at the points and ``used_by``
+(:data:`TUNING_COLUMNS`); ``protocol`` is one of :data:`TUNING_PROTOCOLS` (``effect`` is
+the learning-rate search of the effect comparison's CE without a schedule); ``group`` is the method trained at the points and ``used_by``
 the methods (space-separated) whose seed runs use the chosen point; ``chosen`` marks the
 selected point; ``at_edge``/``edges``/``extensions``/``cap_reached`` describe the group's
 final choice and repeat on each of its rows.
@@ -28,14 +29,24 @@ dataset facts, machine stamp and one entry per bench session with its counts.
 from __future__ import annotations
 
 __all__ = [
+    "EFFECT",
     "EFFECT_COLUMNS",
     "EFFECT_VARIANTS",
+    "PROTOCOLS",
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
     "RUN_STATUSES",
     "SPLITS",
     "TUNING_COLUMNS",
+    "TUNING_PROTOCOLS",
 ]
+
+#: The two protocols of docs/method.md §1, in report order.
+PROTOCOLS: tuple[str, ...] = ("paper", "fair")
+#: The ``protocol`` of the effect comparison's folders and tuning rows.
+EFFECT = "effect"
+#: Protocols a ``tuning.csv`` row may name.
+TUNING_PROTOCOLS: tuple[str, ...] = (*PROTOCOLS, EFFECT)
 
 RESULT_COLUMNS: tuple[str, ...] = (
     "dataset",
