@@ -231,7 +231,7 @@ def test_shipped_suites_load_and_state_budgets():
             assert fair["baselines"].epochs == fair["cog"].epochs
     quick = load_suite("quick")
     assert [e.name for e in quick.datasets] == ["mnist1d", "digits"]
-    assert [e.model for e in quick.datasets] == ["cnn1d", "cnn"]
+    assert [e.model for e in quick.datasets] == ["mlp", "cnn"]
     assert quick.protocols == ("paper", "fair") and quick.seeds == (0, 1, 2)
     assert set(quick.methods) == {
         "ce",

@@ -22,12 +22,14 @@ import torch
 __all__ = [
     "as_float_tensor",
     "as_label_tensor",
+    "binary_scores",
     "check_finite",
     "check_multiclass",
     "check_multilabel",
     "check_binary",
     "check_task",
     "input_error",
+    "multiclass_scores",
 ]
 
 TASKS = ("multiclass", "binary", "multilabel")
@@ -188,18 +190,39 @@ def _check_length(y: torch.Tensor, n: int, labels_name: str, logits_name: str) -
         )
 
 
+def multiclass_scores(x: Any, name: str, what: str = "a multiclass problem") -> torch.Tensor:
+    """``x`` as an (N, K) float tensor with K >= 2 (logits or probabilities of ``what``)."""
+    z = as_float_tensor(x, name, 2)
+    if z.shape[1] < 2:
+        raise input_error(
+            name,
+            f"has shape {tuple(z.shape)} ({z.shape[1]} column)",
+            f"K >= 2 columns for {what}",
+            "For one score per sample use task='binary'.",
+        )
+    return z
+
+
+def binary_scores(x: Any, name: str) -> torch.Tensor:
+    """``x`` of shape (N,) or (N, 1) as a 1-D float tensor of one binary score per sample."""
+    z = as_float_tensor(x, name, (1, 2))
+    if z.ndim == 2:
+        if z.shape[1] != 1:
+            raise input_error(
+                name,
+                f"has shape {tuple(z.shape)}",
+                "shape (N,) or (N, 1) for a binary task",
+                "For several binary tasks use task='multilabel'.",
+            )
+        z = z[:, 0]
+    return z
+
+
 def check_multiclass(
     logits: Any, labels: Any, *, logits_name: str = "logits", labels_name: str = "labels"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate (N, K) logits with N integer labels in [0, K)."""
-    z = as_float_tensor(logits, logits_name, 2)
-    if z.shape[1] < 2:
-        raise input_error(
-            logits_name,
-            f"has shape {tuple(z.shape)} ({z.shape[1]} column)",
-            "K >= 2 columns for a multiclass problem",
-            "For one logit per sample use task='binary'.",
-        )
+    z = multiclass_scores(logits, logits_name)
     y = as_label_tensor(labels, labels_name)
     if y.ndim != 1:
         raise input_error(
@@ -234,16 +257,7 @@ def check_binary(
     logits: Any, labels: Any, *, logits_name: str = "logits", labels_name: str = "labels"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate N binary logits (shape (N,) or (N, 1)) with 0/1 labels; returns 1-D tensors."""
-    z = as_float_tensor(logits, logits_name, (1, 2))
-    if z.ndim == 2:
-        if z.shape[1] != 1:
-            raise input_error(
-                logits_name,
-                f"has shape {tuple(z.shape)}",
-                "shape (N,) or (N, 1) for a binary task",
-                "For several binary tasks use task='multilabel'.",
-            )
-        z = z[:, 0]
+    z = binary_scores(logits, logits_name)
     y = as_label_tensor(labels, labels_name)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]

@@ -22,6 +22,7 @@ import errno
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,6 +30,7 @@ import cogcal
 from cogcal._errors import ArgumentError, Interrupted, cli_message
 from cogcal.data import list_datasets
 from cogcal.models import list_models
+from cogcal.report.schema import PROTOCOLS
 from cogcal.train.config import add_arguments, config_from_args
 from cogcal.train.methods import list_methods
 
@@ -99,23 +101,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "train",
-        help="train one method on one dataset and evaluate it",
-        description="Train one method with the paper's recipe and write metrics.json, "
-        "checkpoints, logits and logs into --out (`cogcal report OUT` then writes the "
-        "reliability diagram and a report).",
-        epilog=_names_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _train_flags(p: argparse.ArgumentParser) -> None:
     add_arguments(p)
     p.add_argument("--out", default=None, help="run folder (default: runs/DATASET-METHOD-seedN)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p.add_argument(
         "--overwrite", action="store_true", help="delete the files of a previous run in --out"
     )
-    p.set_defaults(func=_cmd_train, resume_hint="resume with --resume")
 
 
 # --------------------------------------------------------------------------- tune
@@ -165,17 +157,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_tune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "tune",
-        help="choose learning rates by validation cross-entropy",
-        description="Train on a log-spaced grid of learning rates (COG: λ_f x λ_c/λ_f "
-        "ratios), extend it outward while the best point is at an edge, and choose the point "
-        "with the lowest validation NLL (post-hoc methods: before calibration); writes "
-        "tune.csv and tune.json.",
-        epilog=_names_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _tune_flags(p: argparse.ArgumentParser) -> None:
     add_arguments(p, exclude=("lr", "calibrator_lr"))
     p.add_argument("--lrs", default="1e-4,1e-3", help="comma-separated, log-spaced λ_f values")
     p.add_argument(
@@ -189,7 +171,6 @@ def _register_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--overwrite", action="store_true", help="retrain points holding another configuration"
     )
-    p.set_defaults(func=_cmd_tune, resume_hint="run the same command again to continue")
 
 
 # --------------------------------------------------------------------------- bench
@@ -208,7 +189,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     protocols = None
     if args.protocol is not None:
-        protocols = ("paper", "fair") if args.protocol == "both" else (args.protocol,)
+        protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise UserError(f"--jobs must be an integer >= 1, got {jobs}.")
@@ -235,14 +216,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="run a benchmark suite and write results.csv and a report (the main job)",
-        description="Run a suite of training runs (default: the quick CPU suite), skipping "
-        "runs that already finished in --out with the same configuration, then write "
-        "results.csv, report.md, report.html and figures/.",
-    )
+def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", default="quick", help="suite name or YAML path (default: quick)")
     p.add_argument("--out", default=None, help="output folder (default: results/SUITE)")
     p.add_argument(
@@ -256,12 +230,11 @@ def _register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
     p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
     p.add_argument(
-        "--protocol", choices=("paper", "fair", "both"), default=None,
+        "--protocol", choices=(*PROTOCOLS, "both"), default=None,
         help="which protocol(s) to run (default: the suite's)",
     )  # fmt: skip
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: suite's)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.set_defaults(func=_cmd_bench, resume_hint="run the same command again to resume")
 
 
 # --------------------------------------------------------------------------- report
@@ -276,25 +249,70 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+def _report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("directory", help="a folder written by `cogcal bench` or `cogcal train`")
+
+
+# --------------------------------------------------------------------------- parser
+
+
+@dataclass(frozen=True)
+class _Command:
+    """One subcommand: its name, what it runs, its flags and its help texts."""
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    flags: Callable[[argparse.ArgumentParser], None]
+    help: str
+    description: str
+    resume_hint: str = ""
+    list_names: bool = False  # an epilog listing methods, datasets and models
+
+
+_COMMANDS: tuple[_Command, ...] = (
+    _Command(
+        "bench",
+        _cmd_bench,
+        _bench_flags,
+        help="run a benchmark suite and write results.csv and a report (the main job)",
+        description="Run a suite of training runs (default: the quick CPU suite), skipping "
+        "runs that already finished in --out with the same configuration, then write "
+        "results.csv, report.md, report.html and figures/.",
+        resume_hint="run the same command again to resume",
+    ),
+    _Command(
+        "train",
+        _cmd_train,
+        _train_flags,
+        help="train one method on one dataset and evaluate it",
+        description="Train one method with the paper's recipe and write metrics.json, "
+        "checkpoints, logits and logs into --out (`cogcal report OUT` then writes the "
+        "reliability diagram and a report).",
+        resume_hint="resume with --resume",
+        list_names=True,
+    ),
+    _Command(
+        "tune",
+        _cmd_tune,
+        _tune_flags,
+        help="choose learning rates by validation cross-entropy",
+        description="Train on a log-spaced grid of learning rates (COG: λ_f x λ_c/λ_f "
+        "ratios), extend it outward while the best point is at an edge, and choose the point "
+        "with the lowest validation NLL (post-hoc methods: before calibration); writes "
+        "tune.csv and tune.json.",
+        resume_hint="run the same command again to continue",
+        list_names=True,
+    ),
+    _Command(
         "report",
+        _cmd_report,
+        _report_flags,
         help="write report.md/report.html for a bench folder or a training run",
         description="Rebuild the report of a `cogcal bench` folder from its results.csv, or "
         "write a one-run report (metrics, reliability diagram, OOD and shift) into the folder "
         "of a finished `cogcal train` run.",
-    )
-    p.add_argument("directory", help="a folder written by `cogcal bench` or `cogcal train`")
-    p.set_defaults(func=_cmd_report, resume_hint="")
-
-
-#: Subcommand registrars: each adds its parser and sets ``func``.
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _register_bench,
-    _register_train,
-    _register_tune,
-    _register_report,
-]
+    ),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,8 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show full tracebacks for errors (for bug reports)"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for register in _SUBCOMMANDS:
-        register(sub)
+    for command in _COMMANDS:
+        p = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description,
+            **(
+                {"epilog": _names_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+                if command.list_names
+                else {}
+            ),
+        )
+        command.flags(p)
+        p.set_defaults(func=command.run, resume_hint=command.resume_hint)
     return parser
 
 

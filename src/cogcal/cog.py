@@ -33,6 +33,7 @@ from cogcal.calibrators import (
     Temperature,
     TSTHead,
     VectorScaling,
+    make_calibrator,
 )
 
 __all__ = ["CalibratedModel", "CalibratorRateWarning", "find_classifier", "CALIBRATORS"]
@@ -678,13 +679,9 @@ class CalibratedModel(nn.Module):
 
     @staticmethod
     def _make_appended(kind: str, k: int | None, task: str) -> nn.Module:
-        if task == "multilabel":
-            if k is None:
-                raise ValueError("task='multilabel' needs the number of tasks: pass num_outputs=T.")
-            return TaskTemperature(k) if kind == "ts" else TaskAffine(k)
-        if kind == "ts":
-            return Temperature()
-        return VectorScaling(k) if kind == "vs" else MatrixScaling(k)
+        if task == "multilabel" and k is None:
+            raise ValueError("task='multilabel' needs the number of tasks: pass num_outputs=T.")
+        return make_calibrator(kind, task, k)
 
     @property
     def network(self) -> nn.Module:

@@ -32,18 +32,19 @@ import math
 import warnings
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from cogcal._checks import (
-    as_float_tensor,
+    binary_scores,
     check_binary,
     check_multiclass,
     check_multilabel,
     check_task,
     input_error,
+    multiclass_scores,
 )
 
 __all__ = [
@@ -262,15 +263,16 @@ def _neg_log(p: torch.Tensor, eps: float | None) -> torch.Tensor:
     return -torch.log(p if eps is None else p.clamp(min=eps))
 
 
-def _multiclass_chunk(
-    z: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    is_prob: bool,
-    eps: float | None,
-    positive: bool,
-    want_probs: bool,
-) -> dict[str, torch.Tensor]:
+class _Want(NamedTuple):
+    """What a chunk function reads and returns: the scores' kind and the optional outputs."""
+
+    is_prob: bool
+    eps: float | None
+    positive: bool
+    want_probs: bool
+
+
+def _multiclass_chunk(z: torch.Tensor, y: torch.Tensor, want: _Want) -> dict[str, torch.Tensor]:
     """Per-sample statistics of one chunk of (n, K) scores, each of shape (n, 1).
 
     ``conf`` (top-label confidence), ``correct``, ``nll``, ``brier`` and, with
@@ -283,6 +285,7 @@ def _multiclass_chunk(
     ``1 - p_y = sum_{k != y} e_k / (1 + S)``, so NLL and Brier keep their full relative
     precision however confident the prediction (no ``1 - p`` is ever formed).
     """
+    is_prob, eps, positive, want_probs = want
     yi = y[:, None]
     out: dict[str, torch.Tensor] = {}
     if is_prob:
@@ -329,20 +332,13 @@ def _multiclass_chunk(
     return out
 
 
-def _binary_chunk(
-    z: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    is_prob: bool,
-    eps: float | None,
-    positive: bool,
-    want_probs: bool,
-) -> dict[str, torch.Tensor]:
+def _binary_chunk(z: torch.Tensor, y: torch.Tensor, want: _Want) -> dict[str, torch.Tensor]:
     """Per-sample, per-task statistics of (n, T) binary scores (see :func:`_multiclass_chunk`).
 
     From logits: with the margin against the truth ``s = z`` (y = 0) or ``-z`` (y = 1),
     ``|p - y| = sigmoid(s)`` and ``-log p_y = log(1 + e^s)``, both without cancellation.
     """
+    is_prob, eps, positive, want_probs = want
     z = z.double()
     y1 = y == 1
     out: dict[str, torch.Tensor] = {}
@@ -590,6 +586,7 @@ def _update(
     dev = s["n"].device
     want_probs = state.classwise or return_probs
     chunk_fn = _multiclass_chunk if state.task == "multiclass" else _binary_chunk
+    want = _Want(is_prob, eps, positive, want_probs)
     with torch.no_grad():
         # chunks bound the (rows x K) float64 temporaries; the per-sample vectors of this
         # batch are concatenated and reduced / binned once, with few large operations
@@ -598,7 +595,7 @@ def _update(
         for start in range(0, scores.shape[0], rows):
             z = scores[start : start + rows].to(dev)
             y = labels[start : start + rows].to(dev)
-            raw = chunk_fn(z, y, is_prob=is_prob, eps=eps, positive=positive, want_probs=want_probs)
+            raw = chunk_fn(z, y, want)
             probs = raw.pop("probs", None)
             if state.classwise and state.n_bins:
                 for b, (cnt, psum, ysum) in _classwise_sums(
@@ -1498,22 +1495,9 @@ def _ood_input(
             f"`{lname}` instead of `{pname}`, or use score='msp' / 'entropy'."
         )
     if task == "multiclass":
-        z = as_float_tensor(x, name, 2)
-        if z.shape[1] < 2:
-            raise input_error(
-                name,
-                f"has shape {tuple(z.shape)} ({z.shape[1]} column)",
-                "K >= 2 columns for multiclass OOD scores",
-                "For one score per sample use task='binary'.",
-            )
+        z = multiclass_scores(x, name, "multiclass OOD scores")
     else:
-        z = as_float_tensor(x, name, (1, 2))
-        if z.ndim == 2:
-            if z.shape[1] != 1:
-                raise input_error(
-                    name, f"has shape {tuple(z.shape)}", "shape (N,) or (N, 1) for binary"
-                )
-            z = z[:, 0]
+        z = binary_scores(x, name)
     if is_prob:
         _check_probs(z if z.ndim == 2 else z[:, None], name, rows=z.ndim == 2)
     elif z.ndim == 2:

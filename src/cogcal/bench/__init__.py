@@ -36,7 +36,7 @@ from typing import Any
 
 from cogcal import _io
 from cogcal._errors import Interrupted
-from cogcal.bench.executor import DEFAULT_RUNNER, EXECUTORS, Job, Scheduler
+from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool
 from cogcal.bench.plan import Blocked, Plan, tuning_method
 from cogcal.bench.results import write_tables
 from cogcal.bench.suites import (
@@ -299,12 +299,7 @@ def run_bench(
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"`seeds` must be a positive integer, got {seeds!r}.")
         loaded = loaded.replace(seeds=seeds)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
-    if executor not in EXECUTORS:
-        raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
-    if address is not None and executor != "ray":
-        raise ValueError("`address` applies to executor 'ray' only.")
+    check_pool(jobs, executor, address)
     runner = runner or DEFAULT_RUNNER
     out = Path(out).expanduser()
     data_root = Path(data_root).expanduser()

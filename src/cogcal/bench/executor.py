@@ -65,6 +65,7 @@ __all__ = [
     "Scheduler",
     "copy_run",
     "diverged_with",
+    "check_pool",
     "reuse_key",
 ]
 
@@ -85,6 +86,17 @@ STOP_GRACE = 20.0
 
 
 # --------------------------------------------------------------------------- run folders
+
+
+def check_pool(jobs: Any, executor: Any, address: Any) -> None:
+    """Raise ``ValueError`` unless ``jobs`` workers on ``executor`` (at ``address``) is a
+    pool the scheduler can start."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
+    if executor not in EXECUTORS:
+        raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+    if address is not None and executor != "ray":
+        raise ValueError("`address` applies to executor 'ray' only.")
 
 
 def reuse_key(config: TrainConfig) -> str:
@@ -446,12 +458,7 @@ class Scheduler:
         executor: str = "local",
         address: str | None = None,
     ) -> None:
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
-        if executor not in EXECUTORS:
-            raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
-        if address is not None and executor != "ray":
-            raise ValueError("`address` applies to executor 'ray' only.")
+        check_pool(jobs, executor, address)
         self.executor = executor
         self.address = address
         self.jobs = jobs

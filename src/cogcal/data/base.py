@@ -473,20 +473,15 @@ def load_dataset(
     normalization = _check_normalization(normalization)
     download = _check_bool(download, "download", "--download")
     progress = _check_bool(progress, "progress", "--progress")
-    if target is not None and kind != "csv":
-        raise ArgumentError(
-            f"`target` applies only to 'csv:PATH' datasets, got target={target!r} with "
-            f"dataset {name!r}.",
-            cli_message=f"--target applies only to --dataset csv:PATH, got --target {target} "
-            f"with --dataset {name}.",
-        )
-    if image_size is not None and kind != "folder":
-        raise ArgumentError(
-            f"`image_size` applies only to 'folder:PATH' datasets, got image_size={image_size!r} "
-            f"with dataset {name!r}.",
-            cli_message=f"--image-size applies only to --dataset folder:PATH, got "
-            f"--image-size {image_size} with --dataset {name}.",
-        )
+    for option, value, needs in (("target", target, "csv"), ("image_size", image_size, "folder")):
+        if value is not None and kind != needs:
+            flag = "--" + option.replace("_", "-")
+            raise ArgumentError(
+                f"`{option}` applies only to '{needs}:PATH' datasets, got {option}={value!r} "
+                f"with dataset {name!r}.",
+                cli_message=f"{flag} applies only to --dataset {needs}:PATH, got {flag} {value} "
+                f"with --dataset {name}.",
+            )
     if kind == "registered":
         root_path = Path(root).expanduser()
         if download:

@@ -88,6 +88,16 @@ def _err(
     return cls(py, cli_message=cli if cli is not None else py)
 
 
+def _not_found(dataset: str, path: Path, kind: str) -> ArgumentError:
+    """``dataset``'s ``path`` is missing, or is not ``kind`` ("a file", "a folder")."""
+    what = f"is not {kind}" if path.exists() else "does not exist"
+    return _err(
+        f"dataset {dataset!r}: {path.resolve()} {what} (paths are relative to the working "
+        f"directory {os.getcwd()}).",
+        cls=DatasetNotFoundError,
+    )
+
+
 # =========================================================================== splits
 
 
@@ -290,12 +300,7 @@ def load_image_folder(
     folder = Path(spec).expanduser()
     size = _check_image_size(image_size)
     if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise _err(
-            f"dataset 'folder:{spec}': {folder.resolve()} {what} (paths are relative to the "
-            f"working directory {os.getcwd()}).",
-            cls=DatasetNotFoundError,
-        )
+        raise _not_found(f"folder:{spec}", folder, "a folder")
     names = {p.name for p in _subdirs(folder)}
     split_names = ("train", "val", "test")
     if "train" in names and names <= set(split_names):
@@ -419,9 +424,7 @@ def load_image_folder(
         num_classes=len(classes),
         input_shape=(c, size, size),
         class_names=classes,
-        train=splits["train"],
-        val=splits["val"],
-        test=splits["test"],
+        **splits,
         mean=tuple(float(v) for v in mean),
         std=tuple(float(v) for v in std),
         augment="crop_flip",
@@ -499,12 +502,7 @@ def load_csv(
     file = Path(spec).expanduser()
     name = f"csv:{spec}"
     if not file.is_file():
-        what = "is not a file" if file.exists() else "does not exist"
-        raise _err(
-            f"dataset {name!r}: {file.resolve()} {what} (paths are relative to the working "
-            f"directory {os.getcwd()}).",
-            cls=DatasetNotFoundError,
-        )
+        raise _not_found(name, file, "a file")
     try:
         raw = file.read_bytes()
         text = raw.decode("utf-8-sig")
@@ -678,9 +676,7 @@ def load_csv(
         num_classes=len(class_names),
         input_shape=(len(features),),
         class_names=class_names,
-        train=splits["train"],
-        val=splits["val"],
-        test=splits["test"],
+        **splits,
         mean=mean,
         std=std,
         augment=None,
@@ -966,9 +962,7 @@ def dataset_from_splits(
         num_classes=num_classes,
         input_shape=shape,
         class_names=names,
-        train=splits["train"],
-        val=splits["val"],
-        test=splits["test"],
+        **splits,
         mean=(0.0,),
         std=(1.0,),
         augment=None,

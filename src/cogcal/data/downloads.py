@@ -128,6 +128,21 @@ _CIFAR100_FILES = tuple(f"cifar-100-python/{f}" for f in ("train", "test", "meta
 _GDRIVE = "https://drive.usercontent.google.com/download?id={}&export=download&confirm=t"
 
 
+def _celeba_file(
+    filename: str, drive_id: str, md5: str, size: str, extracts_to: str = ""
+) -> RemoteFile:
+    """A CelebA file from Google Drive, saved under ``celeba/`` (an archive is extracted)."""
+    return RemoteFile(
+        filename,
+        _GDRIVE.format(drive_id),
+        md5,
+        target_dir="celeba",
+        extract=bool(extracts_to),
+        provides=(f"celeba/{extracts_to or filename}",),
+        size=size,
+    )
+
+
 def _cifar_c_files(dirname: str) -> tuple[str, ...]:
     return tuple(f"{dirname}/{c}.npy" for c in (*CIFAR_C_CORRUPTIONS, "labels"))
 
@@ -177,32 +192,26 @@ RESOURCES: dict[str, tuple[RemoteFile, ...]] = {
         ),
     ),
     "celeba": (
-        RemoteFile(
+        _celeba_file(
             "img_align_celeba.zip",
-            _GDRIVE.format("0B7EVK8r0v71pZjFTYXZWM3FlRnM"),
+            "0B7EVK8r0v71pZjFTYXZWM3FlRnM",
             "00d2c5bc6d35e252742224ab0c1e8fcb",
-            target_dir="celeba",
-            extract=True,
-            provides=("celeba/img_align_celeba",),
-            size="1.3 GiB",
+            "1.3 GiB",
+            "img_align_celeba",
         ),
-        RemoteFile(
+        _celeba_file(
             "list_attr_celeba.txt",
-            _GDRIVE.format("0B7EVK8r0v71pblRyaVFSWGxPY0U"),
+            "0B7EVK8r0v71pblRyaVFSWGxPY0U",
             "75e246fa4810816ffd6ee81facbd244c",
-            target_dir="celeba",
-            provides=("celeba/list_attr_celeba.txt",),
-            size="25 MiB",
+            "25 MiB",
         ),
-        RemoteFile(
+        _celeba_file(
             "list_eval_partition.txt",
-            _GDRIVE.format("0B7EVK8r0v71pY0NSMzRuSXJEVkk"),
+            "0B7EVK8r0v71pY0NSMzRuSXJEVkk",
             "d32c9cbf5e040fd4025c592c306e6668",
-            target_dir="celeba",
-            provides=("celeba/list_eval_partition.txt",),
-            size="2.7 MiB",
+            "2.7 MiB",
         ),
-    ),
+    ),  # fmt: skip
     "cifar10-c": (
         RemoteFile(
             "CIFAR-10-C.tar",

@@ -279,11 +279,24 @@ def _load_mnist1d(root: Path) -> Dataset:
         "cache_hit": cache_hit,
         "generation_seconds": gen_seconds,
     }
+    return _ten_digits("mnist1d", (int(x.shape[1]),), (train, val, test), (mean, std), info)
+
+
+def _ten_digits(
+    name: str,
+    input_shape: tuple[int, ...],
+    splits: tuple[Split, Split, Split],
+    stats: tuple[Any, Any],
+    info: dict[str, Any],
+) -> Dataset:
+    """A dataset of the ten digit classes ``"0"``..``"9"``, without augmentation."""
+    train, val, test = splits
+    mean, std = stats
     return Dataset(
-        name="mnist1d",
+        name=name,
         task="multiclass",
         num_classes=10,
-        input_shape=(int(x.shape[1]),),
+        input_shape=input_shape,
         class_names=[str(i) for i in range(10)],
         train=train,
         val=val,
@@ -356,17 +369,4 @@ def _load_digits(root: Path) -> Dataset:
         "normalization": "global mean/std of the training split (raw pixel values 0..16)",
         "source_files": [source],
     }
-    return Dataset(
-        name="digits",
-        task="multiclass",
-        num_classes=10,
-        input_shape=(1, 8, 8),
-        class_names=[str(i) for i in range(10)],
-        train=train,
-        val=val,
-        test=test,
-        mean=mean,
-        std=std,
-        augment=None,
-        info=info,
-    )
+    return _ten_digits("digits", (1, 8, 8), (train, val, test), (mean, std), info)

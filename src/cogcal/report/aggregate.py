@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from cogcal.report._common import check_results_frame
 from cogcal.report.frame import aggregate, rows
 
 __all__ = [
@@ -33,17 +34,6 @@ __all__ = [
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
 _CONTEXT = ("dataset", "protocol", "split", "task", "condition", "severity")
 _NAMES = {"acc": "accuracy", "nll": "NLL", "brier": "Brier", "auroc": "AUROC", "fpr95": "FPR95"}
-
-
-def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"{what} needs a pandas DataFrame, got {type(df).__name__}.")
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{what} needs the columns {list(cols)}; missing {missing} "
-            f"(have {list(df.columns)}). Pass the tidy results.csv table."
-        )
 
 
 #: The rule every "within / beyond the seed spread" statement of the report follows.
@@ -144,7 +134,7 @@ def mean_std(
     [{'dataset': 'd', 'method': 'ce', 'protocol': 'paper', 'split': 'test', 'metric': 'acc', 'mean': 0.92, 'std': 0.02, 'n': 3}]
     """
     by = list(by)
-    _require(df, [*by, "value"], "mean_std")
+    check_results_frame(df, [*by, "value"])
     if "seed" in df.columns:
         dup = df.duplicated([*by, "seed"], keep=False)
         if dup.any():
@@ -228,7 +218,7 @@ def summary_rank(
     1      a       1.0       2.0   1.5
     2      c       3.0       3.0   3.0
     """
-    _require(df, ["dataset", "method", "metric", "value"], "summary_rank")
+    check_results_frame(df, ["dataset", "method", "metric", "value"])
     if not metrics:
         raise ValueError("`metrics` is empty; pass the metrics to rank on, e.g. ('acc', 'nll').")
     data, keys = _rank_keys(_aggregate_rows(df), split)
@@ -288,7 +278,7 @@ def pairwise_wins(
     >>> pairwise_wins(df, "a", "b")
     (1, 2)
     """
-    _require(per_task_df, ["method", "metric", "value"], "pairwise_wins")
+    check_results_frame(per_task_df, ["method", "metric", "value"])
     if not better_on:
         raise ValueError("`better_on` is empty; name at least one metric, e.g. ('acc',).")
     df = per_task_df
@@ -387,7 +377,7 @@ def pareto_front(
     >>> pareto_front(df)["method"].tolist()
     ['b', 'a']
     """
-    _require(df, ["dataset", "method", "metric", "value"], "pareto_front")
+    check_results_frame(df, ["dataset", "method", "metric", "value"])
     data, keys = _rank_keys(_aggregate_rows(df), split)
     for m in (x, y):
         if m not in set(data["metric"]):

@@ -349,14 +349,26 @@ def load_results(folder: str | Path) -> pd.DataFrame:
     return normalise_results(_read_csv(path, RESULT_COLUMNS, "results.csv"), path)
 
 
-def load_runs(folder: str | Path) -> pd.DataFrame | None:
-    """``folder/runs.csv`` checked (status, seed, seconds), or None when absent."""
-    path = Path(folder) / "runs.csv"
+def _optional_csv(
+    folder: str | Path, name: str, columns: tuple[str, ...], nonempty: tuple[str, ...]
+) -> tuple[Path, pd.DataFrame] | None:
+    """``folder/name`` read with its ``columns`` checked and ``nonempty`` ones filled, or
+    None when the file is absent."""
+    path = Path(folder) / name
     if not path.is_file():
         return None
-    df = _read_csv(path, RUN_COLUMNS, "runs.csv")
-    for col in ("dataset", "method"):
+    df = _read_csv(path, columns, name)
+    for col in nonempty:
         _nonempty(path, df, col)
+    return path, df
+
+
+def load_runs(folder: str | Path) -> pd.DataFrame | None:
+    """``folder/runs.csv`` checked (status, seed, seconds), or None when absent."""
+    found = _optional_csv(folder, "runs.csv", RUN_COLUMNS, ("dataset", "method"))
+    if found is None:
+        return None
+    path, df = found
     _choices(path, df, "protocol", PROTOCOLS)
     _choices(path, df, "status", RUN_STATUSES)
     df["seed"] = _integers(path, df, "seed", allow_blank=False).astype(int)
@@ -368,12 +380,10 @@ def load_runs(folder: str | Path) -> pd.DataFrame | None:
 
 def load_tuning(folder: str | Path) -> pd.DataFrame | None:
     """``folder/tuning.csv`` checked (numbers, flags), or None when absent."""
-    path = Path(folder) / "tuning.csv"
-    if not path.is_file():
+    found = _optional_csv(folder, "tuning.csv", TUNING_COLUMNS, ("dataset", "group", "status"))
+    if found is None:
         return None
-    df = _read_csv(path, TUNING_COLUMNS, "tuning.csv")
-    for col in ("dataset", "group", "status"):
-        _nonempty(path, df, col)
+    path, df = found
     _choices(path, df, "protocol", TUNING_PROTOCOLS)
     df["lr"] = _numbers(path, df, "lr", allow_blank=False)
     for col in ("ratio", "calibrator_lr", "val_nll", "val_brier", "val_acc"):
@@ -410,12 +420,10 @@ def effect_ratio(variant: str) -> float | None:
 
 def load_effect(folder: str | Path) -> pd.DataFrame | None:
     """``folder/effect.csv`` checked (variants, seeds, numbers), or None when absent."""
-    path = Path(folder) / "effect.csv"
-    if not path.is_file():
+    found = _optional_csv(folder, "effect.csv", EFFECT_COLUMNS, ("dataset", "metric"))
+    if found is None:
         return None
-    df = _read_csv(path, EFFECT_COLUMNS, "effect.csv")
-    for col in ("dataset", "metric"):
-        _nonempty(path, df, col)
+    path, df = found
     fixed = set(EFFECT_VARIANTS) - {"cog-fc (ratio R)"}
     ratio_ok = df["variant"].map(lambda v: effect_ratio(v) is not None).astype(bool)
     ok = df["variant"].isin(fixed) | ratio_ok

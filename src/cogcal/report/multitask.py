@@ -19,13 +19,13 @@ import pandas as pd
 from cogcal.report._common import check_results_frame, is_cog, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
-from cogcal.report.frame import INDIVIDUAL, SeedPlan, rows
+from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.tables import (
     _LABELS,
-    FEWER_SEEDS_NOTE,
     _cell,
     _method_order,
     comparison_table,
+    seed_notes,
     stat_text,
 )
 
@@ -178,11 +178,14 @@ def per_task_table(
         f"{dataset} — {protocol}: {label} per task ({split} split)",
         ["Task (hardest first)", *methods],
         table_rows,
-        [
-            "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
-            "sample std over seeds; best of each task in bold."
-        ]
-        + ([FEWER_SEEDS_NOTE] if (stats["n"] < most).any() else []),
+        seed_notes(
+            [
+                "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
+                "sample std over seeds; best of each task in bold."
+            ],
+            stats["n"],
+            most,
+        ),
         f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
     )
 
@@ -324,7 +327,6 @@ def multitask_section(
     datasets = multitask_datasets(df)
     if not datasets:
         return None
-    order = {"paper": 0, "fair": 1}
     sec = Section("Multi-task learning", key="multitask")
     sec.blocks.append(
         Paragraph(
@@ -335,8 +337,7 @@ def multitask_section(
     )
     for dataset in datasets:
         d = rows(df, dataset=dataset)
-        protocols = sorted(set(map(str, d["protocol"])), key=lambda p: (order.get(p, 2), p))
-        for protocol in protocols:
+        for protocol in protocol_order(set(map(str, d["protocol"]))):
             if per_task_rows(df, dataset, protocol).empty:
                 continue
             sub = Section(

@@ -22,14 +22,14 @@ import pandas as pd
 from cogcal.report._common import check_results_frame, counterparts, is_cog, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, Stat, compare, mean_std, summary_rank
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
-from cogcal.report.frame import AGGREGATE, blank, rows
+from cogcal.report.frame import AGGREGATE, blank, protocol_order, rows
 from cogcal.report.tables import (
     _LABELS,
-    FEWER_SEEDS_NOTE,
     SPREAD_WORDS,
     _cell,
     _method_order,
     fmt,
+    seed_notes,
     stat_text,
 )
 
@@ -79,9 +79,9 @@ def has_robustness(df: pd.DataFrame) -> bool:
 def _pairs(df: pd.DataFrame, split: str) -> list[tuple[str, str]]:
     """(protocol, dataset) combinations with rows of ``split``, in report order."""
     d = rows(df, split=split)
-    order = {"paper": 0, "fair": 1}
     keys = {(str(p), str(ds)) for p, ds in zip(d["protocol"], d["dataset"], strict=True)}
-    return sorted(keys, key=lambda k: (order.get(k[0], 2), k[0], k[1]))
+    rank = {p: i for i, p in enumerate(protocol_order({p for p, _ in keys}))}
+    return sorted(keys, key=lambda k: (rank[k[0]], k[1]))
 
 
 def _best(values: dict[str, float], metric: str) -> float | None:
@@ -168,13 +168,11 @@ def ood_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     ]
     if "pooled" in sets:
         notes.append("'pooled' scores every OOD set together against the in-distribution test set.")
-    if (stats["n"] < most).any():
-        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: OOD detection (Tab. 3 style)",
         header,
         body,
-        notes,
+        seed_notes(notes, stats["n"], most),
         f"ood-{slug(protocol)}-{slug(dataset)}",
     )
 
@@ -248,13 +246,11 @@ def shift_table(
         f"{_n_seeds(stats)} seed(s); best in bold. Rank = summary rank on these averages "
         "(Acc, NLL, Brier; 1 = best). Sorted by rank."
     ]
-    if (stats["n"] < most).any():
-        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)",
         header,
         body,
-        notes,
+        seed_notes(notes, stats["n"], most),
         f"shift-{slug(protocol)}-{slug(dataset)}",
     )
 
@@ -310,13 +306,11 @@ def shift_severity_table(
         f"Per severity: mean over the condition(s) {', '.join(conds)} per seed, then mean ± "
         f"sample std over {_n_seeds(stats)} seed(s); best of each severity in bold."
     ]
-    if (stats["n"] < most).any():
-        notes.append(FEWER_SEEDS_NOTE)
     return Table(
         f"{dataset} — {protocol}: covariate shift per severity",
         ["Severity", "Method", *[_LABELS.get(m, m) for m in shown]],
         body,
-        notes,
+        seed_notes(notes, stats["n"], most),
         f"shift-severity-{slug(protocol)}-{slug(dataset)}",
     )
 

@@ -21,20 +21,12 @@ from typing import Any, Literal
 from cogcal import _io
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, plain
 from cogcal.report.render import render_html, render_markdown
+from cogcal.report.schema import METRIC_LABELS
 
 __all__ = ["build_run_report", "report_kind"]
 
 _METRICS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
-_LABELS = {
-    "acc": "Acc ↑",
-    "nll": "NLL ↓",
-    "brier": "Brier ↓",
-    "ece_15": "ECE-15 ↓",
-    "rmsce_15": "RMSCE-15 ↓",
-    "mce_15": "MCE-15 ↓",
-    "auroc": "AUROC ↑",
-    "fpr95": "FPR95 ↓",
-}
+_LABELS = METRIC_LABELS
 _FIRST = (
     "method",
     "dataset",

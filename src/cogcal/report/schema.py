@@ -32,6 +32,7 @@ __all__ = [
     "EFFECT",
     "EFFECT_COLUMNS",
     "EFFECT_VARIANTS",
+    "METRIC_LABELS",
     "PROTOCOLS",
     "RESULT_COLUMNS",
     "RUN_COLUMNS",
@@ -113,3 +114,15 @@ EFFECT_COLUMNS: tuple[str, ...] = (
     "metric",
     "value",
 )
+
+#: Column labels of the metrics, with the direction that is better.
+METRIC_LABELS: dict[str, str] = {
+    "acc": "Acc ↑",
+    "nll": "NLL ↓",
+    "brier": "Brier ↓",
+    "ece_15": "ECE-15 ↓",
+    "rmsce_15": "RMSCE-15 ↓",
+    "mce_15": "MCE-15 ↓",
+    "auroc": "AUROC ↑",
+    "fpr95": "FPR95 ↓",
+}

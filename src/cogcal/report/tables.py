@@ -25,6 +25,7 @@ from cogcal.report._common import counterparts, method_order, slug
 from cogcal.report.aggregate import HIGHER_IS_BETTER, Stat, compare, mean_std, summary_rank
 from cogcal.report.blocks import Cell, Table
 from cogcal.report.frame import SeedPlan, aggregate, rows
+from cogcal.report.schema import METRIC_LABELS
 
 __all__ = [
     "BINS",
@@ -37,23 +38,15 @@ __all__ = [
     "losses_table",
     "pairwise_calibration_table",
     "runtime_table",
+    "seed_notes",
     "stat_text",
 ]
 
 #: Bin counts of the calibration-error sweep (docs/method.md §3).
 BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
 
-#: Column labels of the metrics, with the direction that is better.
-LABELS = {
-    "acc": "Acc ↑",
-    "nll": "NLL ↓",
-    "brier": "Brier ↓",
-    "ece_15": "ECE-15 ↓",
-    "rmsce_15": "RMSCE-15 ↓",
-    "mce_15": "MCE-15 ↓",
-    "auroc": "AUROC ↑",
-    "fpr95": "FPR95 ↓",
-}
+#: Column labels of the metrics (:data:`cogcal.report.schema.METRIC_LABELS`).
+LABELS = METRIC_LABELS
 _LABELS = LABELS  # the name the robustness and multi-task modules import
 #: Metric names in sentences.
 NAMES = {
@@ -69,6 +62,12 @@ FEWER_SEEDS_NOTE = (
     "A cell marked (k of n seeds) holds fewer seeds than planned (a run failed, diverged or "
     "is missing): its mean is over the k seeds present."
 )
+
+
+def seed_notes(notes: list[str], counts: pd.Series, most: int) -> list[str]:
+    """``notes``, plus :data:`FEWER_SEEDS_NOTE` when a cell's seed ``counts`` fall short of
+    ``most``."""
+    return [*notes, FEWER_SEEDS_NOTE] if bool((counts < most).any()) else list(notes)
 
 
 def _cell(v: Any, bold: bool = False) -> Cell:

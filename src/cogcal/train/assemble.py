@@ -16,15 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cogcal.calibrators import (
-    MatrixScaling,
-    TaskAffine,
-    TaskTemperature,
-    Temperature,
-    TSTHead,
-    VectorScaling,
-    VTSTHead,
-)
+from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.models import create_model
 from cogcal.train.config import TrainConfig
@@ -103,9 +95,7 @@ def stage2_model(method: Method, network: nn.Module, num_classes: int) -> Frozen
 
 def posthoc_calibrator(kind: str, task: str) -> nn.Module:
     """A fresh post-hoc calibrator of ``kind`` (``"ts"``, ``"vs"``, ``"ms"``)."""
-    if task == "multilabel":
-        return TaskTemperature() if kind == "ts" else TaskAffine()
-    return {"ts": Temperature, "vs": VectorScaling, "ms": MatrixScaling}[kind]()
+    return make_calibrator(kind, task)
 
 
 def final_model(
