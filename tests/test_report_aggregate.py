@@ -71,7 +71,7 @@ def test_mean_std_refuses_to_mix_tasks():
         mean_std(df)
     out = mean_std(df, by=("dataset", "method", "metric", "task"))
     assert sorted(out["mean"]) == [0.7, 0.9]
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(ValueError, match="lacks the column"):
         mean_std(df.drop(columns="value"))
 
 

@@ -86,9 +86,25 @@ AGGREGATE = _Selector("AGGREGATE")
 INDIVIDUAL = _Selector("INDIVIDUAL")
 
 
+#: ``attrs`` key set by :func:`normalise_results` (kept by pandas through selections): the
+#: text columns hold stripped strings, ``""`` for an empty cell, so no cell needs stripping.
+_NORMALISED = "cogcal_normalised"
+
+
 def blank(s: pd.Series) -> pd.Series:
     """Whether each cell is empty (NaN or whitespace only)."""
+    if _normalised_text(s):
+        return s.isna() | (s == "")
     return s.isna() | (s.astype(str).str.strip() == "")
+
+
+def _text(s: pd.Series) -> pd.Series:
+    """The cells as stripped strings."""
+    return s if _normalised_text(s) else s.astype(str).str.strip()
+
+
+def _normalised_text(s: pd.Series) -> bool:
+    return bool(s.attrs.get(_NORMALISED)) and pd.api.types.is_string_dtype(s)
 
 
 def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
@@ -101,10 +117,9 @@ def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
         raise ValueError(f"cannot select on {column!r}: the table has no such column.")
     col = df[column]
     if column == "task" and want is AGGREGATE:
-        return blank(col) | (col.astype(str).str.strip() == "mean")
+        return blank(col) | (_text(col) == "mean")
     if column == "task" and want is INDIVIDUAL:
-        t = col.astype(str).str.strip()
-        return ~blank(col) & (t != "mean")
+        return ~blank(col) & (_text(col) != "mean")
     if isinstance(want, _Selector):
         raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
     if want is None or want == "":
@@ -329,7 +344,9 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
             "each (dataset, method, protocol, seed, split, metric, task, condition, severity) "
             "must appear once. Rebuild results.csv with `cogcal bench`."
         )
-    return df.reset_index(drop=True)
+    out = df.reset_index(drop=True)
+    out.attrs[_NORMALISED] = True
+    return out
 
 
 def load_results(folder: str | Path) -> pd.DataFrame:

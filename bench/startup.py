@@ -1,0 +1,85 @@
+"""Start-up cost of ``cogcal train`` against the floor every torch program pays.
+
+    python bench/startup.py [--repeats 5] [--data-root DATA]
+
+Times, as fresh processes, interleaved, median of the repeats (wall seconds):
+
+* ``import torch``: the interpreter and torch;
+* ``torch + Adam``: the same plus building one ``torch.optim.Adam`` and taking one step
+  (the first optimizer step imports ``torch._dynamo``, which every training program pays);
+* ``cogcal train``: ``cogcal train --dataset mnist1d --model mlp --epochs 2`` into a fresh
+  folder, with the run's own time (``timing.total_seconds`` of its metrics.json).
+
+The first two are the floor no training command on this machine can go below; what
+``cogcal train`` adds beyond ``torch + Adam`` and beyond its own run is its imports and
+set-up. The dataset cache is built once before timing (``--data-root``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _stamp import stamp  # noqa: E402
+
+FLOOR = {
+    "import torch": "import torch",
+    "torch + Adam": (
+        "import torch\n"
+        "p = torch.zeros(3, requires_grad=True)\n"
+        "opt = torch.optim.Adam([p], lr=1e-3)\n"
+        "p.sum().backward()\n"
+        "opt.step()"
+    ),
+}
+
+
+def _wall(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def _train(root: str) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = ["cogcal", "train", "--dataset", "mnist1d", "--model", "mlp", "--epochs", "2"]
+        wall = _wall([*cmd, "--data-root", root, "--out", str(out)])
+        run = json.loads((out / "metrics.json").read_text())["timing"]["total_seconds"]
+    return wall, run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--data-root", default="data")
+    args = parser.parse_args()
+    _train(args.data_root)  # builds the dataset cache; not timed
+    times: dict[str, list[float]] = {name: [] for name in (*FLOOR, "cogcal train", "its run")}
+    for _ in range(args.repeats):
+        for name, code in FLOOR.items():
+            times[name].append(_wall([sys.executable, "-c", code]))
+        wall, run = _train(args.data_root)
+        times["cogcal train"].append(wall)
+        times["its run"].append(run)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"# bench/startup.py | {stamp()}")
+    print(f"# {args.repeats} interleaved repeats, median wall seconds of fresh processes")
+    for name, value in med.items():
+        print(f"{name:14s} {value:6.2f} s")
+    over = med["cogcal train"] - med["torch + Adam"] - med["its run"]
+    print(
+        f"cogcal train - (torch + Adam) - its run = {over:.2f} s "
+        f"(imports and set-up of cogcal beyond the floor)"
+    )
+
+
+if __name__ == "__main__":
+    main()
