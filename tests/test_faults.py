@@ -6,6 +6,7 @@ write is ever deleted, the exit status tells the truth, and every mistake gets o
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
@@ -71,6 +72,10 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(data_root, refe
     resumed = json.loads((killed / "metrics.json").read_text())
     assert resumed["test"] == reference["test"]
     assert resumed["timing"]["stage1"]["resumed_from_epoch"] >= 1
+    # the log lists every epoch once, the ones before the kill restored from the checkpoint
+    with (killed / "logs" / "stage1.csv").open() as f:
+        epochs = [int(row["epoch"]) for row in csv.DictReader(f)]
+    assert epochs == list(range(8))
 
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

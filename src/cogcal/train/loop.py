@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = "cogcal-checkpoint/2"
+#: The CSV log is flushed at most this often (seconds): on a small model a flush per epoch
+#: waits on the checkpoint writer's fsync and costs a visible share of the epoch.
+LOG_FLUSH_SECONDS = 2.0
 LOG_COLUMNS = ("epoch", "train_loss", "val_brier", "val_nll", "val_acc", "val_ece_15", "seconds")
 
 
@@ -198,6 +201,8 @@ def fit_stage(
         else None
     )
     state = _LoopState()
+    history: list[dict[str, float]] = []  # one row per epoch, saved in every checkpoint
+    best_weights: dict[str, torch.Tensor] | None = None  # CPU copy, when found in this session
     resumed_from = None
     last = folder / "last.ckpt"
     if resume and last.is_file():
@@ -213,10 +218,11 @@ def fit_stage(
         if scheduler is not None and ckpt.get("scheduler") is not None:
             scheduler.load_state_dict(ckpt["scheduler"])
         state = _LoopState(**ckpt["loop"])
+        history = [dict(row) for row in ckpt.get("history", [])]
         resumed_from = state.epoch
         if fabric.is_global_zero:
             _restore_best(folder, state)
-    log = _EpochLog(log_path, keep_before=state.epoch) if fabric.is_global_zero else None
+    log = _EpochLog(log_path, history) if fabric.is_global_zero else None
     writer = CheckpointWriter(folder, enabled=fabric.is_global_zero)
     metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
     steps = len(train_loader)
@@ -230,7 +236,6 @@ def fit_stage(
         file=sys.stderr,
         dynamic_ncols=True,
     )
-    history: list[dict[str, float]] = []
     started = time.perf_counter()
     epochs = range(state.epoch, stage.epochs) if state.stopped is None else range(0)
     try:
@@ -281,7 +286,6 @@ def fit_stage(
             state.epoch = epoch + 1
             if stage.patience is not None and state.bad_epochs >= stage.patience:
                 state.stopped = "patience"
-            writer.save(_snapshot(stage.model, optimizer, scheduler, state), best=improved)
             row = {
                 "epoch": float(epoch),
                 **{
@@ -293,6 +297,10 @@ def fit_stage(
                 "seconds": time.perf_counter() - epoch_start,
             }
             history.append(row)
+            snapshot = _snapshot(stage.model, optimizer, scheduler, state, history)
+            writer.save(snapshot, best=improved)
+            if improved:
+                best_weights = snapshot["model"]
             if log is not None:
                 log.write(row)
             bar.set_postfix(
@@ -315,13 +323,16 @@ def fit_stage(
     fabric.barrier()  # rank 0 has written its checkpoints
     if state.best_epoch < 0:
         raise RuntimeError(f"{stage.name} trained no epoch, so it has no checkpoint in {folder}.")
-    best = load_checkpoint(folder / "best.ckpt")
-    if best["loop"]["best_epoch"] != state.best_epoch:
-        raise CheckpointError(
-            f"{folder / 'best.ckpt'} holds epoch {best['loop']['best_epoch']} but the run's best "
-            f"epoch is {state.best_epoch}; the checkpoints are inconsistent: start over."
-        )
-    _load_weights(stage.model, folder / "best.ckpt", best)
+    if best_weights is not None:  # the copy best.ckpt was written from
+        stage.model.load_state_dict(best_weights)
+    else:  # the best epoch is from before a resume
+        best = load_checkpoint(folder / "best.ckpt")
+        if best["loop"]["best_epoch"] != state.best_epoch:
+            raise CheckpointError(
+                f"{folder / 'best.ckpt'} holds epoch {best['loop']['best_epoch']} but the run's "
+                f"best epoch is {state.best_epoch}; the checkpoints are inconsistent: start over."
+            )
+        _load_weights(stage.model, folder / "best.ckpt", best)
     result = StageResult(
         seconds=time.perf_counter() - started,
         epochs_run=state.epoch,
@@ -369,14 +380,22 @@ def _cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _snapshot(model: nn.Module, optimizer: Any, scheduler: Any, state: _LoopState) -> dict:
-    """A CPU copy of everything a resumed run needs (taken at an epoch boundary)."""
+def _snapshot(
+    model: nn.Module,
+    optimizer: Any,
+    scheduler: Any,
+    state: _LoopState,
+    history: list[dict[str, float]],
+) -> dict:
+    """A CPU copy of everything a resumed run needs (taken at an epoch boundary),
+    including the per-epoch log rows so far."""
     return {
         "format": CHECKPOINT_FORMAT,
         "model": _cpu_copy(model.state_dict()),
         "optimizer": _cpu_copy(optimizer.state_dict()),
         "scheduler": None if scheduler is None else scheduler.state_dict(),
         "loop": asdict(state),
+        "history": [dict(row) for row in history],
     }
 
 
@@ -502,46 +521,39 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 class _EpochLog:
-    """One CSV row per epoch (flushed at once); on resume the rows of epochs before the
-    checkpoint are kept and those after it (trained again) are dropped."""
+    """The CSV log, one row per epoch. It starts from the rows saved in the checkpoint a
+    run resumes from (so the epochs trained again after a kill are not listed twice and no
+    row is lost), and is flushed at most every :data:`LOG_FLUSH_SECONDS` and at the end:
+    the log may lag the run by that much, the checkpoints never do."""
 
-    def __init__(self, path: Path | None, *, keep_before: int) -> None:
+    def __init__(self, path: Path | None, rows: list[dict[str, float]]) -> None:
         self._file = None
         self._writer: csv.DictWriter | None = None
+        self._flushed = time.monotonic()
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept: list[dict[str, str]] = []
-        names: list[str] = []
-        if path.is_file() and keep_before > 0:
-            with path.open(newline="") as f:
-                reader = csv.DictReader(f)
-                names = list(reader.fieldnames or [])
-                kept = [r for r in reader if _epoch_of(r) < keep_before]
         self._file = path.open("w", newline="")
-        if names:
-            self._writer = csv.DictWriter(self._file, fieldnames=names, extrasaction="ignore")
-            self._writer.writeheader()
-            self._writer.writerows(kept)
-            self._file.flush()
+        for row in rows:
+            self._write(row)
+        self._file.flush()
 
-    def write(self, row: dict[str, float]) -> None:
-        if self._file is None:
-            return
+    def _write(self, row: dict[str, float]) -> None:
+        assert self._file is not None
         if self._writer is None:
             self._writer = csv.DictWriter(self._file, fieldnames=list(row), extrasaction="ignore")
             self._writer.writeheader()
         self._writer.writerow({k: (int(v) if k == "epoch" else v) for k, v in row.items()})
-        self._file.flush()
+
+    def write(self, row: dict[str, float]) -> None:
+        if self._file is None:
+            return
+        self._write(row)
+        if time.monotonic() - self._flushed >= LOG_FLUSH_SECONDS:
+            self._file.flush()
+            self._flushed = time.monotonic()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def _epoch_of(row: dict[str, str]) -> float:
-    try:
-        return float(row.get("epoch") or "inf")
-    except ValueError:
-        return math.inf
