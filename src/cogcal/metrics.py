@@ -536,24 +536,19 @@ def _classwise_sums(
 
 def _fix_shapes(state: _State, scores: torch.Tensor) -> None:
     """Take K (multiclass) or T (multilabel) from the first batch; check later batches."""
-    if state.task == "multiclass":
-        k = scores.shape[1]
-        if state.num_classes is None:
-            state.num_classes = k
-        elif k != state.num_classes:
-            raise ValueError(
-                f"`logits` has {k} classes but this metric state was built for "
-                f"{state.num_classes}; every update must use the same number of classes."
-            )
-    elif state.task == "multilabel":
-        t = scores.shape[1]
-        if state.num_tasks is None:
-            state.num_tasks = t
-        elif t != state.num_tasks:
-            raise ValueError(
-                f"`logits` has {t} task column(s) but this metric state was built for "
-                f"{state.num_tasks}; every update must use the same tasks."
-            )
+    if state.task not in ("multiclass", "multilabel"):
+        return
+    attr, what = (
+        ("num_classes", "classes") if state.task == "multiclass" else ("num_tasks", "tasks")
+    )
+    width, known = scores.shape[1], getattr(state, attr)
+    if known is None:
+        setattr(state, attr, width)
+    elif width != known:
+        raise ValueError(
+            f"`logits` has {width} {what} (columns) but this metric state was built for "
+            f"{known}; every update must use the same {what}."
+        )
 
 
 def _update(

@@ -13,22 +13,5 @@ case-insensitive; :func:`check_compatible` tells whether a backbone takes an inp
 from __future__ import annotations
 
 from cogcal.models import resnet, small, vit, wrn  # noqa: F401  (register the backbones)
-from cogcal.models.registry import (
-    Backbone,
-    ModelInfo,
-    check_compatible,
-    create_model,
-    list_models,
-    model_info,
-    register_model,
-)
-
-__all__ = [
-    "Backbone",
-    "ModelInfo",
-    "check_compatible",
-    "create_model",
-    "list_models",
-    "model_info",
-    "register_model",
-]
+from cogcal.models.registry import *  # noqa: F403  (the package's API is the registry's)
+from cogcal.models.registry import __all__ as __all__
