@@ -18,14 +18,7 @@ from cogcal.calibrators import (
     VTSTHead,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The fits run on tiny tensors: intra-op threads only add contention on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _sample_labels(true_logits: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -223,3 +216,16 @@ def test_vtst_head_predictive_logits_and_kl():
     expected = (0.5 * (log_var.exp() + mu**2 - 1 - log_var)).sum(1).div(8).mean()
     assert kl.item() == pytest.approx(expected.item(), rel=1e-5)
     assert math.isfinite(kl.item()) and kl.item() >= 0
+
+
+def test_make_calibrator_builds_each_kind_and_refuses_unknown_ones():
+    from cogcal.calibrators import make_calibrator
+
+    assert isinstance(make_calibrator("ts"), Temperature)
+    assert isinstance(make_calibrator("vs", num_outputs=3), VectorScaling)
+    ms = make_calibrator("ms", num_outputs=3)
+    assert isinstance(ms, MatrixScaling) and ms.weight.shape == (3, 3)
+    assert isinstance(make_calibrator("ts", "multilabel", 4), TaskTemperature)
+    assert isinstance(make_calibrator("ms", "multilabel", 4), TaskAffine)
+    with pytest.raises(ValueError, match="'ts', 'vs', 'ms'"):
+        make_calibrator("platt")

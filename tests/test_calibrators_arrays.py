@@ -19,14 +19,7 @@ from cogcal.calibrators import (
     VTSTHead,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The fits run on tiny tensors: intra-op threads only add contention on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(n: int = 300, k: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,13 +22,7 @@ from cogcal.calibrators import (
 sklearn_linear = pytest.importorskip("sklearn.linear_model")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The fits run on tiny tensors: intra-op threads only add contention on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _blobs(n: int, k: int, sep: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

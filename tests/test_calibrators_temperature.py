@@ -17,23 +17,9 @@ from cogcal.calibrators import (
     Temperature,
     separable_temperature_floor,
 )
+from test_calibrators_regularisation import _blobs
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The fits run on tiny tensors: intra-op threads only add contention on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def _blobs(n: int, k: int, sep: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Calibrated logits: with y uniform and z | y ~ N(sep e_y, I), p(y | z) = softmax(sep z)."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, k, (n,), generator=g)
-    z = torch.randn(n, k, generator=g) + sep * F.one_hot(y, k)
-    return sep * z, y
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _margins(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
