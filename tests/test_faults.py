@@ -41,9 +41,11 @@ def reference(data_root, tmp_path_factory) -> dict:
 
 
 def _argv(data_root: Path, out: Path, *extra: str, epochs: int = 8) -> list[str]:
+    # a checkpoint after every epoch, so that a kill can land between two of them
     return [
         "train", "--method", "cog-ts", "--epochs", str(epochs), "--step-size", "3",
-        "--data-root", str(data_root), "--out", str(out), "--no-progress", *extra,
+        "--data-root", str(data_root), "--out", str(out), "--no-progress",
+        "--checkpoint-seconds", "0", *extra,
     ]  # fmt: skip
 
 

@@ -386,3 +386,15 @@ def test_unsupported_dataset(tmp_path: Path) -> None:
         ood_sets(ds, root=tmp_path)
     with pytest.raises(ValueError, match="supported"):
         shift_sets(ds, root=tmp_path)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.5, 3.0, 15.0])  # 15: the kernel is wider than a row
+def test_gaussian_smooth_equals_scipy_gaussian_filter1d(sigma):
+    from scipy.ndimage import gaussian_filter1d
+
+    from cogcal.data.robustness import gaussian_smooth
+
+    x = np.random.default_rng(0).standard_normal((30, 40))
+    ours = gaussian_smooth(x, sigma)
+    assert ours.shape == x.shape and ours.dtype == np.float64
+    np.testing.assert_allclose(ours, gaussian_filter1d(x, sigma, axis=1), rtol=0, atol=1e-13)

@@ -43,10 +43,11 @@ OTHER = {
     "mirror": "http://127.0.0.1:1/",
     "out": "other/out",
     "progress": False,
+    "checkpoint_seconds": 0.0,
     "extra": {"note": "x"},
 }
 #: Fields that never change results, and fields a method or dataset does not use.
-NO_EFFECT = {"data_root", "download", "mirror", "out", "progress", "extra"}
+NO_EFFECT = {"data_root", "download", "mirror", "out", "progress", "checkpoint_seconds", "extra"}
 
 
 def test_every_field_is_covered_by_this_test():

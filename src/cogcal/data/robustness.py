@@ -231,6 +231,29 @@ def _render_sequences(seq: np.ndarray, size: int = 8, peak: float = 16.0) -> np.
     return img[:, None].astype(np.float32)
 
 
+def gaussian_smooth(x: np.ndarray, sigma: float, *, truncate: float = 4.0) -> np.ndarray:
+    """Gaussian smoothing of the rows of a 2-D array, ends mirrored (``d c b a | a b c d``).
+
+    The same as ``scipy.ndimage.gaussian_filter1d(x, sigma, axis=1, mode="reflect",
+    truncate=truncate)`` (to rounding, tested), in numpy: importing ``scipy.ndimage``
+    costs a fresh ``cogcal train`` about 0.15 s of start-up.
+
+    >>> y = gaussian_smooth(np.array([[0.0, 0.0, 3.0, 0.0, 0.0]]), sigma=0.5)
+    >>> y.round(2).tolist(), round(float(y.sum()), 12)  # mirrored ends keep the sum
+    ([[0.0, 0.32, 2.36, 0.32, 0.0]], 3.0)
+    """
+    radius = int(truncate * sigma + 0.5)
+    offsets = np.arange(-radius, radius + 1, dtype=np.float64)
+    weights = np.exp(-0.5 * (offsets / sigma) ** 2)
+    weights /= weights.sum()
+    padded = np.pad(x, [(0, 0), (radius, radius)], mode="symmetric")
+    n = x.shape[1]
+    out = np.zeros(x.shape, dtype=np.result_type(x, np.float64))
+    for i, w in enumerate(weights):
+        out += w * padded[:, i : i + n]
+    return out
+
+
 def _cpu_ood(dataset: Dataset) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     rng = np.random.default_rng([SHIFT_SEED, 1])
     x_test = dataset.test.x.numpy()
@@ -242,9 +265,7 @@ def _cpu_ood(dataset: Dataset) -> tuple[dict[str, torch.Tensor], dict[str, str]]
         perm = np.argsort(rng.random(x_test.shape), axis=1)
         sets["mnist1d-shuffled"] = torch.from_numpy(np.take_along_axis(x_test, perm, 1))
         # Smoothed Gaussian noise with the training split's global mean and std.
-        from scipy.ndimage import gaussian_filter1d
-
-        noise = gaussian_filter1d(rng.standard_normal(x_test.shape), sigma=1.5, axis=1)
+        noise = gaussian_smooth(rng.standard_normal(x_test.shape), sigma=1.5)
         noise = (noise - noise.mean()) / noise.std()
         x_tr = dataset.train.x.numpy().astype(np.float64)
         sets["noise"] = torch.from_numpy((noise * x_tr.std() + x_tr.mean()).astype(np.float32))

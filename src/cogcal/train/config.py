@@ -57,6 +57,9 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 NORMALIZATIONS = ("auto", "none", "imagenet")
 SEED_MAX = 2**32 - 1  # numpy's seeding limit
+#: Default of ``checkpoint_seconds``: a kill loses at most this much training; writing
+#: every epoch costs small models a visible share of their run (docs/performance.md).
+CHECKPOINT_SECONDS = 30.0
 
 
 def flag(name: str) -> str:
@@ -195,6 +198,16 @@ class TrainConfig:
     progress: bool = field(
         default=True, metadata=_opt("progress bar and end-of-run summary", results=False)
     )
+    checkpoint_seconds: float = field(
+        default=CHECKPOINT_SECONDS,
+        metadata=_opt(
+            "minimum wall seconds between two writes of last.ckpt (0: after every epoch); "
+            "each stage's last epoch is always written, and a resumed run trains the epochs "
+            "since the last write again, identically",
+            results=False,
+            metavar="S",
+        ),
+    )
     extra: dict[str, Any] = field(
         default_factory=dict,
         metadata=_opt("free-form notes recorded with the run", results=False, cli=False),
@@ -324,6 +337,18 @@ class TrainConfig:
                         f"{n(name)} must be a positive finite number, got {value!r}."
                     )
                 )
+        value = self.checkpoint_seconds
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value < math.inf
+        ):
+            raise ConfigError(
+                lambda n: (
+                    f"{n('checkpoint_seconds')} must be a number of seconds >= 0 (0: a "
+                    f"checkpoint after every epoch), got {value!r}."
+                )
+            )
         if self.lr is not None and self.lr < LR_FLOOR:
             raise ConfigError(
                 lambda n: (
@@ -433,7 +458,7 @@ def result_fields(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved configuration that can change a run's results.
 
     Drops the fields documented as not changing results (``data_root``, ``download``,
-    ``mirror``, ``out``, ``progress``, ``extra``) and the fields the method does not use
+    ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields the method does not use
     (``stage2_epochs`` without a second stage, ``step_size`` without the step schedule,
     ``target``/``image_size``/``normalization`` for datasets they do not apply to), so
     that two runs computing the same thing compare equal. Every other field is kept,

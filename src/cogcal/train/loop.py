@@ -8,18 +8,22 @@
 * at the end of every epoch: a check that the training loss stayed finite (before anything
   is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15; memory independent
   of the split size), the step schedule (every rate divided by 10 every ``step_size``
-  epochs), and a checkpoint: ``last.ckpt`` every epoch, ``best.ckpt`` whenever the
-  validation Brier score improved;
+  epochs), and a checkpoint: ``last.ckpt`` at most every ``checkpoint_seconds`` and after
+  the stage's last epoch, ``best.ckpt`` with it whenever the validation Brier score has
+  improved since the previous write (the best weights are kept in memory until then);
 * stopping: after ``epochs``, once every learning rate has decayed below the 1e-8 floor
   (later steps cannot change the result), or after ``patience`` epochs without a better
   validation Brier score;
 * resume: model, optimizer, schedule, loop counters and the epoch (which seeds the
   shuffling, the augmentation and the global RNG) come back from ``last.ckpt``, so an
-  interrupted run ends exactly where an uninterrupted one does.
+  interrupted run ends exactly where an uninterrupted one does (a kill loses at most the
+  epochs trained since the last write: they are trained again, identically).
 
 Lightning Fabric provides devices, DDP, mixed precision and process launching; the loop
 is ours. Checkpoints are written by a background thread from a CPU copy of the state, in
-order and durably (fsync before the rename), so saving overlaps with training.
+order and durably (fsync before the rename), so saving overlaps with training; on a small
+model whose epochs take milliseconds, writing every epoch would still cost a visible share
+of the run (docs/performance.md), hence the time interval.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ __all__ = [
     "Stage",
     "StageResult",
     "epoch_seed",
+    "seed_global_rng",
     "fit_stage",
     "load_checkpoint",
 ]
@@ -150,6 +155,20 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, 7]).generate_state(1)[0])
 
 
+def seed_global_rng(seed: int, device: torch.device | str) -> None:
+    """Seed the global RNG that draws on ``device`` (dropout, V-TST samples).
+
+    On the CPU this seeds the CPU generator only: ``torch.manual_seed`` also queues a
+    seeding of every CUDA/XPU/MTIA device that a CUDA build of torch might use, formatting
+    a stack trace each time (~0.5 ms, a visible share of a small model's epoch). Elsewhere
+    it is ``torch.manual_seed``.
+    """
+    if torch.device(device).type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
 def fit_stage(
     fabric: Any,
     stage: Stage,
@@ -157,10 +176,12 @@ def fit_stage(
     val_loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
     folder: Path,
     *,
+    writer: CheckpointWriter,
     log_path: Path | None,
     resume: bool = False,
     progress: bool = True,
     channels_last: bool = False,
+    checkpoint_seconds: float = 0.0,
 ) -> StageResult:
     """Train one stage; on return ``stage.model`` holds its best-validation-Brier weights.
 
@@ -175,6 +196,9 @@ def fit_stage(
         This process's shard of the validation split (every sample on exactly one process).
     folder : Path
         Where ``last.ckpt``, ``best.ckpt`` and ``done.json`` go.
+    writer : CheckpointWriter
+        Writes them in the background, in order (the caller closes it, which waits for
+        the writes, before it reports the run as complete: see :func:`cogcal.train.run`).
     log_path : Path, optional
         CSV file receiving one row per epoch (rank 0).
     resume : bool
@@ -183,6 +207,9 @@ def fit_stage(
         A progress bar on stderr, redrawn at most twice a second.
     channels_last : bool
         Feed 4-D inputs in NHWC layout.
+    checkpoint_seconds : float
+        Minimum wall time in seconds between two writes of ``last.ckpt`` (0: after every
+        epoch). The last epoch of the stage is always written, also when it stops early.
     """
     done = folder / "done.json"
     if resume and done.is_file():  # this stage finished before the interruption
@@ -202,7 +229,6 @@ def fit_stage(
     )
     state = _LoopState()
     history: list[dict[str, float]] = []  # one row per epoch, saved in every checkpoint
-    best_weights: dict[str, torch.Tensor] | None = None  # CPU copy, when found in this session
     resumed_from = None
     last = folder / "last.ckpt"
     if resume and last.is_file():
@@ -221,9 +247,12 @@ def fit_stage(
         history = [dict(row) for row in ckpt.get("history", [])]
         resumed_from = state.epoch
         if fabric.is_global_zero:
-            _restore_best(folder, state)
+            _restore_best(folder, state, ckpt)
     log = _EpochLog(log_path, history) if fabric.is_global_zero else None
-    writer = CheckpointWriter(folder, enabled=fabric.is_global_zero)
+    saver = _Checkpoints(
+        writer, folder, checkpoint_seconds, model=stage.model, optimizer=optimizer,
+        scheduler=scheduler, state=state, history=history,
+    )  # fmt: skip
     metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
     steps = len(train_loader)
     bar = tqdm(
@@ -251,7 +280,7 @@ def fit_stage(
                     )
                 break
             epoch_start = time.perf_counter()
-            torch.manual_seed(epoch_seed(stage.seed, epoch))  # dropout, V-TST samples
+            seed_global_rng(epoch_seed(stage.seed, epoch), fabric.device)
             train_loader.set_epoch(epoch)  # shuffling and augmentation
             model.train()
             loss_sum = torch.zeros((), device=fabric.device)
@@ -270,10 +299,15 @@ def fit_stage(
                 bar.update()
             train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean")) / max(steps, 1)
             if not math.isfinite(train_loss):  # before anything of this epoch is saved
+                kept = (
+                    f"{folder.name}/last.ckpt holds epoch {saver.saved_epoch - 1}, the last one "
+                    "written"
+                    if saver.saved_epoch > 0
+                    else "no checkpoint had been written yet"
+                )
                 raise NonFiniteLossError(
                     f"the training loss became {train_loss} in epoch {epoch}; the run stopped "
-                    f"before saving that state, so {folder.name}/last.ckpt and best.ckpt hold "
-                    "the last good epoch. Lower the learning rate(s) and retry."
+                    f"before saving that state ({kept}). Lower the learning rate(s) and retry."
                 )
             val = _validate(model, val_loader, metrics, fabric, channels_last)
             if scheduler is not None:
@@ -297,10 +331,7 @@ def fit_stage(
                 "seconds": time.perf_counter() - epoch_start,
             }
             history.append(row)
-            snapshot = _snapshot(stage.model, optimizer, scheduler, state, history)
-            writer.save(snapshot, best=improved)
-            if improved:
-                best_weights = snapshot["model"]
+            saver.epoch_end(improved=improved)
             if log is not None:
                 log.write(row)
             bar.set_postfix(
@@ -314,17 +345,17 @@ def fit_stage(
                         file=sys.stderr,
                     )
                 break
+        saver.stage_end()
         bar.refresh()
     finally:
         bar.close()
-        writer.close()
         if log is not None:
             log.close()
-    fabric.barrier()  # rank 0 has written its checkpoints
+    fabric.barrier()  # every process has finished the stage
     if state.best_epoch < 0:
         raise RuntimeError(f"{stage.name} trained no epoch, so it has no checkpoint in {folder}.")
-    if best_weights is not None:  # the copy best.ckpt was written from
-        stage.model.load_state_dict(best_weights)
+    if saver.best_weights is not None:  # the copy best.ckpt was written from
+        stage.model.load_state_dict(saver.best_weights)
     else:  # the best epoch is from before a resume
         best = load_checkpoint(folder / "best.ckpt")
         if best["loop"]["best_epoch"] != state.best_epoch:
@@ -342,8 +373,7 @@ def fit_stage(
         resumed_from_epoch=resumed_from,
         history=history,
     )
-    if fabric.is_global_zero:
-        _io.write_json(done, result.to_dict())
+    writer.write_json(done, result.to_dict())  # after the stage's last checkpoint
     return result
 
 
@@ -399,39 +429,124 @@ def _snapshot(
     }
 
 
-class CheckpointWriter:
-    """Writes checkpoints from a background thread, in order, each durably.
+class _Checkpoints:
+    """When a stage writes checkpoints (:class:`CheckpointWriter` writes them).
 
-    ``save(snapshot, best=...)`` queues a CPU snapshot; the thread writes it to
-    ``last.ckpt`` (temporary file, fsync, rename) and, when it is the best so far, makes
-    ``best.ckpt`` the same file (a hard link renamed into place). So ``best.ckpt`` is never
-    newer than ``last.ckpt``, and a run killed between the two writes repairs ``best.ckpt``
-    when it resumes. An error in the thread (disk full) is raised at the next ``save`` or at
-    ``close``.
+    ``last.ckpt`` is written at the end of an epoch once ``interval`` seconds have passed
+    since the previous write (or the start of the stage), and at the end of the stage if
+    its last epoch is not on disk yet. The weights of the best epoch so far are kept in
+    memory (:attr:`best_weights`) from the epoch that found them; each write brings
+    ``best.ckpt`` up to date: the same file as ``last.ckpt`` when the written epoch is the
+    best one, otherwise (the best epoch came between two writes) a file of its own, written
+    after ``last.ckpt``, which carries a copy of those weights (``"best"``) so that a run
+    killed between the two writes repairs ``best.ckpt`` when it resumes.
+
+    ``model``, ``optimizer``, ``scheduler``, ``state`` and ``history`` are the stage's own
+    objects, read at each write.
     """
 
-    def __init__(self, folder: Path, *, enabled: bool = True) -> None:
-        self.folder = Path(folder)
-        self._queue: queue.Queue[tuple[dict, bool] | None] = queue.Queue(maxsize=2)
+    def __init__(
+        self,
+        writer: CheckpointWriter,
+        folder: Path,
+        interval: float,
+        *,
+        model: nn.Module,
+        optimizer: Any,
+        scheduler: Any,
+        state: _LoopState,
+        history: list[dict[str, float]],
+    ) -> None:
+        self.writer, self.folder, self.interval = writer, folder, interval
+        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
+        self._state, self._history = state, history
+        self.best_weights: dict[str, torch.Tensor] | None = None  # found in this session
+        self._best_loop: dict[str, Any] | None = None  # the loop counters of that epoch
+        self.saved_epoch = state.epoch  # epochs completed in last.ckpt
+        self._saved_best = state.best_epoch  # the epoch best.ckpt holds
+        self._last_write = time.monotonic()
+
+    def epoch_end(self, *, improved: bool) -> None:
+        if self.writer.enabled and time.monotonic() - self._last_write >= self.interval:
+            self._write()
+        elif improved:  # not written now: keep the best weights until the next write
+            self.best_weights = _cpu_copy(self._model.state_dict())
+            self._best_loop = asdict(self._state)
+
+    def stage_end(self) -> None:
+        """Write the stage's last epoch if it is not on disk yet (the model still holds it:
+        no step is taken after the last epoch, whatever stopped the stage)."""
+        if self.writer.enabled and self._state.epoch > self.saved_epoch:
+            self._write()
+
+    def _write(self) -> None:
+        state = self._state
+        snapshot = _snapshot(self._model, self._optimizer, self._scheduler, state, self._history)
+        is_best = state.best_epoch == state.epoch - 1  # the epoch written is the best one
+        if is_best:
+            self.best_weights, self._best_loop = snapshot["model"], None
+        elif state.best_epoch != self._saved_best:
+            snapshot["best"] = {"model": self.best_weights, "loop": self._best_loop}
+        self.writer.save(self.folder, snapshot, best=is_best)
+        self.saved_epoch, self._saved_best = state.epoch, state.best_epoch
+        self._last_write = time.monotonic()
+
+
+class CheckpointWriter:
+    """Writes checkpoints (and the files that must follow them) from a background thread,
+    in order, each durably.
+
+    ``save(folder, snapshot, best=...)`` queues a CPU snapshot; the thread writes it to
+    ``folder/last.ckpt`` (temporary file, fsync, rename) and then brings ``best.ckpt`` up
+    to date: with ``best=True`` (the snapshot is the best epoch) it makes ``best.ckpt`` the
+    same file (a hard link renamed into place); when the snapshot carries an earlier best
+    epoch (``snapshot["best"]``) it writes that one to ``best.ckpt``. So ``best.ckpt`` is
+    never newer than ``last.ckpt``, and a run killed between the two writes repairs
+    ``best.ckpt`` when it resumes. ``write_json(path, obj)`` queues a durable JSON file
+    behind the checkpoints queued before it (a stage's ``done.json``).
+
+    ``close()`` waits until everything queued is on the disk; a run calls it before it
+    writes the record that says it is complete, so the last checkpoint's write overlaps
+    with the final evaluation. An error in the thread (disk full) is raised at the next
+    ``save``/``write_json`` or at ``close``. A disabled writer (processes other than 0 of a
+    multi-process run) writes nothing.
+    """
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if enabled:
-            self.folder.mkdir(parents=True, exist_ok=True)
             self._thread = threading.Thread(target=self._work, name="cogcal-ckpt", daemon=True)
             self._thread.start()
 
-    def save(self, snapshot: dict, *, best: bool) -> None:
-        self._raise()
-        if self._thread is not None:
-            self._queue.put((snapshot, best))
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def save(self, folder: Path, snapshot: dict, *, best: bool) -> None:
+        self._submit(lambda: _write_checkpoint(Path(folder), snapshot, best))
+
+    def write_json(self, path: Path, obj: Any) -> None:
+        self._submit(lambda: _io.write_json(path, obj))
 
     def close(self) -> None:
-        """Wait for every queued checkpoint to be written."""
+        """Wait for every queued write (a second call does nothing more)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
         self._raise()
+
+    def _submit(self, write: Callable[[], None]) -> None:
+        self._raise()
+        if self._thread is not None:
+            self._queue.put(write)
+        elif self.enabled:
+            raise RuntimeError("this CheckpointWriter is closed.")
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -439,16 +554,22 @@ class CheckpointWriter:
             raise err
 
     def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
+        while (write := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # stop writing after a failure; the error is raised in the loop
-            snapshot, best = item
             try:
-                last = _io.save_torch(self.folder / "last.ckpt", snapshot)
-                if best:
-                    link_atomic(last, self.folder / "best.ckpt")
+                write()
             except BaseException as err:  # noqa: BLE001 - handed to the training thread
                 self._error = err
+
+
+def _write_checkpoint(folder: Path, snapshot: dict, best: bool) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    last = _io.save_torch(folder / "last.ckpt", snapshot)
+    if best:
+        link_atomic(last, folder / "best.ckpt")
+    elif "best" in snapshot:
+        _write_best(folder, snapshot["best"])
 
 
 def link_atomic(src: Path, dst: Path) -> None:
@@ -463,12 +584,29 @@ def link_atomic(src: Path, dst: Path) -> None:
     _io.fsync_dir(dst.parent)
 
 
-def _restore_best(folder: Path, state: _LoopState) -> None:
-    """After a kill between writing ``last.ckpt`` and linking ``best.ckpt``: if the last
-    checkpoint is the best one, make ``best.ckpt`` that file again."""
+def _write_best(folder: Path, best: dict[str, Any]) -> None:
+    """Write ``best.ckpt`` from the best epoch's weights and loop counters."""
+    _io.save_torch(
+        folder / "best.ckpt",
+        {"format": CHECKPOINT_FORMAT, "model": best["model"], "loop": best["loop"]},
+    )
+
+
+def _restore_best(folder: Path, state: _LoopState, ckpt: dict[str, Any]) -> None:
+    """After a kill between writing ``last.ckpt`` and bringing ``best.ckpt`` up to date:
+    make ``best.ckpt`` hold the best epoch ``last.ckpt`` names (the last checkpoint itself,
+    or the copy of the best epoch it carries)."""
     last, best = folder / "last.ckpt", folder / "best.ckpt"
-    if state.best_epoch == state.epoch - 1 and not (best.exists() and os.path.samefile(last, best)):
-        link_atomic(last, best)
+    if state.best_epoch == state.epoch - 1:
+        if not (best.exists() and os.path.samefile(last, best)):
+            link_atomic(last, best)
+    elif "best" in ckpt:
+        try:
+            held = load_checkpoint(best)["loop"]["best_epoch"]
+        except (CheckpointError, KeyError):
+            held = None
+        if held != state.best_epoch:
+            _write_best(folder, ckpt["best"])
 
 
 def _load_weights(model: nn.Module, path: Path, ckpt: dict[str, Any]) -> None:

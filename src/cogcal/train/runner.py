@@ -9,8 +9,9 @@
 3. stage 2 (``tst``/``vtst``) freezes the body and trains a new TST / V-TST head on the
    training split, again keeping the best-validation-Brier checkpoint;
 4. post hoc (``ts``/``vs``/``ms``): fits the calibrator on the *validation* logits;
-5. evaluates on validation and test, OOD and shift sets, and writes the run folder,
-   ``metrics.json`` last.
+5. evaluates on validation and test, OOD and shift sets (while the last checkpoints are
+   written in the background), and writes the run folder, ``metrics.json`` last, once
+   every checkpoint is on the disk.
 
 The test split is only ever evaluated, never used for fitting, tuning or selection.
 """
@@ -37,7 +38,13 @@ from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
-from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
+from cogcal.train.loop import (
+    CheckpointWriter,
+    NonFiniteLossError,
+    Stage,
+    fit_stage,
+    seed_global_rng,
+)
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
@@ -63,7 +70,7 @@ def predict_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Float32 logits (on the CPU, in the batches' order) and the batches' labels."""
     model.eval().to(device)
-    torch.manual_seed(seed)  # V-TST draws its Monte Carlo samples from the global RNG
+    seed_global_rng(seed, device)  # V-TST draws its Monte Carlo samples from the global RNG
     logits, labels = [], []
     for x, y in batches:
         logits.append(model(x.to(device)).float().cpu())
@@ -215,7 +222,10 @@ def execute(
             folder.write_config(resolved)
         fabric.barrier()
         try:
-            return _train(config, method, fabric, folder, source, network, resolved, resumed)
+            with CheckpointWriter(enabled=fabric.is_global_zero) as writer:
+                return _train(
+                    config, method, fabric, folder, source, network, resolved, resumed, writer
+                )
         except NonFiniteLossError as err:
             if fabric.is_global_zero:  # a result, not a crash: tune and bench record it
                 _io.write_json(
@@ -260,6 +270,7 @@ def _train(
     network: nn.Module,
     resolved: dict[str, Any],
     resume: bool,
+    writer: CheckpointWriter,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:
     started = time.perf_counter()
     if config.channels_last:
@@ -281,9 +292,10 @@ def _train(
         # bit for bit (tested) without torch.use_deterministic_algorithms, whose import of
         # torch._inductor costs seconds of start-up
         result = fit_stage(
-                fabric, stage, train_loader, val_loader, ckpt_dir,
+                fabric, stage, train_loader, val_loader, ckpt_dir, writer=writer,
                 log_path=folder.logs / f"{stage.name}.csv", resume=resume,
                 progress=config.progress, channels_last=config.channels_last,
+                checkpoint_seconds=float(config.checkpoint_seconds),
             )  # fmt: skip
         timing[stage.name] = result.to_dict()
 
@@ -360,6 +372,7 @@ def _train(
                 config,
             )  # fmt: skip
             timing["robustness_seconds"] = time.perf_counter() - start
+    writer.close()  # the checkpoints are on the disk before the record says the run is complete
     timing["total_seconds"] = time.perf_counter() - started
     record = RunRecord(
         config=resolved,
