@@ -15,7 +15,7 @@ import cogcal.train.loop as loop
 from cogcal.cli import main
 from cogcal.metrics import StreamingMetrics
 from cogcal.train import TrainConfig, run
-from cogcal.train.config import ConfigError
+from cogcal.train.config import ConfigError, result_fields
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +147,12 @@ def test_results_and_resume_do_not_depend_on_the_interval(data_root, tmp_path, m
 
 
 def test_checkpoint_seconds_is_checked_and_changes_no_result():
-    with pytest.raises(ConfigError, match="`checkpoint_seconds` must be a number of seconds >= 0"):
+    with pytest.raises(
+        ConfigError, match="`checkpoint_seconds` must be a finite number of seconds >= 0"
+    ):
         TrainConfig(checkpoint_seconds=-1)
     with pytest.raises(ConfigError, match="got inf"):
         TrainConfig(checkpoint_seconds=math.inf)
-    from cogcal.train.config import result_fields
-
     a, b = TrainConfig(checkpoint_seconds=0), TrainConfig(checkpoint_seconds=60)
     assert result_fields(a.resolved()) == result_fields(b.resolved())
 
@@ -160,7 +160,7 @@ def test_checkpoint_seconds_is_checked_and_changes_no_result():
 def test_checkpoint_seconds_flag(tmp_path, capsys):
     assert main(["train", "--checkpoint-seconds", "-2", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "--checkpoint-seconds must be a number of seconds >= 0" in err
+    assert "--checkpoint-seconds must be a finite number of seconds >= 0" in err
     assert err.count("\n") == 1
     assert not (tmp_path / "r" / "metrics.json").exists()
     assert json.dumps(TrainConfig().resolved()["checkpoint_seconds"]) == "30.0"

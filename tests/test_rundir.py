@@ -183,6 +183,21 @@ def test_prepare_rules(tmp_path):
         corrupt.prepare(cfg, cfg.resolved(), resume=True, overwrite=False)
 
 
+def test_resuming_a_run_stopped_before_its_first_checkpoint_starts_it_over(tmp_path):
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    folder.path.mkdir()
+    folder.write_config(cfg.resolved())  # what a run writes before its first epoch
+    (folder.logs).mkdir()
+    (folder.logs / "stage1.csv").write_text("epoch\n")
+    other = cfg.replace(epochs=3)
+    with pytest.raises(RunFolderError, match="started with other settings .*epochs: 30 -> 3"):
+        folder.prepare(other, other.resolved(), resume=True, overwrite=False)
+    assert folder.config_path.is_file()  # refused: nothing touched
+    assert folder.prepare(cfg, cfg.resolved(), resume=True, overwrite=False) is False
+    assert not folder.config_path.exists() and not (folder.logs / "stage1.csv").exists()
+
+
 def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path):
     folder = RunDir(tmp_path / "run")
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -327,25 +327,17 @@ class TrainConfig:
             )
         for name in ("lr", "calibrator_lr"):
             value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value < math.inf
-            ):
+            if value is not None and not (_is_number(value) and 0 < value < math.inf):
                 raise ConfigError(
                     lambda n, name=name, value=value: (
                         f"{n(name)} must be a positive finite number, got {value!r}."
                     )
                 )
         value = self.checkpoint_seconds
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 <= value < math.inf
-        ):
+        if not (_is_number(value) and 0 <= value < math.inf):
             raise ConfigError(
                 lambda n: (
-                    f"{n('checkpoint_seconds')} must be a number of seconds >= 0 (0: a "
+                    f"{n('checkpoint_seconds')} must be a finite number of seconds >= 0 (0: a "
                     f"checkpoint after every epoch), got {value!r}."
                 )
             )
@@ -444,6 +436,11 @@ def _check_name(name: str, value: Any, names: list[str]) -> None:
         )
 
 
+def _is_number(value: Any) -> bool:
+    """An int or float, not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(lambda n: f"{n(name)} must be an integer >= {minimum}, got {value!r}.")
@@ -458,11 +455,11 @@ def result_fields(resolved: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved configuration that can change a run's results.
 
     Drops the fields documented as not changing results (``data_root``, ``download``,
-    ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields the method does not use
-    (``stage2_epochs`` without a second stage, ``step_size`` without the step schedule,
-    ``target``/``image_size``/``normalization`` for datasets they do not apply to), so
-    that two runs computing the same thing compare equal. Every other field is kept,
-    defaults included.
+    ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields
+    the method does not use (``stage2_epochs`` without a second stage, ``step_size``
+    without the step schedule, ``target``/``image_size``/``normalization`` for datasets
+    they do not apply to), so that two runs computing the same thing compare equal. Every
+    other field is kept, defaults included.
     """
     keep = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["results"]}
     out = {k: v for k, v in resolved.items() if k in keep}

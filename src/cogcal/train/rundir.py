@@ -422,7 +422,8 @@ class RunDir:
         ``overwrite``; an unfinished one is continued only with ``resume`` and the same
         configuration; a folder cogcal did not write is never used if it holds anything
         (``overwrite`` does not change that); ``resume`` on a folder without a run to
-        resume is an error.
+        resume is an error; ``resume`` of a run that stopped before its first checkpoint
+        (same configuration) starts it over, since nothing of it was kept.
         """
         if resume and overwrite:
             raise RunFolderError(
@@ -502,14 +503,8 @@ class RunDir:
                 )
             self.clear()  # a run that stopped before its first checkpoint: nothing to keep
             return False
-        if not self.has_state():
-            raise RunFolderError(
-                f"`resume`: {path} has no checkpoint to resume from; start over with "
-                "`overwrite=True`.",
-                cli_message=f"--resume: {path} has no checkpoint to resume from; start over "
-                "with --overwrite.",
-            )
-        if saved is None or MARK not in saved:
+        state = self.has_state()
+        if state and (saved is None or MARK not in saved):
             raise RunFolderError(
                 f"`resume`: {path} has checkpoints but no config.json of this cogcal version, "
                 "so its configuration cannot be checked; start over with `overwrite=True`.",
@@ -517,8 +512,8 @@ class RunDir:
                 "cogcal version, so its configuration cannot be checked; start over with "
                 "--overwrite.",
             )
-        diff = config_diff(saved, resolved)
-        if saved.get("data") and resolved.get("data"):
+        diff = config_diff(saved, resolved) if saved is not None else []
+        if saved and saved.get("data") and resolved.get("data"):
             before = (saved["data"] or {}).get("fingerprint")
             now = (resolved["data"] or {}).get("fingerprint")
             if before != now:
@@ -530,6 +525,9 @@ class RunDir:
                 cli_message=f"--resume: the run in {path} was started with other settings "
                 f"({'; '.join(diff)}); resume with the same flags, or use another --out.",
             )
+        if not state:  # stopped before its first checkpoint: resuming is starting over
+            self.clear()
+            return False
         return True
 
     @contextlib.contextmanager
