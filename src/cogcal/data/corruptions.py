@@ -68,7 +68,7 @@ NOT_COVERED: dict[str, str] = {
 _GAUSSIAN_NOISE = (0.04, 0.06, 0.08, 0.09, 0.10)
 _SHOT_NOISE = (500.0, 250.0, 100.0, 75.0, 50.0)
 _IMPULSE_NOISE = (0.01, 0.02, 0.03, 0.05, 0.07)
-_SPECKLE_NOISE = (0.06, 0.10, 0.12, 0.16, 0.20)
+_MULTIPLICATIVE_NOISE = (0.06, 0.10, 0.12, 0.16, 0.20)  # speckle_noise: x + x * N(0, c)
 _GAUSSIAN_BLUR = (0.4, 0.6, 0.7, 0.8, 1.0)
 # (sigma, max_delta, iterations)
 _GLASS_BLUR = ((0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2))
@@ -120,7 +120,7 @@ def _impulse_noise(x: Array, severity: int, rng: np.random.Generator) -> Array:
 
 
 def _speckle_noise(x: Array, severity: int, rng: np.random.Generator) -> Array:
-    c = _SPECKLE_NOISE[severity - 1]
+    c = _MULTIPLICATIVE_NOISE[severity - 1]
     return x + x * rng.normal(0.0, c, size=x.shape).astype(np.float32)
 
 

@@ -34,7 +34,7 @@ __all__ = [
 # --------------------------------------------------------------------------- markdown
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#])")
+_MD_ESCAPED = re.compile(r"([\\`*_\[\]<>|#])")
 
 
 def md_escape(text: str) -> str:
@@ -45,7 +45,7 @@ def md_escape(text: str) -> str:
     >>> md_escape("- x")
     '\\\\- x'
     """
-    out = _MD_SPECIAL.sub(r"\\\1", str(text).replace("\r", " ").replace("\n", " "))
+    out = _MD_ESCAPED.sub(r"\\\1", str(text).replace("\r", " ").replace("\n", " "))
     if out[:1] in ("-", "+"):
         out = "\\" + out
     return out
@@ -58,7 +58,7 @@ def _md_inline(text: Text) -> str:
         if isinstance(part, Link):
             out.append(f"[{md_escape(part.text)}](#{part.key})")
         else:
-            out.append(_MD_SPECIAL.sub(r"\\\1", str(part).replace("\n", " ")))
+            out.append(_MD_ESCAPED.sub(r"\\\1", str(part).replace("\n", " ")))
     joined = "".join(out)
     return "\\" + joined if joined[:1] in ("-", "+") else joined
 
