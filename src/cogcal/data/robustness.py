@@ -236,7 +236,8 @@ def gaussian_smooth(x: np.ndarray, sigma: float, *, truncate: float = 4.0) -> np
 
     The same as ``scipy.ndimage.gaussian_filter1d(x, sigma, axis=1, mode="reflect",
     truncate=truncate)`` (to rounding, tested), in numpy: importing ``scipy.ndimage``
-    costs a fresh ``cogcal train`` about 0.15 s of start-up.
+    costs a fresh ``cogcal train`` a tenth of a second or more of start-up
+    (docs/performance.md).
 
     >>> y = gaussian_smooth(np.array([[0.0, 0.0, 3.0, 0.0, 0.0]]), sigma=0.5)
     >>> y.round(2).tolist(), round(float(y.sum()), 12)  # mirrored ends keep the sum

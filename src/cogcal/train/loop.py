@@ -160,8 +160,8 @@ def seed_global_rng(seed: int, device: torch.device | str) -> None:
 
     On the CPU this seeds the CPU generator only: ``torch.manual_seed`` also queues a
     seeding of every CUDA/XPU/MTIA device that a CUDA build of torch might use, formatting
-    a stack trace each time (~0.5 ms, a visible share of a small model's epoch). Elsewhere
-    it is ``torch.manual_seed``.
+    a stack trace each time (about 100 times slower: docs/performance.md). Elsewhere it is
+    ``torch.manual_seed``.
     """
     if torch.device(device).type == "cpu":
         torch.default_generator.manual_seed(seed)
