@@ -164,3 +164,13 @@ def test_checkpoint_seconds_flag(tmp_path, capsys):
     assert err.count("\n") == 1
     assert not (tmp_path / "r" / "metrics.json").exists()
     assert json.dumps(TrainConfig().resolved()["checkpoint_seconds"]) == "30.0"
+
+
+def test_seed_global_rng_seeds_the_cpu_generator_as_torch_manual_seed_does():
+    torch.manual_seed(123)
+    expected = torch.rand(5), torch.randn(3)
+    torch.manual_seed(0)
+    loop.seed_global_rng(123, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(expected, (torch.rand(5), torch.randn(3))))
+    loop.seed_global_rng(123, torch.device("cpu"))
+    assert torch.equal(torch.rand(5), expected[0])
