@@ -171,6 +171,7 @@ def test_seed_global_rng_seeds_the_cpu_generator_as_torch_manual_seed_does():
     expected = torch.rand(5), torch.randn(3)
     torch.manual_seed(0)
     loop.seed_global_rng(123, "cpu")
-    assert all(torch.equal(a, b) for a, b in zip(expected, (torch.rand(5), torch.randn(3))))
+    drawn = torch.rand(5), torch.randn(3)
+    assert all(torch.equal(a, b) for a, b in zip(expected, drawn, strict=True))
     loop.seed_global_rng(123, torch.device("cpu"))
     assert torch.equal(torch.rand(5), expected[0])
