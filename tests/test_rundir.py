@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,7 @@ OTHER = {
     "checkpoint_seconds": 0.0,
     "extra": {"note": "x"},
 }
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 #: Fields that never change results, and fields a method or dataset does not use.
 NO_EFFECT = {"data_root", "download", "mirror", "out", "progress", "checkpoint_seconds", "extra"}
 
@@ -198,20 +200,131 @@ def test_resuming_a_run_stopped_before_its_first_checkpoint_starts_it_over(tmp_p
     assert not folder.config_path.exists() and not (folder.logs / "stage1.csv").exists()
 
 
+def _hold_lock(path) -> subprocess.Popen:
+    """Another process holding the folder's lock (it prints "held" once it has it)."""
+    code = (
+        "import sys, time\n"
+        "from cogcal.train.rundir import RunDir\n"
+        "with RunDir(sys.argv[1]).lock():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
 def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path):
     folder = RunDir(tmp_path / "run")
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = _hold_lock(folder.path)
     try:
-        folder.path.mkdir()
-        (folder.path / ".cogcal.lock").write_text(str(holder.pid))
         with pytest.raises(ValueError, match=f"in use by process {holder.pid}"), folder.lock():
             pass
     finally:
-        holder.kill()
+        holder.kill()  # SIGKILL: its lock file stays behind
         holder.wait()
+    assert (folder.path / ".cogcal.lock").exists()
     with folder.lock():  # the holder is gone: its lock is stale and taken over
-        assert (folder.path / ".cogcal.lock").read_text() == str(os.getpid())
+        assert (folder.path / ".cogcal.lock").read_text().strip() == str(os.getpid())
     assert not (folder.path / ".cogcal.lock").exists()
+
+
+@pytest.mark.parametrize("content", ["1", "garbage \x00", "", str(2**40)])
+def test_a_lock_file_of_no_live_holder_never_blocks(tmp_path, content):
+    """A reused PID (1 is always alive), garbage or an empty lock file: not a holder."""
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    folder.path.mkdir()
+    (folder.path / ".cogcal.lock").write_text(content)
+    with folder.lock():  # a folder holding only a stale lock counts as empty
+        assert folder.prepare(cfg, cfg.resolved(), resume=False, overwrite=False) is False
+    assert list(folder.path.iterdir()) == []
+
+
+def test_a_refused_lock_creates_nothing_and_a_refusal_leaves_no_folder(tmp_path):
+    folder = RunDir(tmp_path / "new")
+    with pytest.raises(RunFolderError), folder.lock():
+        raise RunFolderError("refused")
+    assert not folder.path.exists()  # created for the lock, removed again: it is empty
+
+
+def test_only_this_versions_mark_makes_a_folder_cogcals(tmp_path):
+    """A config.json with method/dataset/seed keys (issue: 'earlier cogcal version') is
+    the user's: nothing in the folder is deleted or replaced, even with overwrite."""
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    folder.path.mkdir()
+    mine = {"method": "ce", "dataset": "digits", "seed": 0}
+    folder.config_path.write_text(json.dumps(mine))
+    for name in ("report.md", "run.log", "metrics.json"):
+        (folder.path / name).write_text("mine")
+    assert not folder.is_marked()
+    for resume, overwrite in ((False, False), (False, True), (True, False)):
+        with pytest.raises(RunFolderError, match="not a cogcal run folder"):
+            folder.prepare(cfg, cfg.resolved(), resume=resume, overwrite=overwrite)
+    with pytest.raises(RunFolderError, match="not a cogcal run folder"):
+        folder.clear()
+    assert json.loads(folder.config_path.read_text()) == mine
+    assert all((folder.path / n).read_text() == "mine" for n in ("report.md", "metrics.json"))
+    folder.config_path.write_text(json.dumps({**cfg.resolved(), "cogcal_run": 1}))
+    assert not folder.is_marked()  # another format is not this version's mark
+
+
+def test_overwrite_deletes_no_user_file_that_looks_temporary(tmp_path):
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    _finished(folder, cfg)
+    folder.checkpoints.mkdir()
+    folder.logs.mkdir()
+    users = [
+        folder.path / ".notes.tmp",
+        folder.path / ".metrics.json.x.tmp",
+        folder.logs / ".draft.tmp",
+        folder.checkpoints / ".a.tmp",
+        folder.path / ".mine.abc.cogcal-tmp",  # cogcal's pattern, but not one of its files
+    ]
+    for path in users:
+        path.write_text("mine")
+    ours = [
+        folder.path / ".metrics.json.k2_x9.cogcal-tmp",
+        folder.logs / ".stage1.csv.q.cogcal-tmp",
+    ]
+    for path in ours:
+        path.write_text("half-written")
+    assert folder.prepare(cfg, cfg.resolved(), resume=False, overwrite=True) is False
+    assert all(p.read_text() == "mine" for p in users)
+    assert not any(p.exists() for p in ours)
+
+
+def test_atomic_writes_use_cogcals_temporary_pattern(tmp_path, monkeypatch):
+    from cogcal import _io
+
+    seen = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (seen.append(a), real(a, b))[1])
+    _io.write_text(tmp_path / "metrics.json", "{}")
+    assert _io.temp_target(os.path.basename(seen[0])) == "metrics.json"
+
+
+def test_the_bench_checks_a_folder_can_be_rewritten_before_deleting(tmp_path):
+    """Item 5: clearing keeps the mark when asked, so that a run can be written again
+    beside the user's files; a folder that cannot be cleared loses nothing."""
+    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    folder = RunDir(cfg.out)
+    _finished(folder, cfg)
+    (folder.path / "notes.txt").write_text("mine")
+    folder.clear(keep_config=True)
+    assert folder.is_marked() and not folder.metrics_path.exists()
+    assert folder.prepare(cfg, cfg.resolved(), resume=False, overwrite=False) is False
+    assert (folder.path / "notes.txt").read_text() == "mine"
+    _finished(folder, cfg)
+    (folder.path / "logs").symlink_to(tmp_path)
+    with pytest.raises(RunFolderError, match="logs is a symbolic link"):
+        folder.clear()
+    assert folder.metrics_path.exists() and folder.config_path.exists()  # nothing deleted
 
 
 def test_record_round_trip_and_non_finite_values(tmp_path):

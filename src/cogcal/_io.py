@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,10 +20,13 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from cogcal._errors import ArgumentError
+
 __all__ = [
     "LockedError",
     "atomic_write",
-    "pid_lock",
+    "file_lock",
+    "temp_target",
     "read_json",
     "write_bytes",
     "write_text",
@@ -43,7 +47,7 @@ def atomic_write(path: str | Path, mode: str = "wb", *, fsync: bool = True) -> I
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files: give them the usual mode
     try:
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
@@ -73,54 +77,105 @@ def fsync_dir(folder: str | Path) -> None:
         os.close(fd)
 
 
-class LockedError(ValueError):
+class LockedError(ArgumentError):
     """Another live process holds a lock (the message names it and the process)."""
 
 
-@contextlib.contextmanager
-def pid_lock(path: str | Path, *, what: str) -> Iterator[None]:
-    """Hold ``path`` as a lock file recording this process's PID while the block runs.
+#: The suffix of every temporary file cogcal writes (``.<name>.<random>.cogcal-tmp``).
+TMP_SUFFIX = ".cogcal-tmp"
+_TMP_NAME = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX) + r"$")
 
-    A lock whose process no longer exists (killed) is taken over; a live holder raises
-    :class:`LockedError` naming ``what`` and its PID. The lock is removed on exit.
+
+def temp_target(name: str) -> str | None:
+    """The file a temporary file of cogcal's stands for, or None when ``name`` is not one.
+
+    >>> temp_target(".metrics.json.k2j4_x9q.cogcal-tmp")
+    'metrics.json'
+    >>> temp_target(".notes.txt.tmp") is None
+    True
+    """
+    match = _TMP_NAME.match(name)
+    return match.group("name") if match else None
+
+
+_HELD: dict[str, int] = {}  # lock files this process holds (re-entrant within the process)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
+    """Hold ``path`` as an exclusive lock file while the block runs (POSIX ``flock``).
+
+    The operating system releases a ``flock`` when its process ends, however it ends, so a
+    lock file left by a killed process, one holding garbage, or one naming a PID that was
+    reused by another process never blocks: it is simply locked again. A lock held by a
+    live process raises :class:`LockedError` naming ``what`` and that process. The lock
+    file records the holder's PID (for that message) and is removed on release. A process
+    may take a lock it already holds (nested blocks).
+
+    Raises
+    ------
+    LockedError
+        Another process holds the lock.
+    OSError
+        The lock file cannot be created (e.g. the folder is not writable).
     """
     path = Path(path)
-    for _ in range(3):
+    key = os.path.abspath(path)
+    if key in _HELD:
+        _HELD[key] += 1
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(path.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _alive(pid):
-                raise LockedError(
-                    f"{what} is in use by process {pid} (lock file {path}); wait for it to "
-                    "finish or stop it, or use another folder."
-                ) from None
-            path.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        break
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no flock, no cross-process lock
+        yield
+        return
+    for _ in range(20):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LockedError(
+                f"{what} is in use by {holder} (lock file {path}); wait for it to finish or "
+                "stop it, or use another folder."
+            ) from None
+        try:  # the holder before us may have removed the file we locked: lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
     else:  # pragma: no cover - another process keeps re-creating the lock
         raise LockedError(f"{what} is in use (lock file {path} keeps reappearing).")
     try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError:
+        os.close(fd)
+        raise
+    _HELD[key] = 1
+    try:
         yield
     finally:
-        with contextlib.suppress(OSError, ValueError):
-            if int(path.read_text().strip() or 0) == os.getpid():
-                path.unlink()
+        del _HELD[key]
+        with contextlib.suppress(OSError):
+            path.unlink()  # still held: nobody else can have locked this file meanwhile
+        os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def _holder(fd: int) -> str:
+    """``process N`` from a held lock file (or ``another process`` if unreadable)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        return f"process {int(text)}"
+    except (OSError, ValueError):
+        return "another process"
 
 
 def _umask() -> int:
@@ -136,7 +191,8 @@ def _write(
         with atomic_write(path, mode, fsync=fsync) as f:
             writer(f)
     except OSError as err:
-        if err.filename is None:  # name the file the user will look for
+        if err.filename is None or temp_target(Path(str(err.filename)).name) is not None:
+            # name the file the user will look for, never the temporary file
             raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         raise
     return Path(path)

@@ -4,10 +4,12 @@ The training flags of ``train`` and ``tune`` are generated from
 :class:`cogcal.train.TrainConfig` (one source of configuration). Exit statuses:
 
 * 0: success;
-* 1: the environment failed (disk full, permissions, a diverged run, runs that failed in
-  a bench);
-* 2: a user error (bad flag, unknown name, missing file, a run folder that cannot be used),
-  printed as one line ``cogcal: error: ...``;
+* 1: the environment failed (disk full, permissions, an unwritable folder), a run
+  diverged, runs of a bench failed, or cogcal has a bug: then ``cogcal: internal error``
+  and the traceback (please report it);
+* 2: a user error (bad flag, unknown name, missing file, unusable data, a run folder that
+  cannot be used or is in use), printed as one line ``cogcal: error: ...``; these are
+  the errors of one class, :class:`cogcal._errors.ArgumentError`;
 * 130 / 143: interrupted by SIGINT (Ctrl-C) / SIGTERM; what was saved is kept and one
   line says how to resume.
 
@@ -21,6 +23,7 @@ import contextlib
 import errno
 import signal
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,9 +245,11 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from cogcal.report import build_any
+    from cogcal.train.rundir import lock_folder
 
     directory = Path(args.directory)
-    html = build_any(directory)
+    with lock_folder(directory, what=f"folder {directory}", create=False):  # before reading
+        html = build_any(directory)
     print(f"wrote {directory}/report.md and {html}")
     return 0
 
@@ -399,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with _signals_raise():
             return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:  # ArgumentError, ConfigError, ... included
+    except (ArgumentError, FileNotFoundError) as err:  # ConfigError, RunFolderError, ...
         if args.debug:
             raise
         print(f"cogcal: error: {_one_line(cli_message(err))}", file=sys.stderr)
@@ -417,8 +422,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted) as err:
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
         name = signal.Signals(signum).name
+        if not _started(args):
+            hint = ""  # nothing was started: there is nothing to resume
         print(f"cogcal: interrupted ({name})" + (f"; {hint}" if hint else ""), file=sys.stderr)
         return 128 + signum
+    except (Exception, SystemExit) as err:  # a bug (or a library's sys.exit): never success
+        if args.debug:
+            raise
+        traceback.print_exc()
+        what = f"{type(err).__name__}: {_one_line(str(err))}".rstrip(": ")
+        print(
+            f"cogcal: internal error ({what}); this is a bug in cogcal, not a mistake in "
+            "your input: please report it with the traceback above.",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _started(args: argparse.Namespace) -> bool:
+    """Whether the interrupted command had started something that can be resumed (a run
+    folder with a checkpoint or a config.json of cogcal's)."""
+    from cogcal.train.rundir import RunDir
+
+    if args.command not in ("train", "tune"):
+        return True
+    default = _default_out(args.dataset, args.method, args.seed)
+    folder = Path(args.out or (default if args.command == "train" else f"runs/tune-{default[5:]}"))
+    if args.command == "train":
+        return RunDir(folder).has_state() or RunDir(folder).is_marked()
+    return folder.is_dir() and any(p.is_dir() for p in folder.iterdir())
 
 
 if __name__ == "__main__":  # pragma: no cover

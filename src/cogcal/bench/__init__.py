@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal._errors import Interrupted
+from cogcal._errors import ArgumentError, Interrupted
 from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool
 from cogcal.bench.plan import Blocked, Plan, tuning_method
 from cogcal.bench.results import write_tables
@@ -48,9 +48,11 @@ from cogcal.bench.suites import (
     list_suites,
     load_suite,
 )
+from cogcal.train.rundir import RunDir, is_bench_folder, lock_folder, write_bench_meta
 
 __all__ = [
     "PROTOCOLS",
+    "BenchFolderError",
     "BenchSummary",
     "Suite",
     "budgets",
@@ -59,6 +61,11 @@ __all__ = [
     "load_suite",
     "run_bench",
 ]
+
+
+class BenchFolderError(ArgumentError):
+    """``out`` cannot be used by the bench (names the folder and the fix)."""
+
 
 #: The counts of a session, in the order the summary line prints them.
 COUNT_KEYS = ("trained", "skipped", "copied", "diverged", "failed", "interrupted", "blocked")
@@ -128,7 +135,7 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError(
+            raise ArgumentError(
                 f"suite {suite.name!r} needs a CUDA GPU and torch.cuda.is_available() is "
                 "False here; run it on a GPU machine, or run `cogcal bench --suite quick` "
                 "on this CPU."
@@ -141,8 +148,8 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
     for entry in suite.datasets:
         try:
             data = load_dataset(entry.name, root=data_root)
-        except ValueError as err:
-            raise ValueError(
+        except ArgumentError as err:
+            raise ArgumentError(
                 f"suite {suite.name!r} needs the dataset {entry.name!r} under {str(data_root)!r} "
                 f"and it is not usable: {err}"
             ) from None
@@ -150,7 +157,7 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
             bad = [m for m in suite.methods if not get_method(m).supports_multilabel]
             if bad:
                 ok = [m for m, spec in METHODS.items() if spec.supports_multilabel]
-                raise ValueError(
+                raise ArgumentError(
                     f"suite {suite.name!r}: the multi-label dataset {entry.name!r} needs methods "
                     f"with a multi-task form; {', '.join(bad)} have none. Use some of: "
                     f"{', '.join(ok)} (or move the others to a suite of single-task datasets)."
@@ -235,6 +242,21 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class SuiteError(ArgumentError):
+    """A suite file or name that cannot be used (its message names the problem)."""
+
+
+def _load_suite(suite: str | Path) -> Suite:
+    """:func:`load_suite`, its ``ValueError`` s (a suite that cannot be used: the user's
+    input) raised as :class:`SuiteError`."""
+    try:
+        return load_suite(suite)
+    except ArgumentError:
+        raise
+    except ValueError as err:
+        raise SuiteError(str(err)) from err
+
+
 def run_bench(
     suite: str | Path | Suite = "quick",
     *,
@@ -292,12 +314,12 @@ def run_bench(
         SIGTERM / SIGINT: re-raised after the workers were stopped, the running jobs
         recorded as interrupted, and the tables and the report written.
     """
-    loaded = suite if isinstance(suite, Suite) else load_suite(suite)
+    loaded = suite if isinstance(suite, Suite) else _load_suite(suite)
     if protocols is not None:
         loaded = loaded.replace(protocols=protocols)
     if seeds is not None:
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ValueError(f"`seeds` must be a positive integer, got {seeds!r}.")
+            raise ArgumentError(f"`seeds` must be a positive integer, got {seeds!r}.")
         loaded = loaded.replace(seeds=seeds)
     check_pool(jobs, executor, address)
     runner = runner or DEFAULT_RUNNER
@@ -308,8 +330,19 @@ def run_bench(
     if say:
         say(f"suite {loaded.name!r}: checking data and configuration ...")
     info = check_requirements(loaded, data_root)
-    out.mkdir(parents=True, exist_ok=True)
-    with _io.pid_lock(out / ".bench.lock", what=f"bench folder {out}"):
+    RunDir(out).check_path()
+    with lock_folder(out, what=f"bench folder {out}"):  # before anything in out is read
+        entries = RunDir(out).entries()
+        if entries and not is_bench_folder(out):
+            shown = ", ".join(entries[:5])
+            raise BenchFolderError(
+                f"`out` {out} is not empty ({shown}) and was not written by cogcal bench (no "
+                "bench.json with its mark); cogcal never replaces files it did not write: "
+                "choose a new or empty folder.",
+                cli_message=f"--out {out} is not empty ({shown}) and was not written by "
+                "cogcal bench (no bench.json with its mark); cogcal never replaces files it "
+                "did not write: choose a new or empty --out.",
+            )
         return _run_locked(
             loaded, out, jobs, data_root, info, say, report, runner, executor, address
         )
@@ -335,7 +368,7 @@ def _run_locked(
         sessions = list(previous.get("sessions", [])) if isinstance(previous, dict) else []
     except (OSError, ValueError):
         sessions = []
-    _io.write_json(meta_path, _meta(suite, jobs, data_root, info, sessions))
+    write_bench_meta(out, _meta(suite, jobs, data_root, info, sessions))
 
     scheduler = Scheduler(
         jobs=jobs,
@@ -385,7 +418,7 @@ def _run_locked(
             "interrupted": signame,
         }
     )
-    _io.write_json(meta_path, _meta(suite, jobs, data_root, info, sessions))
+    write_bench_meta(out, _meta(suite, jobs, data_root, info, sessions))
     if report:
         from cogcal.report.build import build_report
 

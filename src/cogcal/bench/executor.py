@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal._errors import Interrupted
+from cogcal._errors import ArgumentError, Interrupted
 from cogcal.train.config import TrainConfig, result_fields
 from cogcal.train.rundir import RUN_DIRS, RUN_FILES, RunDir, RunFolderError, same_config
 
@@ -92,11 +92,11 @@ def check_pool(jobs: Any, executor: Any, address: Any) -> None:
     """Raise ``ValueError`` unless ``jobs`` workers on ``executor`` (at ``address``) is a
     pool the scheduler can start."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"`jobs` must be a positive integer, got {jobs!r}.")
+        raise ArgumentError(f"`jobs` must be a positive integer, got {jobs!r}.")
     if executor not in EXECUTORS:
-        raise ValueError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
+        raise ArgumentError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
     if address is not None and executor != "ray":
-        raise ValueError("`address` applies to executor 'ray' only.")
+        raise ArgumentError("`address` applies to executor 'ray' only.")
 
 
 def reuse_key(config: TrainConfig) -> str:
@@ -137,8 +137,8 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
     outcome = src.read_outcome()
     if outcome is None or outcome.get("status") not in ("complete", "diverged"):
         raise RunFolderError(f"cannot copy {src.path}: it holds no finished run.")
-    dst.clear()
     with dst.lock():
+        dst.clear(keep_config=True)
         foreign = set(src.foreign_entries())
         files = [src.path / name for name in RUN_FILES if name not in _NOT_COPIED]
         for name in RUN_DIRS:
@@ -150,7 +150,7 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
                     if p.relative_to(src.path).as_posix() not in foreign
                 ]
         for path in files:
-            if path.is_symlink() or not path.is_file() or path.name.endswith(".tmp"):
+            if path.is_symlink() or not path.is_file() or _io.temp_target(path.name):
                 continue
             target = dst.path / path.relative_to(src.path)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -161,12 +161,12 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
         source = os.path.relpath(src.path, dst.path)
         saved = src.read_config()
         if saved is not None:
-            _io.write_json(dst.config_path, {**saved, "out": str(dst.path)})
+            dst.write_config({**saved, "out": str(dst.path)})
         _io.write_text(dst.path / "run.log", f"cogcal bench: copied from {source}\n")
         outcome = {**outcome, "copied_from": source}
         if isinstance(outcome.get("config"), dict):
             outcome["config"] = {**outcome["config"], "out": str(dst.path)}
-        _io.write_json(dst.metrics_path, outcome)
+        dst.write_outcome(outcome)
 
 
 # --------------------------------------------------------------------------- worker side
@@ -182,7 +182,7 @@ def train_run(config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
 def _resolve(runner: str) -> Callable[..., Any]:
     module, _, name = runner.partition(":")
     if not module or not name:
-        raise ValueError(f"a runner is 'module:function', got {runner!r}.")
+        raise ArgumentError(f"a runner is 'module:function', got {runner!r}.")
     return getattr(importlib.import_module(module), name)
 
 
@@ -313,7 +313,7 @@ class RayPool:
         try:
             import ray
         except ImportError:  # an optional extra
-            raise ValueError(
+            raise ArgumentError(
                 "--executor ray needs Ray, which is an optional extra: "
                 "pip install -e '.[ray]' (or pip install 'ray>=2.9')."
             ) from None
@@ -328,7 +328,7 @@ class RayPool:
                     configure_logging=False,
                 )
             except ConnectionError as err:
-                raise ValueError(
+                raise ArgumentError(
                     f"could not connect to the Ray cluster at --address {address!r}: {err}"
                 ) from None
         self.threads = threads
@@ -339,7 +339,7 @@ class RayPool:
         self, fn: Callable[..., Any], runner: str, config: dict[str, Any], resume: bool
     ) -> cf.Future:
         if fn is not _execute:
-            raise ValueError("RayPool runs cogcal bench jobs only.")
+            raise TypeError("RayPool runs cogcal bench jobs only.")
         ref = self._task.remote(self.threads, runner, config, resume)
         self._refs.append(ref)
         return ref.future()
@@ -628,9 +628,11 @@ class Scheduler:
                 saved = None
             resume = saved is not None and same_config(saved, job.config) and folder.has_state()
         if not resume:
-            try:
-                folder.clear()
-            except (RunFolderError, OSError) as err:
+            try:  # under its lock; everything is checked before anything is deleted, and
+                # the mark stays, so that the run may be written again beside user files
+                with folder.lock():
+                    folder.clear(keep_config=True)
+            except (RunFolderError, OSError, ValueError) as err:
                 job.error = str(err)
                 self._finish(job, "failed")
                 return

@@ -1036,7 +1036,7 @@ def _import_plugin(spec: str) -> Any:
             f"importing the module {module_name!r} failed because it imports {missing!r}, "
             f"which is not installed ({err}).",
         ) from err
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # a plugin's sys.exit() is an error, never an exit
         raise _plugin_error(
             spec, f"importing the module {module_name!r} raised {type(err).__name__}: {err}"
         ) from err
@@ -1101,7 +1101,7 @@ def load_plugin(spec: str, *, root: Path, normalization: str = "auto") -> Datase
     module, fn = _import_plugin(spec)
     try:
         result = fn(root=root) if _accepts_root(fn) else fn()
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit(0) in a plugin must not end `train` with 0
         raise _plugin_error(
             spec, f"the plugin raised {type(err).__name__}: {err} (see the chained traceback)"
         ) from err

@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -451,15 +452,21 @@ def _check_int(name: str, value: Any, *, minimum: int, maximum: int | None = Non
 # --------------------------------------------------------------------------- comparison
 
 
-def result_fields(resolved: dict[str, Any]) -> dict[str, Any]:
+def result_fields(resolved: dict[str, Any], *, fingerprint: bool = True) -> dict[str, Any]:
     """The part of a resolved configuration that can change a run's results.
 
     Drops the fields documented as not changing results (``data_root``, ``download``,
     ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields
     the method does not use (``stage2_epochs`` without a second stage, ``step_size``
-    without the step schedule, ``target``/``image_size``/``normalization`` for datasets
-    they do not apply to), so that two runs computing the same thing compare equal. Every
-    other field is kept, defaults included.
+    without the step schedule, ``target``/``image_size`` for datasets they do not apply
+    to), so that two runs computing the same thing compare equal. Every other field is
+    kept, defaults included; ``normalization`` counts for every dataset (it changes the
+    inputs of the registered ones too).
+
+    A ``csv:`` or ``folder:`` dataset counts by its data, not by the spelling of its path:
+    by the content fingerprint when ``resolved`` records one (``data.fingerprint``, what a
+    run writes into ``config.json``) and ``fingerprint`` is true, else by the absolute,
+    link-free path, so ``csv:d.csv`` and ``csv:/abs/d.csv`` are the same dataset.
     """
     keep = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["results"]}
     out = {k: v for k, v in resolved.items() if k in keep}
@@ -473,9 +480,19 @@ def result_fields(resolved: dict[str, Any]) -> dict[str, Any]:
         out.pop("target", None)
     if not dataset.startswith("folder:"):
         out.pop("image_size", None)
-    if not dataset.startswith(("folder:", "csv:")):
-        out.pop("normalization", None)
+    if dataset.startswith(("folder:", "csv:")):
+        out["dataset"] = _data_identity(resolved, dataset, fingerprint=fingerprint)
     return out
+
+
+def _data_identity(resolved: dict[str, Any], dataset: str, *, fingerprint: bool) -> str:
+    """``csv:sha256:<hex>`` (the recorded content fingerprint) or ``csv:<absolute path>``."""
+    kind, _, path = dataset.partition(":")
+    data = resolved.get("data")
+    recorded = data.get("fingerprint") if isinstance(data, dict) else None
+    if fingerprint and isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
+        return f"{kind}:sha256:{recorded['sha256']}"
+    return f"{kind}:{os.path.realpath(os.path.expanduser(path))}"
 
 
 # --------------------------------------------------------------------------- command line

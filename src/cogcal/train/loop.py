@@ -46,6 +46,7 @@ from torch import nn
 from tqdm import tqdm
 
 from cogcal import _io
+from cogcal._errors import ArgumentError
 from cogcal.metrics import StreamingMetrics
 from cogcal.train.config import LR_FLOOR
 
@@ -73,8 +74,9 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; the run stopped before saving that state."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, empty, truncated or not a cogcal checkpoint."""
+class CheckpointError(ArgumentError):
+    """A checkpoint is missing, empty, truncated or not a cogcal checkpoint (a run folder
+    the user pointed at that cannot be used: a user error, exit 2 on the command line)."""
 
 
 # --------------------------------------------------------------------------- the stage
@@ -574,7 +576,7 @@ def _write_checkpoint(folder: Path, snapshot: dict, best: bool) -> None:
 
 def link_atomic(src: Path, dst: Path) -> None:
     """Make ``dst`` the same file as ``src`` atomically (hard link, else a durable copy)."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.link.tmp")
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}link{_io.TMP_SUFFIX}")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)

@@ -18,7 +18,13 @@ deleted)::
     run.log              stdout/stderr of the run when `cogcal bench` ran it
     checkpoints/         last.ckpt, best.ckpt, done.json (stage1/ for two-stage methods)
     logs/                stage1.csv, stage2.csv: one row per epoch
-    .cogcal.lock         present while a process writes into the folder
+    .cogcal.lock         the lock (``flock``) a process holds while it uses the folder
+    .NAME.*.cogcal-tmp   a file being written atomically (the only temporary files)
+
+A folder is cogcal's only when its ``config.json`` carries the mark :data:`MARK` with
+this version's format :data:`FORMAT`; nothing else in a folder is ever deleted or
+replaced (``overwrite`` included). Every command takes the folder's lock
+(:func:`lock_folder`) before it reads, clears or writes anything there.
 
 Same configuration: two runs are the same when :func:`same_config` holds for their
 resolved configurations, i.e. every field that can change results (after defaults) is
@@ -28,6 +34,7 @@ equal (:func:`cogcal.train.config.result_fields`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -45,17 +52,27 @@ from cogcal.train.config import TrainConfig, result_fields
 from cogcal.train.methods import get_method
 
 __all__ = [
+    "BENCH_MARK",
+    "LOCK_NAME",
     "MARK",
     "RunDir",
     "RunRecord",
     "RunFolderError",
     "config_diff",
+    "is_bench_folder",
+    "lock_folder",
     "same_config",
+    "write_bench_meta",
 ]
 
 #: The key of ``config.json`` that marks a folder as a cogcal run (its value: the format).
 MARK = "cogcal_run"
 FORMAT = 2
+#: The key of ``bench.json`` that marks a folder as written by ``cogcal bench``.
+BENCH_MARK = "cogcal_bench"
+BENCH_FORMAT = 1
+#: The lock file of a run or bench folder.
+LOCK_NAME = ".cogcal.lock"
 
 #: Top-level files a run folder may hold (all written by cogcal).
 RUN_FILES = (
@@ -96,12 +113,19 @@ def _equal(a: Any, b: Any) -> bool:
 def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """The fields (that can change results) on which two resolved configurations differ,
     as ``"field: a -> b"`` lines; empty when :func:`same_config` holds."""
-    ka, kb = result_fields(dict(a)), result_fields(dict(b))
+    both = _has_fingerprint(a) and _has_fingerprint(b)  # compare data by content then
+    ka = result_fields(dict(a), fingerprint=both)
+    kb = result_fields(dict(b), fingerprint=both)
     return [
         f"{k}: {ka.get(k)!r} -> {kb.get(k)!r}"
         for k in sorted(set(ka) | set(kb))
         if k not in ka or k not in kb or not _equal(ka[k], kb[k])
     ]
+
+
+def _has_fingerprint(c: Mapping[str, Any]) -> bool:
+    data = c.get("data")
+    return isinstance(data, Mapping) and isinstance(data.get("fingerprint"), Mapping)
 
 
 def same_config(a: Mapping[str, Any] | TrainConfig, b: Mapping[str, Any] | TrainConfig) -> bool:
@@ -149,9 +173,12 @@ class RunRecord:
     timing : dict
         Seconds per stage and in total.
     status : str
-        ``"complete"`` (only complete runs are recorded).
+        ``"complete"``, or ``"diverged"`` when the loss, the validation or the test logits
+        became non-finite (then ``val``/``test`` hold what was measured, often nothing).
     copied_from : str or None
         Set when `cogcal bench` copied this run from an identical one.
+    error : str or None
+        Diverged runs: where the non-finite values appeared.
     """
 
     config: dict[str, Any]
@@ -164,6 +191,7 @@ class RunRecord:
     timing: dict[str, Any] = field(default_factory=dict)
     status: str = "complete"
     copied_from: str | None = None
+    error: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "metrics.json") -> RunRecord:
@@ -194,6 +222,8 @@ class RunRecord:
             out["val_uncalibrated"] = self.val_uncalibrated
         if self.copied_from is not None:
             out["copied_from"] = self.copied_from
+        if self.error is not None:
+            out["error"] = self.error
         return _finite(out)
 
     @property
@@ -286,15 +316,13 @@ class RunDir:
         return data
 
     def is_marked(self) -> bool:
-        """Whether cogcal wrote this folder (``config.json`` with the mark, or a config of
-        an earlier cogcal version with its ``method``/``dataset``/``seed`` keys)."""
+        """Whether cogcal wrote this folder: its ``config.json`` carries the mark of this
+        version's format (nothing that merely looks like a configuration counts)."""
         try:
             cfg = self.read_config()
         except RunFolderError:
             return False
-        if cfg is None:
-            return False
-        return MARK in cfg or {"method", "dataset", "seed"} <= set(cfg)
+        return cfg is not None and cfg.get(MARK) == FORMAT
 
     def read_outcome(self) -> dict[str, Any] | None:
         """The raw ``metrics.json`` (status ``"complete"`` or ``"diverged"``), or None."""
@@ -349,7 +377,7 @@ class RunDir:
         found = []
         for entry in sorted(self.path.iterdir()):
             name = entry.name
-            if name in RUN_FILES or (name.startswith(".") and name.endswith(".tmp")):
+            if name in RUN_FILES or _is_own_temp(name, RUN_FILES):
                 continue
             if name in RUN_DIRS and entry.is_dir() and not entry.is_symlink():
                 found += [f"{name}/{p}" for p in _foreign_in(entry, RUN_DIRS[name])]
@@ -369,14 +397,24 @@ class RunDir:
         """Write ``metrics.json`` (last, atomically, durably)."""
         _io.write_json(self.metrics_path, record.to_dict())
 
-    def clear(self) -> None:
-        """Delete what cogcal wrote here, and nothing else; never follow a link.
+    def write_outcome(self, outcome: Mapping[str, Any]) -> None:
+        """Write a ``metrics.json`` mapping (complete or diverged; checked first)."""
+        record = RunRecord.from_dict(outcome, source=str(self.metrics_path))
+        if record.status not in ("complete", "diverged"):
+            raise ValueError(f"unknown run status {record.status!r}.")
+        self.write_record(record)
+
+    def check_clearable(self) -> None:
+        """Check, before anything is deleted, that :meth:`clear` can empty this folder of
+        cogcal's files and a run can then be written here.
 
         Raises
         ------
         RunFolderError
-            The folder is a symbolic link, is not a cogcal run folder but holds files, or
-            a folder cogcal would clear (``checkpoints/``, ``logs/``) is a link.
+            The folder is a symbolic link or a file, is not a cogcal run folder but holds
+            files, or a folder cogcal would clear (``checkpoints/``, ``logs/``) is a link.
+        OSError
+            The folder (or one of its subfolders) is not writable.
         """
         if self.path.is_symlink():
             raise RunFolderError(
@@ -387,14 +425,15 @@ class RunDir:
             return
         if not self.path.is_dir():
             raise RunFolderError(f"{self.path} is a file, not a run folder.")
-        entries = list(self.path.iterdir())
+        entries = [e for e in self.path.iterdir() if e.name != LOCK_NAME]
         if entries and not self.is_marked() and any(e.name != "run.log" for e in entries):
             shown = ", ".join(sorted(e.name for e in entries)[:5])
             raise RunFolderError(
                 f"{self.path} is not a cogcal run folder (no config.json written by cogcal) and "
                 f"holds {shown}: refusing to delete anything there; choose another output folder."
             )
-        for name, inside in RUN_DIRS.items():
+        folders = [self.path]
+        for name in RUN_DIRS:
             sub = self.path / name
             if sub.is_symlink():
                 raise RunFolderError(
@@ -402,15 +441,40 @@ class RunDir:
                     "the link yourself or choose another output folder."
                 )
             if sub.is_dir():
+                folders.append(sub)
+                if (sub / _STAGE_DIR).is_dir() and not (sub / _STAGE_DIR).is_symlink():
+                    folders.append(sub / _STAGE_DIR)
+        for folder in folders:
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", str(folder))
+
+    def clear(self, *, keep_config: bool = False) -> None:
+        """Delete what cogcal wrote here, and nothing else; never follow a link.
+
+        Everything is checked first (:meth:`check_clearable`), so a refusal deletes
+        nothing. ``keep_config`` keeps ``config.json`` (the folder's mark), so that a run
+        can be written again into a folder that also holds the user's own files.
+
+        Raises
+        ------
+        RunFolderError, OSError
+            See :meth:`check_clearable`.
+        """
+        self.check_clearable()
+        if not self.path.exists():
+            return
+        for name, inside in RUN_DIRS.items():
+            sub = self.path / name
+            if sub.is_dir():
                 _remove_known(sub, inside)
         for name in RUN_FILES:
-            if name == ".cogcal.lock":
+            if name == LOCK_NAME or (keep_config and name == "config.json"):
                 continue
             target = self.path / name
             if target.is_symlink() or target.is_file():
                 target.unlink()
-        for tmp in self.path.glob(".*.tmp"):
-            if tmp.is_file() and not tmp.is_symlink():
+        for tmp in self.path.iterdir():
+            if _is_own_temp(tmp.name, RUN_FILES) and tmp.is_file() and not tmp.is_symlink():
                 tmp.unlink()
 
     def prepare(self, config: TrainConfig, resolved: Mapping[str, Any], *, resume: bool,
@@ -431,31 +495,8 @@ class RunDir:
                 cli_message="--resume and --overwrite contradict each other; pass one of them.",
             )
         path = self.path
-        if path.is_symlink():
-            raise RunFolderError(
-                f"output folder {path} is a symbolic link; cogcal never writes through links: "
-                "pass the real folder."
-            )
-        if path.exists() and not path.is_dir():
-            raise RunFolderError(
-                f"output folder {path} is an existing file; choose a folder path.",
-            )
-        for parent in path.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    raise RunFolderError(
-                        f"output folder {path} lies below {parent}, which is a file; choose "
-                        "another path."
-                    )
-                if not os.access(parent, os.W_OK | os.X_OK) and not path.exists():
-                    raise RunFolderError(
-                        f"cannot create output folder {path}: {parent} is not writable; choose "
-                        "a writable path.",
-                    )
-                break
-        if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-            raise RunFolderError(f"output folder {path} is not writable; choose another one.")
-        if not path.exists() or not any(path.iterdir()):
+        self.check_path()
+        if not self.entries():
             if resume:
                 raise RunFolderError(
                     f"`resume`: {path} holds no run to resume; start it without `resume`.",
@@ -466,7 +507,7 @@ class RunDir:
         if self.config_path.is_file():
             self.read_config()  # a damaged config.json is reported as such (names the file)
         if not self.is_marked():
-            foreign = [e for e in sorted(p.name for p in path.iterdir()) if e != "run.log"]
+            foreign = [e for e in self.entries() if e != "run.log"]
             if self.has_state():
                 why = (
                     "holds checkpoints but no config.json written by cogcal, so what they "
@@ -504,7 +545,7 @@ class RunDir:
             self.clear()  # a run that stopped before its first checkpoint: nothing to keep
             return False
         state = self.has_state()
-        if state and (saved is None or MARK not in saved):
+        if state and (saved is None or saved.get(MARK) != FORMAT):
             raise RunFolderError(
                 f"`resume`: {path} has checkpoints but no config.json of this cogcal version, "
                 "so its configuration cannot be checked; start over with `overwrite=True`.",
@@ -516,7 +557,7 @@ class RunDir:
         if saved and saved.get("data") and resolved.get("data"):
             before = (saved["data"] or {}).get("fingerprint")
             now = (resolved["data"] or {}).get("fingerprint")
-            if before != now:
+            if before != now and not any(d.startswith("dataset:") for d in diff):
                 diff.append(f"data fingerprint: {before!r} -> {now!r}")
         if diff:
             raise RunFolderError(
@@ -530,14 +571,101 @@ class RunDir:
             return False
         return True
 
+    def entries(self) -> list[str]:
+        """The names in the folder, sorted, except its lock file (a lock left by a killed
+        process does not make a folder non-empty)."""
+        if not self.path.is_dir():
+            return []
+        return sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
+
+    def check_path(self) -> None:
+        """Refuse an output path that is a link, a file, or lies below a file."""
+        path = self.path
+        if path.is_symlink():
+            raise RunFolderError(
+                f"output folder {path} is a symbolic link; cogcal never writes through links: "
+                "pass the real folder."
+            )
+        if path.exists() and not path.is_dir():
+            raise RunFolderError(f"output folder {path} is an existing file; choose a folder path.")
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise RunFolderError(
+                        f"output folder {path} lies below {parent}, which is a file; choose "
+                        "another path."
+                    )
+                break
+
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the folder for this process (``.cogcal.lock``); a second process gets a
-        :class:`RunFolderError` naming the holder; a lock left by a killed process is
-        taken over."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with _io.pid_lock(self.path / ".cogcal.lock", what=f"run folder {self.path}"):
+    def lock(self, *, create: bool = True) -> Iterator[None]:
+        """Hold the folder for this process (:func:`lock_folder`); take it before reading,
+        clearing or writing anything in the folder."""
+        self.check_path()
+        with lock_folder(self.path, what=f"run folder {self.path}", create=create):
             yield
+
+
+@contextlib.contextmanager
+def lock_folder(path: str | os.PathLike[str], *, what: str, create: bool = True) -> Iterator[None]:
+    """Hold ``path/.cogcal.lock`` (an ``flock``: released by the system when the process
+    ends, so a lock left by a killed process, a reused PID or a garbage lock file never
+    blocks). A second process gets a ``ValueError`` naming ``what`` and the holder.
+
+    ``create`` makes the folder (and removes it again on release if it is still empty,
+    i.e. the command was refused before it wrote anything); without it a missing folder
+    is left alone and nothing is locked.
+
+    Raises
+    ------
+    cogcal._io.LockedError
+        Another process holds the folder.
+    OSError
+        The folder cannot be created or is not writable.
+    """
+    path = Path(path)
+    created = False
+    if not path.is_dir():
+        if not create:
+            yield
+            return
+        _parent_writable(path)
+        path.mkdir(parents=True, exist_ok=True)
+        created = True
+    try:
+        with _io.file_lock(path / LOCK_NAME, what=what):
+            yield
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only when empty: refused before anything was written
+
+
+def _parent_writable(path: Path) -> None:
+    for parent in path.parents:
+        if parent.exists():
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", str(parent))
+            return
+
+
+def is_bench_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a ``bench.json`` with the mark of ``cogcal bench``."""
+    try:
+        data = json.loads((Path(path) / "bench.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get(BENCH_MARK) == BENCH_FORMAT
+
+
+def write_bench_meta(path: str | os.PathLike[str], meta: Mapping[str, Any]) -> None:
+    """Write ``bench.json`` (the bench's record of its sessions) with the bench mark."""
+    _io.write_json(Path(path) / "bench.json", {BENCH_MARK: BENCH_FORMAT, **dict(meta)})
+
+
+def _is_own_temp(name: str, known: tuple[str, ...]) -> bool:
+    """A temporary file cogcal writes for one of the files ``known``."""
+    return _io.temp_target(name) in known
 
 
 def _foreign_in(folder: Path, known: tuple[str, ...]) -> list[str]:
@@ -545,9 +673,7 @@ def _foreign_in(folder: Path, known: tuple[str, ...]) -> list[str]:
     for entry in sorted(folder.iterdir()):
         if entry.name == _STAGE_DIR and entry.is_dir() and not entry.is_symlink():
             out += [f"{_STAGE_DIR}/{p}" for p in _foreign_in(entry, known)]
-        elif entry.name not in known and not (
-            entry.name.startswith(".") and entry.name.endswith(".tmp")
-        ):
+        elif entry.name not in known and not _is_own_temp(entry.name, known):
             out.append(entry.name)
     return out
 
@@ -559,9 +685,7 @@ def _remove_known(folder: Path, known: tuple[str, ...]) -> None:
             continue
         if entry.name == _STAGE_DIR and entry.is_dir():
             _remove_known(entry, known)
-        elif entry.is_file() and (
-            entry.name in known or (entry.name.startswith(".") and entry.name.endswith(".tmp"))
-        ):
+        elif entry.is_file() and (entry.name in known or _is_own_temp(entry.name, known)):
             entry.unlink()
     with contextlib.suppress(OSError):
         folder.rmdir()  # only when empty: anything foreign stays

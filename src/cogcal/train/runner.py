@@ -206,17 +206,19 @@ def execute(
     }
     failure: BaseException | None = None
     resumed = False
+    lock = contextlib.ExitStack()
     if fabric.is_global_zero:
-        try:
+        try:  # the lock before anything in the folder is read, cleared or written
+            lock.enter_context(folder.lock())
             resumed = folder.prepare(config, resolved, resume=resume, overwrite=overwrite)
         except BaseException as err:  # noqa: BLE001 - re-raised below, after telling the others
             failure = err
+            lock.close()
     ok, resumed = fabric.broadcast((failure is None, resumed), src=0)
     if failure is not None:
         raise failure
     if not ok:
         raise RuntimeError("process 0 could not prepare the run folder; see its error.")
-    lock = folder.lock() if fabric.is_global_zero else contextlib.nullcontext()
     with lock:
         if fabric.is_global_zero:
             folder.write_config(resolved)
@@ -228,9 +230,8 @@ def execute(
                 )
         except NonFiniteLossError as err:
             if fabric.is_global_zero:  # a result, not a crash: tune and bench record it
-                _io.write_json(
-                    folder.metrics_path,
-                    {"status": "diverged", "error": str(err), "config": resolved},
+                folder.write_record(
+                    RunRecord(config=resolved, val={}, test={}, status="diverged", error=str(err))
                 )
             raise
 
@@ -404,6 +405,13 @@ def is_complete(out: str | Path) -> bool:
 def _tune_point(cfg: TrainConfig, *, overwrite: bool) -> tuple[str, RunRecord | None]:
     """Train (or reuse) one grid point; ``("complete", record)`` or ``("diverged", None)``."""
     folder = RunDir(cfg.out)
+    with folder.lock():  # held from the first read to the record (run() takes it again)
+        return _tune_point_locked(cfg, folder, overwrite=overwrite)
+
+
+def _tune_point_locked(
+    cfg: TrainConfig, folder: RunDir, *, overwrite: bool
+) -> tuple[str, RunRecord | None]:
     saved = folder.read_config() if folder.is_marked() else None
     resume = False
     if saved is not None:
