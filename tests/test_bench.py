@@ -670,13 +670,15 @@ def test_bench_end_to_end_tables_effect_and_resume(tmp_path, monkeypatch):
     victim = out / "runs/fair/digits/cog-fc/seed1"
     (victim / "metrics.json").unlink()
     (victim / "notes.txt").write_text("mine")
-    (victim / ".metrics.json.x.tmp").write_text("x")
+    (victim / ".metrics.json.x.cogcal-tmp").write_text("x")  # cogcal's half-written file
+    (victim / ".draft.tmp").write_text("mine")  # the user's, though it looks temporary
     before = _metrics(out)
     summary = _bench(tmp_path, out)
     # redone: copied from its identical twin (the effect's cog-fc run at the chosen ratio)
     assert summary.failed == 0 and summary.counts["trained"] + summary.counts["copied"] == 1
     assert (victim / "notes.txt").read_text() == "mine"  # never deleted
-    assert not (victim / ".metrics.json.x.tmp").exists()
+    assert not (victim / ".metrics.json.x.cogcal-tmp").exists()
+    assert (victim / ".draft.tmp").read_text() == "mine"
     assert RunDir(victim).is_complete()
     after = _metrics(out)
     assert [k for k in after if before.get(k) != after[k]] == [str(victim / "metrics.json")]
@@ -705,17 +707,57 @@ def test_seeds_and_protocols_override(tmp_path):
 
 def test_concurrent_bench_refused(tmp_path):
     out = tmp_path / "o"
-    out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    code = (
+        "import sys, time\n"
+        "from cogcal.train.rundir import lock_folder\n"
+        "with lock_folder(sys.argv[1], what='x'):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
-        (out / ".bench.lock").write_text(str(sleeper.pid))
-        with pytest.raises(ValueError, match=f"in use by process {sleeper.pid}"):
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"in use by process {holder.pid}"):
             _bench(tmp_path, out)
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    _bench(tmp_path, out, seeds=1, protocols=("paper",))  # stale lock: proceeds
-    assert (out / "results.csv").is_file() and not (out / ".bench.lock").exists()
+        holder.kill()  # SIGKILL: the lock file stays behind
+        holder.wait()
+    assert [p.name for p in out.iterdir()] == [".cogcal.lock"]
+    _bench(tmp_path, out, seeds=1, protocols=("paper",))  # stale lock: taken over
+    assert (out / "results.csv").is_file() and not (out / ".cogcal.lock").exists()
+
+
+@pytest.mark.parametrize("kind", ["user", "train run"])
+def test_bench_out_refuses_a_folder_it_did_not_write(tmp_path, kind):
+    """Item 2: a folder without the bench's mark is never written into (report.md,
+    results.csv, figures/ of the user, or a train run's files, stay as they were)."""
+    out = tmp_path / "mine"
+    (out / "figures").mkdir(parents=True)
+    files = {"report.md": "my report", "results.csv": "a,b\n1,2\n", "figures/f.png": "png"}
+    if kind == "train run":
+        cfg = TrainConfig(method="ce", out=str(out))
+        RunDir(out).write_config(cfg.resolved())
+        files["config.json"] = (out / "config.json").read_text()
+    for name, text in files.items():
+        (out / name).write_text(text)
+    with pytest.raises(ValueError, match="not written by cogcal bench"):
+        _bench(tmp_path, out, seeds=1, protocols=("paper",))
+    assert {n: (out / n).read_text() for n in files} == files
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
+        [*files, "figures"]
+    )
+
+
+def test_bench_reruns_into_its_own_folder_and_an_empty_one(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    _bench(tmp_path, out, seeds=1, protocols=("paper",))  # empty: fine
+    assert json.loads((out / "bench.json").read_text())["cogcal_bench"] == 1
+    summary = _bench(tmp_path, out, seeds=1, protocols=("paper",))  # its own mark: fine
+    assert summary.counts["trained"] == 0 and summary.counts["skipped"] > 0
 
 
 def test_system_exit_in_a_run_is_a_failure(tmp_path, monkeypatch):
@@ -943,7 +985,7 @@ def test_sigterm_to_the_bench_exits_143_with_tables(tmp_path):
     assert "ts/seed0\tinterrupted" in (out / "failed.txt").read_text()
     assert (out / "report.md").is_file(), err
     assert json.loads((out / "bench.json").read_text())["sessions"][-1]["interrupted"] == "SIGTERM"
-    assert not (out / ".bench.lock").exists()
+    assert not (out / ".cogcal.lock").exists()
 
 
 def test_killed_bench_resumes_without_redoing(tmp_path):

@@ -311,7 +311,7 @@ def fit_stage(
                     f"the training loss became {train_loss} in epoch {epoch}; the run stopped "
                     f"before saving that state ({kept}). Lower the learning rate(s) and retry."
                 )
-            val = _validate(model, val_loader, metrics, fabric, channels_last)
+            val = _validate(model, val_loader, metrics, fabric, channels_last, epoch)
             if scheduler is not None:
                 scheduler.step()
             improved = val["brier"] < state.best_brier
@@ -386,15 +386,27 @@ def _validate(
     metrics: StreamingMetrics,
     fabric: Any,
     channels_last: bool,
+    epoch: int,
 ) -> dict[str, float]:
     """The epoch's validation pass in streaming form; with several processes each streams
     its shard and the sums are added, so every validation sample counts once."""
     model.eval()
     metrics.reset()
+    bad = torch.zeros((), device=fabric.device)
     for x, y in loader:
         if channels_last and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        metrics.update(model(x).float(), y)
+        z = model(x).float()
+        finite = bool(torch.isfinite(z).all())
+        if finite:
+            metrics.update(z, y)
+        else:
+            bad += 1
+    if float(fabric.all_reduce(bad, reduce_op="sum")) > 0:  # every process stops together
+        raise NonFiniteLossError(
+            f"the validation logits became non-finite in epoch {epoch} (the training loss was "
+            "still finite); the run diverged. Lower the learning rate(s) and retry."
+        )
     metrics.sync()  # sums over processes (a no-op in a single process)
     return metrics.compute()
 

@@ -334,17 +334,24 @@ def _train(
     device = fabric.device
     calibrator: nn.Module = nn.Identity()
 
-    def predict(batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(batches: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         logits, labels = predict_logits(final, batches, device=device, seed=config.seed)
         with torch.no_grad():
-            return calibrator(logits), labels
+            out = calibrator(logits)
+        if not bool(torch.isfinite(out).all()):  # divergence, wherever it shows
+            raise NonFiniteLossError(
+                f"the final model's {split} logits are non-finite"
+                + ("" if isinstance(calibrator, nn.Identity) else " after its calibrator")
+                + "; the run diverged. Lower the learning rate(s) and retry."
+            )
+        return out, labels
 
     names = source.class_names if source.task == "multilabel" else None
 
     def metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         return evaluate(logits, labels, task=source.task, task_names=names)
 
-    val_logits, val_labels = predict(source.split("val"))
+    val_logits, val_labels = predict(source.split("val"), "validation")
     val_uncalibrated = None
     if method.posthoc:
         start = time.perf_counter()
@@ -355,13 +362,18 @@ def _train(
         _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
         with torch.no_grad():
             val_logits = calibrator(val_logits)
+        if not bool(torch.isfinite(val_logits).all()):
+            raise NonFiniteLossError(
+                "the validation logits are non-finite after the post-hoc calibrator; the run "
+                "diverged. Lower the learning rate(s) and retry."
+            )
     test_batches = source.split("test")
     test: dict[str, float] = {}
     ood_result: dict[str, Any] = {}
     shift: dict[str, Any] = {}
     unavailable: dict[str, Any] = {}
     if test_batches is not None:
-        test_logits, test_labels = predict(test_batches)
+        test_logits, test_labels = predict(test_batches, "test")
         test = metrics(test_logits, test_labels)
         _io.save_npz(
             folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
@@ -369,7 +381,8 @@ def _train(
         if source.dataset is not None:
             start = time.perf_counter()
             ood_result, shift, unavailable = _robustness(
-                lambda x: predict(_inputs(source.dataset, x))[0], source.dataset, test_logits,
+                lambda x: predict(_inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
+                test_logits,
                 config,
             )  # fmt: skip
             timing["robustness_seconds"] = time.perf_counter() - start

@@ -35,6 +35,7 @@ from typing import Any
 
 from cogcal import _io
 from cogcal._errors import ArgumentError
+from cogcal.train.config import LR_FLOOR
 
 __all__ = [
     "Grid",
@@ -157,10 +158,21 @@ class Grid:
         return _outward(self.values(axis), factor, side)
 
     def can_extend(self, edge: str) -> bool:
-        """Whether ``edge`` can move outward (the ratio never reaches 1 unless allowed)."""
-        if edge == "ratio high" and not self.allow_fast_calibrator:
-            return self._next(edge) < 1
-        return True
+        """Whether ``edge`` can move outward (:meth:`bound`: within the valid range)."""
+        return self.bound(edge) is None
+
+    def bound(self, edge: str) -> str | None:
+        """Why ``edge`` cannot move outward (its next value leaves the valid range: a λ_f
+        below the 1e-8 floor where training stops at once, an overflowing value, a ratio
+        reaching 1 unless allowed), or None when it can."""
+        value = self._next(edge)
+        if not 0 < value < math.inf:
+            return f"the next {edge.split()[0]} value {value:g} is not a positive finite number"
+        if edge == "lr low" and value < LR_FLOOR:
+            return f"the next lr {value:g} would be below the {LR_FLOOR:g} learning-rate floor"
+        if edge == "ratio high" and not self.allow_fast_calibrator and value >= 1:
+            return f"the next ratio {value:g} would not keep the calibrator slower (>= 1)"
+        return None
 
     def extended(self, edges: Sequence[str]) -> Grid:
         """The grid with one more value outward on each of ``edges``."""
@@ -202,6 +214,7 @@ class GridSearch:
     results: dict[tuple[tuple[str, float], ...], float] = field(default_factory=dict)
     statuses: dict[tuple[tuple[str, float], ...], str] = field(default_factory=dict)
     extensions: int = 0
+    bounds: dict[str, str] = field(default_factory=dict)
     _issued: set[tuple[tuple[str, float], ...]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -239,6 +252,10 @@ class GridSearch:
         best = self.best
         if best is None or self.extensions >= self.max_extensions:
             return []
+        for edge in self.at_edge:  # recorded: the choice stays there, and why
+            reason = self.grid.bound(edge)
+            if reason is not None:
+                self.bounds[edge] = reason
         edges = self.extendable_edges
         if not edges:
             return []
@@ -276,7 +293,7 @@ class GridSearch:
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """``tune.json``: every point, the selection rule, the choice and whether it is at
         an edge (``cap_reached``: it could have moved on but the extension cap was reached;
-        otherwise only the ratio's bound below 1 stopped it)."""
+        otherwise a bound of the valid range stopped it: ``bounds`` says which and why)."""
         at = self.at_edge
         return {
             "selection": SELECTION_RULE,
@@ -289,6 +306,7 @@ class GridSearch:
             "extensions": self.extensions,
             "max_extensions": self.max_extensions,
             "cap_reached": bool(self.extendable_edges) and self.extensions >= self.max_extensions,
+            "bounds": {e: r for e, r in self.bounds.items() if e in at},
             "table": rows,
         }
 
