@@ -276,7 +276,7 @@ def test_csv_integer_target_tsv_quotes_and_constant_column(tmp_path: Path) -> No
     assert ds.info["constant_columns"] == ["const"] and ds.std[1] == 1.0
     assert ds.info["features"] == ["a b", "const", "q"]
     # BOM, quoted fields with the delimiter inside, blank lines
-    text = '\ufeffx,"y, quoted",cls\n1,2,"a"\n\n3,4,b\n5,6,"a"\n7,8,b\n9,10,a\n11,12,b\n'
+    text = '\ufeffx,"y, quoted",cls\n1,2,"a"\n\n3,4,b\n5,6,"a"\n7,8,b\n9,10,a\n11,12,b\n13,14,a\n15,16,b\n'
     (tmp_path / "q.csv").write_text(text, encoding="utf-8")
     small = load_dataset(f"csv:{tmp_path / 'q.csv'}", target="cls")
     assert small.info["features"] == ["x", "y, quoted"] and small.class_names == ["a", "b"]

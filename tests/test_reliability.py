@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import cogcal.train.runner as runner
 from cogcal.cli import main
@@ -64,3 +63,161 @@ def test_a_second_train_on_a_folder_in_use_touches_nothing(tmp_path, capsys):
         proc.communicate(timeout=120)
     assert proc.returncode == 143
     assert RunDir(out).is_marked()  # the run can still be resumed
+
+
+# --------------------------------------------------------------------------- item 10
+
+
+def test_nan_first_in_the_validation_logits_is_divergence(tmp_path, monkeypatch, capsys):
+    real = runner.stage1_model
+
+    def poisoned(method, network, task):
+        model = real(method, network, task)
+        forward = model.forward
+
+        def nan_in_eval(x):
+            z = forward(x)
+            return z if model.training else z * float("nan")
+
+        model.forward = nan_in_eval
+        return model
+
+    monkeypatch.setattr(runner, "stage1_model", poisoned)
+    out = tmp_path / "run"
+    assert main(_train(out)) == 1
+    err = capsys.readouterr().err
+    assert "validation logits became non-finite in epoch 0" in err and err.count("\n") == 1
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["status"] == "diverged" and "validation logits" in record["error"]
+    assert set(record) >= {"config", "val", "test", "status"}  # one schema with complete runs
+
+
+def test_nan_in_the_test_logits_is_divergence(tmp_path, monkeypatch, capsys):
+    real = runner.predict_logits
+
+    def poisoned(model, batches, **kwargs):
+        logits, labels = real(model, batches, **kwargs)
+        return (logits * float("nan") if len(logits) == 360 else logits), labels
+
+    monkeypatch.setattr(runner, "predict_logits", poisoned)
+    out = tmp_path / "run"
+    code = main(_train(out))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "test logits are non-finite" in err
+    assert json.loads((out / "metrics.json").read_text())["status"] == "diverged"
+
+
+def _tune(out: Path, lrs: str) -> list[str]:
+    return [
+        "tune", "--dataset", "digits", "--model", "mlp", "--method", "ce", "--epochs", "1",
+        "--lrs", lrs, "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+
+
+def test_tune_records_a_diverged_point_and_chooses_among_the_others(tmp_path):
+    out = tmp_path / "t"
+    assert main(_tune(out, "1e-3,1e30")) == 0
+    summary = json.loads((out / "tune.json").read_text())
+    status = {row["lr"]: row["status"] for row in summary["table"]}
+    assert status[1e30] == "diverged" and summary["best"] == {"lr": 1e-3}
+
+
+def test_tune_extension_stops_at_the_learning_rate_floor(tmp_path):
+    """1e3 diverges, the choice 1e-3 is at the low edge; the next value (1e-9) is below
+    the floor: the search stops there, records why, and keeps both trained points."""
+    out = tmp_path / "t"
+    assert main(_tune(out, "1e-3,1e3")) == 0
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["best"] == {"lr": 1e-3} and summary["edges"] == ["lr low"]
+    assert "below the 1e-08 learning-rate floor" in summary["bounds"]["lr low"]
+    assert len(summary["table"]) == 2
+
+
+# --------------------------------------------------------------------------- items 7, 8, 15
+
+
+def _images(folder: Path, counts: dict[str, int]) -> None:
+    from PIL import Image
+
+    for k, (cls, n) in enumerate(sorted(counts.items())):
+        (folder / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            Image.new("RGB", (8, 8), (40 * k + i, 10, 10)).save(folder / cls / f"{i}.png")
+
+
+def test_folder_dataset_refuses_link_loops_and_links_leaving_it(tmp_path):
+    from cogcal.data import load_dataset
+
+    root = tmp_path / "imgs"
+    _images(root, {"a": 12, "b": 12})
+    assert len(load_dataset(f"folder:{root}").train.y) > 0
+    (root / "a" / "up").symlink_to("..")  # a loop: every image again, b's labelled a
+    with pytest.raises(ValueError, match=r"a/up is a link to .*a folder it sits in \(a loop"):
+        load_dataset(f"folder:{root}")
+    (root / "a" / "up").unlink()
+    elsewhere = tmp_path / "elsewhere"
+    _images(elsewhere, {"c": 3})
+    (root / "b" / "more").symlink_to(elsewhere / "c")
+    with pytest.raises(ValueError, match=r"b/more is a link to .*outside the dataset folder"):
+        load_dataset(f"folder:{root}")
+    (root / "b" / "more").unlink()
+    (root / "b" / "twice").symlink_to(root / "a")  # inside, but the same images twice
+    with pytest.raises(ValueError, match="are the same image file"):
+        load_dataset(f"folder:{root}")
+    (root / "b" / "twice").unlink()
+    (tmp_path / "linked").symlink_to(root)  # linking the whole dataset folder is fine
+    assert len(load_dataset(f"folder:{tmp_path / 'linked'}").train.y) > 0
+
+
+def _csv(path: Path, labels: list[str], x: list[str] | None = None) -> Path:
+    x = x or [str(i % 7) for i in range(len(labels))]
+    path.write_text("x,label\n" + "".join(f"{a},{b}\n" for a, b in zip(x, labels, strict=True)))
+    return path
+
+
+def test_csv_labels_beyond_int64_are_an_error(tmp_path, capsys):
+    from cogcal.data import load_dataset
+
+    labels = ["0", "1"] * 10 + [str(10**30)] * 5
+    path = _csv(tmp_path / "d.csv", labels)
+    with pytest.raises(ValueError, match=r"label '1000000000000000000000000000000' \(line 22\)"):
+        load_dataset(f"csv:{path}", target="label")
+    assert main(_train(tmp_path / "r", "--dataset", f"csv:{path}", "--target", "label")) == 2
+    assert "beyond the range" in capsys.readouterr().err
+    big = _csv(tmp_path / "f.csv", ["0.0", "1.0"] * 10 + ["1e30"] * 5)
+    with pytest.raises(ValueError, match="beyond the range"):
+        load_dataset(f"csv:{big}", target="label")
+    near = _csv(tmp_path / "n.csv", ["0", str(2**62)] * 10)  # exact: still two classes
+    assert load_dataset(f"csv:{near}", target="label").class_names == ["0", str(2**62)]
+
+
+def test_a_csv_class_too_small_for_every_split_is_an_error(tmp_path):
+    from cogcal.data import load_dataset
+
+    path = _csv(tmp_path / "d.csv", ["a", "b"] * 15 + ["c"])
+    with pytest.raises(ValueError, match=r"class\(es\) 'c' \(1 rows; none in"):
+        load_dataset(f"csv:{path}", target="label")
+
+
+def test_csv_values_beyond_float32_are_an_error(tmp_path, capsys):
+    from cogcal.data import load_dataset
+
+    path = _csv(tmp_path / "d.csv", ["a", "b"] * 10, ["1"] * 19 + ["1e39"])
+    with pytest.raises(
+        ValueError, match=r"column 'x' holds '1e39' \(line 21\), beyond the float32"
+    ):
+        load_dataset(f"csv:{path}", target="label")
+    assert main(_train(tmp_path / "r", "--dataset", f"csv:{path}", "--target", "label")) == 2
+    err = capsys.readouterr().err
+    assert "float32" in err and "JSON" not in err
+
+
+def test_a_plugin_calling_sys_exit_is_an_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "exiting_plugin.py").write_text("import sys\ndef load():\n    sys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "r"
+    assert main(_train(out, "--dataset", "exiting_plugin:load")) == 2
+    err = capsys.readouterr().err
+    assert "plugin raised SystemExit" in err and err.count("\n") == 1
+    assert not out.exists()

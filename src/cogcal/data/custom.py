@@ -138,6 +138,25 @@ def _check_split_sizes(what: str, sizes: dict[str, int], total: int, cli: str) -
         raise _err(f"{msg}.", f"{msg} ({cli}).")
 
 
+def _check_every_class_in_every_split(
+    what: str, y: np.ndarray, idx: dict[str, np.ndarray], names: list[str], unit: str
+) -> None:
+    """Refuse drawn splits that leave a class out of validation or test (its metrics and
+    calibration there would silently ignore that class)."""
+    total = np.bincount(y, minlength=len(names))
+    absent = []
+    for c, n in enumerate(names):
+        missing = [s for s, i in idx.items() if not np.any(y[i] == c)]
+        if missing:
+            absent.append(f"{n!r} ({int(total[c])} {unit}; none in {'/'.join(missing)})")
+    if absent:
+        raise _err(
+            f"{what}: class(es) {', '.join(absent[:5])} have too few {unit} to appear in the "
+            f"train, val and test splits; give each class at least 4 {unit} (what the split "
+            "rule needs for one in each split), or drop those classes."
+        )
+
+
 def _class_counts(y: torch.Tensor, k: int) -> list[int]:
     return [int(v) for v in torch.bincount(y, minlength=k).tolist()]
 
@@ -160,16 +179,70 @@ def _is_image(p: Path) -> bool:
     return p.suffix.lower() in IMAGE_EXTENSIONS and _visible(p)
 
 
-def _images_under(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively, following links), in sorted order."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(Path(dirpath) / f for f in sorted(filenames) if _is_image(Path(f)))
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _images_under(folder: Path, spec: str, root: str, seen: dict[str, Path]) -> list[Path]:
+    """Image files under ``folder`` (recursively), in sorted order.
+
+    Symbolic links are followed only where they stay inside the dataset folder ``root``
+    (a real path) and do not lead back to a folder they sit in (a loop); a link leaving
+    the dataset folder, a loop, or an image reached twice (``seen``: real path -> first
+    path) is an error naming the link, so no image is read twice or from elsewhere
+    without a word.
+    """
+    out: list[Path] = []
+    if not _inside(os.path.realpath(folder), root):  # a class or split folder that is a link
+        raise _err(
+            f"dataset 'folder:{spec}': {folder} is a link to {os.path.realpath(folder)}, outside "
+            "the dataset folder; cogcal reads only files inside it: copy the files in, or link "
+            "the whole dataset folder instead."
+        )
+    stack = [(folder, (os.path.realpath(folder),))]
+    while stack:
+        current, ancestors = stack.pop()
+        try:
+            entries = sorted(os.scandir(current), key=lambda e: e.name, reverse=True)
+        except OSError as err:
+            raise DatasetCorruptError(f"cannot list {current}: {err}.") from None
+        files, dirs = [], []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            real = os.path.realpath(path)
+            if entry.is_symlink():
+                if not _inside(real, root):
+                    raise _err(
+                        f"dataset 'folder:{spec}': {path} is a link to {real}, outside the "
+                        "dataset folder; cogcal reads only files inside it: copy the files in, "
+                        "or link the whole dataset folder instead."
+                    )
+                if real in ancestors:
+                    raise _err(
+                        f"dataset 'folder:{spec}': {path} is a link to {real}, a folder it sits "
+                        "in (a loop that would read the same images again); remove the link."
+                    )
+            if entry.is_dir():
+                dirs.append((path, (*ancestors, real)))
+            elif entry.is_file() and _is_image(path):
+                if real in seen:
+                    raise _err(
+                        f"dataset 'folder:{spec}': {path} and {seen[real]} are the same image "
+                        "file (through a link); each image may be in the dataset once: remove "
+                        "the link."
+                    )
+                seen[real] = path
+                files.append(path)
+        out.extend(reversed(files))
+        stack.extend(dirs)  # reverse-sorted: popped in sorted order
     return out
 
 
-def _scan_classes(folder: Path, spec: str) -> dict[str, list[Path]]:
+def _scan_classes(
+    folder: Path, spec: str, root: str, seen: dict[str, Path]
+) -> dict[str, list[Path]]:
     """Class name -> image files of one class-folder root."""
     classes = _subdirs(folder)
     exts = ", ".join(IMAGE_EXTENSIONS)
@@ -190,7 +263,7 @@ def _scan_classes(folder: Path, spec: str) -> dict[str, list[Path]]:
         raise _err(msg + ".", cls=DatasetNotFoundError)
     out = {}
     for c in classes:
-        files = _images_under(c)
+        files = _images_under(c, spec, root, seen)
         if not files:
             raise _err(
                 f"dataset 'folder:{spec}': the class folder {c} holds no image files "
@@ -317,7 +390,8 @@ def load_image_folder(
         given = {"all": folder}
         layout = "class folders (no split folders)"
 
-    scanned = {s: _scan_classes(d, spec) for s, d in given.items()}
+    root, seen = os.path.realpath(folder), {}
+    scanned = {s: _scan_classes(d, spec, root, seen) for s, d in given.items()}
     base = "train" if "train" in scanned else "all"
     classes = sorted(scanned[base])
     if len(classes) < 2:
@@ -458,14 +532,31 @@ def _parse_numeric(values: list[str]) -> tuple[np.ndarray | None, int | None]:
     return None, 0  # pragma: no cover - numpy and float() disagree
 
 
-def _int_like(values: list[str]) -> np.ndarray | None:
+_INT64 = np.iinfo(np.int64)
+
+
+def _int_like(values: list[str]) -> tuple[np.ndarray | None, int | None]:
+    """Integer labels as int64, else None; and the index of the first label that is an
+    integer beyond int64 (or a float too large to be an exact integer), else None."""
+    try:
+        exact = [int(v) for v in values]  # exact at any size ("10**30" digits included)
+    except ValueError:
+        exact = None
+    if exact is not None:
+        for i, v in enumerate(exact):
+            if not _INT64.min <= v <= _INT64.max:
+                return None, i
+        return np.asarray(exact, dtype=np.int64), None
     try:
         arr = np.asarray(values, dtype=np.float64)
     except ValueError:
-        return None
+        return None, None
     if not np.isfinite(arr).all() or not np.array_equal(arr, np.round(arr)):
-        return None
-    return arr.astype(np.int64)
+        return None, None
+    big = np.flatnonzero(np.abs(arr) >= 2.0**53)  # not every integer is a float there
+    if big.size:
+        return None, int(big[0])
+    return arr.astype(np.int64), None
 
 
 def load_csv(
@@ -591,10 +682,26 @@ def load_csv(
             "column but the target must hold finite numbers: encode categories as numbers "
             "(e.g. one-hot) or drop those columns."
         )
-    x = np.stack(x_cols, axis=1).astype(np.float32)
+    x64 = np.stack(x_cols, axis=1)
+    with np.errstate(over="ignore"):
+        x = x64.astype(np.float32)
+    if not np.isfinite(x).all():  # finite float64 values beyond the float32 range
+        r, c = (int(v[0]) for v in np.nonzero(~np.isfinite(x)))
+        raise _err(
+            f"dataset {name!r}: column {features[c]!r} holds {cols[features[c]][r]!r} (line "
+            f"{data_lines[r]}), beyond the float32 range (|x| <= {np.finfo(np.float32).max:.3g}) "
+            "that features are stored in; rescale that column (e.g. to other units or a log)."
+        )
 
     t_values = cols[target]
-    ints = _int_like(t_values)
+    ints, too_big = _int_like(t_values)
+    if too_big is not None:
+        raise _err(
+            f"dataset {name!r}: the target column {target!r} holds the label "
+            f"{t_values[too_big]!r} (line {data_lines[too_big]}), an integer beyond the range "
+            f"cogcal can store exactly ({_INT64.min}..{_INT64.max}, and 2**53 for labels "
+            "written as decimals); use smaller integers or class names."
+        )
     if ints is not None:
         uniq_int = np.unique(ints)
         class_names = [str(int(v)) for v in uniq_int]
@@ -622,6 +729,7 @@ def load_csv(
     idx: dict[str, np.ndarray] = {"train": tr, "val": va, "test": te}  # type: ignore[dict-item]
     sizes = {s: int(len(i)) for s, i in idx.items()}
     _check_split_sizes(f"dataset {name!r}", sizes, len(y), "add rows")
+    _check_every_class_in_every_split(f"dataset {name!r}", y, idx, class_names, "rows")
     splits = {
         s: Split(torch.from_numpy(np.ascontiguousarray(x[i])), torch.from_numpy(y[i]))
         for s, i in idx.items()
