@@ -221,3 +221,164 @@ def test_a_plugin_calling_sys_exit_is_an_error(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "plugin raised SystemExit" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- item 6
+
+
+def test_normalization_counts_for_registered_datasets(tmp_path, capsys):
+    from cogcal.train.config import TrainConfig
+    from cogcal.train.rundir import same_config
+
+    assert not same_config(
+        TrainConfig(dataset="digits"), TrainConfig(dataset="digits", normalization="none")
+    )
+    out = tmp_path / "run"
+    assert main(_train(out, "--checkpoint-seconds", "0", epochs=2)) == 0
+    (out / "metrics.json").unlink()  # an unfinished run with checkpoints
+    assert main(_train(out, "--resume", "--normalization", "none", epochs=2)) == 2
+    assert "normalization: 'auto' -> 'none'" in capsys.readouterr().err
+
+
+def test_the_same_csv_by_relative_and_absolute_path_is_one_dataset(tmp_path, monkeypatch):
+    from cogcal.train.config import TrainConfig
+    from cogcal.train.rundir import same_config
+
+    path = _csv(tmp_path / "d.csv", ["a", "b"] * 20)
+    monkeypatch.chdir(tmp_path)
+    rel = TrainConfig(dataset="csv:d.csv", target="label")
+    assert same_config(rel, rel.replace(dataset=f"csv:{path}"))
+    assert not same_config(rel, rel.replace(dataset=f"csv:{tmp_path / 'other.csv'}"))
+    out = tmp_path / "run"
+    argv = ["--target", "label", "--checkpoint-seconds", "0"]
+    assert main(_train(out, "--dataset", "csv:d.csv", *argv, epochs=2)) == 0
+    (out / "metrics.json").unlink()
+    # recorded with its fingerprint: the same content under another spelling resumes
+    assert main(_train(out, "--dataset", f"csv:{path}", "--resume", *argv, epochs=2)) == 0
+
+
+def test_every_trainconfig_field_is_counted_or_listed_as_display_only():
+    """A new TrainConfig field must either change result_fields() when changed, or be
+    named here as display-only; otherwise runs that differ would be reused silently."""
+    import dataclasses
+
+    from cogcal.train.config import TrainConfig, result_fields
+
+    display_only = {"data_root", "download", "mirror", "out", "progress", "checkpoint_seconds"}
+    display_only |= {"extra"}
+    for f in dataclasses.fields(TrainConfig):
+        counted = f.metadata.get("results", True)
+        assert counted != (f.name in display_only), (
+            f"TrainConfig.{f.name}: count it in result_fields (metadata results=True) or list "
+            "it as display-only here (and in the docs) if it cannot change results"
+        )
+    # every counted field reaches result_fields for a configuration it applies to
+    config = TrainConfig(method="tst", dataset="csv:d.csv", target="y", schedule="step")
+    fields = set(result_fields(config.resolved()))
+    folder = set(result_fields(TrainConfig(dataset="folder:imgs").resolved()))
+    counted = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("results", True)}
+    assert counted - fields - folder == set()
+
+
+# --------------------------------------------------------------------------- item 14
+
+
+@pytest.mark.parametrize("error", [ValueError("shapes disagree"), KeyError("lr"), SystemExit(0)])
+def test_a_bug_is_an_internal_error_not_a_user_error(tmp_path, monkeypatch, capsys, error):
+    def buggy(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(runner, "run", buggy)
+    assert main(_train(tmp_path / "r")) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith("cogcal: internal error (")
+    assert "this is a bug in cogcal" in err and "cogcal: error:" not in err
+    with pytest.raises(type(error)):
+        main(["--debug", *_train(tmp_path / "r")])
+
+
+def test_user_errors_exit_2_and_environment_errors_exit_1(tmp_path, capsys):
+    assert main(_train(tmp_path / "r", "--lr", "-1")) == 2  # a flag: the user's input
+    assert capsys.readouterr().err.startswith("cogcal: error: --lr")
+    (tmp_path / "f").write_text("x")
+    assert main(_train(tmp_path / "f" / "r")) == 2  # a run folder below a file
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- item 15
+
+
+_BUDGET = {"lr": 1e-3, "epochs": 1, "schedule": "none", "patience": None}
+
+
+def test_an_unwritable_folder_exits_1_with_one_line_for_train_tune_and_bench(
+    tmp_path, monkeypatch, capsys
+):
+    import yaml
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "datasets": {"digits": {"model": "mlp"}},
+                "methods": ["ce"],
+                "seeds": 1,
+                "protocols": ["paper"],
+                "budget": {"paper": {f: _BUDGET for f in ("baselines", "cog")}},
+            }
+        )
+    )
+    real = os.open
+
+    def denied(path, *args, **kwargs):  # what a read-only folder does (tests may run as root)
+        if str(path).endswith(".cogcal.lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    for argv in (
+        _train(ro),
+        ["tune", "--dataset", "digits", "--method", "ce", "--out", str(ro), "--no-progress"],
+        ["bench", "--suite", str(suite), "--out", str(ro), "--quiet", "--jobs", "1"],
+    ):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Permission denied" in err, err
+        assert "check the permissions" in err and ".cogcal-tmp" not in err
+    assert list(ro.iterdir()) == []
+
+
+def test_the_report_never_names_a_temporary_file(tmp_path, monkeypatch):
+    from cogcal import _io
+
+    real = os.open
+
+    def denied(path, *args, **kwargs):  # the temporary file cannot be created
+        if os.path.basename(str(path)).startswith(".report.md."):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(OSError) as exc:
+        _io.write_text(tmp_path / "report.md", "x")
+    assert exc.value.filename == str(tmp_path / "report.md")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_hint_only_when_something_was_started(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run", interrupted)
+    assert main(_train(tmp_path / "never")) == 130
+    assert capsys.readouterr().err.strip() == "cogcal: interrupted (SIGINT)"
+    started = tmp_path / "started"
+    RunDir(started).path.mkdir()
+    from cogcal.train.config import TrainConfig
+
+    RunDir(started).write_config(TrainConfig().resolved())
+    assert main(_train(started)) == 130
+    assert "resume with --resume" in capsys.readouterr().err
