@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import cogcal.train.runner as runner
 from cogcal.cli import main
@@ -382,3 +383,72 @@ def test_resume_hint_only_when_something_was_started(tmp_path, monkeypatch, caps
     RunDir(started).write_config(TrainConfig().resolved())
     assert main(_train(started)) == 130
     assert "resume with --resume" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- item 13
+
+
+def test_vector_scaling_on_logits_of_another_width_names_logits():
+    from cogcal.calibrators import MatrixScaling, VectorScaling
+
+    for cal in (VectorScaling(3), MatrixScaling(3)):
+        for width in (1, 5):
+            with pytest.raises(ValueError, match=f"`logits` has {width} columns .* for 3 classes"):
+                cal(torch.zeros(4, width))
+
+
+def _net(outputs: int = 3) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, outputs))
+
+
+def _data(n: int = 60) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 4, generator=g), torch.arange(n) % 3
+
+
+@pytest.mark.parametrize(
+    ("x", "match"),
+    [
+        (torch.randint(0, 5, (60, 4)), r"`model` cannot take the inputs of `train_data\[0\]`.*"
+         r"dtype torch.int64.*x.float\(\)"),
+        (torch.randn(60), r"`model` cannot take .*reshape a single feature to \(N, 1\)"),
+        (torch.randn(60, 4).index_fill_(0, torch.tensor([7]), float("nan")),
+         r"`train_data\[0\]` holds non-finite inputs .*sample 7"),
+    ],
+)  # fmt: skip
+def test_fit_refuses_inputs_the_model_cannot_take_naming_the_argument(tmp_path, x, match):
+    import cogcal
+
+    y = torch.arange(60) % 3
+    with pytest.raises(ValueError, match=match):
+        cogcal.fit(_net(), (x, y), epochs=1, progress=False, out=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_fit_refuses_a_model_with_more_outputs_than_classes(tmp_path):
+    import cogcal
+
+    with pytest.raises(ValueError, match=r"`model` has 5 outputs but .* classes 0..2"):
+        cogcal.fit(_net(5), _data(), epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"`model` gives outputs of shape \(2, 5\).* 3 classes"):
+        cogcal.fit(_net(5), _data(), epochs=1, progress=False, num_classes=3)
+    result = cogcal.fit(_net(5), _data(), epochs=1, progress=False, num_classes=5)  # explicit
+    assert result.model(torch.zeros(1, 4)).shape == (1, 5)
+
+
+def test_load_run_names_what_is_wrong(tmp_path):
+    import pickle
+
+    import cogcal
+    from cogcal import load_run
+
+    out = tmp_path / "run"
+    assert main(_train(out, "--method", "ts")) == 0
+    torch.save({"x": Path("p")}, out / "calibrator.pt")  # not weights only
+    with pytest.raises(ValueError, match=r"calibrator.pt holds more than tensors") as exc:
+        load_run(out)
+    assert not isinstance(exc.value, pickle.UnpicklingError)
+    (out / "config.json").unlink()
+    with pytest.raises(ValueError, match="has a metrics.json but no config.json"):
+        load_run(out)
+    assert cogcal  # the public API imports

@@ -422,6 +422,8 @@ class Calibrator(nn.Module):
         """Calibrated logits. A tensor gives a tensor (differentiable, as in COG training);
         a numpy array (or anything with ``__array__``) gives a numpy array of its dtype."""
         if isinstance(logits, torch.Tensor):
+            if logits.ndim >= 1:  # a width mismatch must not broadcast (or fail inside torch)
+                self._check_width(int(logits.shape[-1]))
             return self._forward(logits)
         z = self._prediction_input(logits)
         with torch.no_grad():
@@ -689,8 +691,9 @@ class Calibrator(nn.Module):
         if expected is not None and width != expected:
             kind = "tasks" if self.multilabel else "classes"
             raise ValueError(
-                f"{type(self).__name__} was built for {expected} {kind} but got logits with "
-                f"{width} columns; build it with the right size or with None to take it from fit."
+                f"`logits` has {width} columns but {type(self).__name__} was built for "
+                f"{expected} {kind}; build it with the right size or with None to take it from "
+                "fit."
             )
 
     def _require_built(self) -> None:

@@ -10,6 +10,7 @@ logits. Nothing here imports Lightning: a deployed model loads without it.
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,7 +186,13 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
             f"{folder.path} holds no finished cogcal run (no metrics.json with status "
             "complete); pass the folder of a finished `cogcal train` run."
         )
-    saved = folder.read_config() or {}
+    saved = folder.read_config()
+    if saved is None:
+        raise RunFolderError(
+            f"{folder.path} has a metrics.json but no config.json, so the model cannot be "
+            "rebuilt (it records the backbone, method and data shape); the folder is "
+            "incomplete: retrain the run, or restore config.json."
+        )
     config = TrainConfig.from_record(saved)
     method = get_method(config.method)
     model_name = saved.get("model")
@@ -221,6 +228,12 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
                 )
                 calibrator.requires_grad_(False)
             model = final_model(method, network, stage1, task=task, calibrator=calibrator)
+    except pickle.UnpicklingError as err:  # not weights only: never unpickled
+        raise RunFolderError(
+            f"{folder.path}: a checkpoint or calibrator.pt holds more than tensors (weights_only "
+            f"loading refused it: {str(err).splitlines()[0][:160]}); cogcal never unpickles "
+            "arbitrary objects: retrain the run, or load the file yourself if you trust it."
+        ) from None
     except (RuntimeError, KeyError, FileNotFoundError) as err:
         raise RunFolderError(
             f"{folder.path}: the checkpoints do not fit the model its config.json describes "

@@ -98,6 +98,12 @@ def _pair(data: Any, name: str, task: str) -> tuple[torch.Tensor, torch.Tensor] 
         raise ArgumentError(f"`{name}` is empty.")
     if x.is_floating_point() or x.dtype not in (torch.uint8, torch.int64, torch.int32):
         x = x.float()
+    if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).reshape(len(x), -1).any(dim=1).nonzero()[0])
+        raise ArgumentError(
+            f"`{name}[0]` holds non-finite inputs (NaN or inf; first in sample {bad}); "
+            "training on them makes every loss NaN: clean or impute them first."
+        )
     if task == "multiclass":
         if y.is_floating_point() and not torch.equal(y, y.round()):
             raise ArgumentError(
@@ -197,6 +203,7 @@ def fit(
             "cogcal.fit trains in one process; for several devices use `cogcal train` with "
             "--devices/--strategy ddp, or CalibratedModel in your own distributed loop."
         )
+    inferred = num_classes is None
     if num_classes is None:
         try:
             num_classes = find_classifier(model)[1].out_features
@@ -207,6 +214,18 @@ def fit(
             ) from None
     train = _pair(train_data, "train_data", task)
     val = _pair(val_data, "val_data", task) if val_data is not None else None
+    for name, pair in (("train_data", train), ("val_data", val)):
+        if pair is not None:
+            _probe(model, pair, name, num_classes, task)
+    if inferred and train is not None and task == "multiclass":
+        used = int(train[1].max()) + 1
+        if used < num_classes:
+            raise ArgumentError(
+                f"`model` has {num_classes} outputs but the labels of `train_data` use only "
+                f"classes 0..{used - 1}; give the model {used} outputs, or pass "
+                f"num_classes={num_classes} if classes {used}..{num_classes - 1} exist but are "
+                "absent from the training data."
+            )
     if val_data is None:
         if isinstance(train_data, DataLoader):
             raise ArgumentError(
@@ -292,6 +311,45 @@ def fit(
         validation=validation,
         timing=record["timing"],
     )
+
+
+def _probe(
+    model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], name: str, num_classes: int,
+    task: str,
+) -> None:  # fmt: skip
+    """Run ``model`` on two samples of ``pair`` before training, so that inputs it cannot
+    take, or outputs that do not match the classes, are an error naming the argument
+    (not an error from inside torch after the folder was prepared)."""
+    x, y = pair
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    training = model.training
+    what = f"`{name}[0]` (per-sample shape {tuple(x.shape[1:])}, dtype {x.dtype})"
+    try:
+        with torch.no_grad():
+            model.eval()
+            out = model(x[:2].to(device))
+    except (RuntimeError, TypeError, ValueError, IndexError) as err:
+        hint = ""
+        if x.ndim == 1:
+            hint = " Inputs need a feature axis: reshape a single feature to (N, 1)."
+        elif not x.is_floating_point():
+            hint = " Integer inputs are passed as they are (e.g. token ids); for features "
+            hint += "pass floats (x.float())."
+        raise ArgumentError(
+            f"`model` cannot take the inputs of {what}: {type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}.{hint}"
+        ) from None
+    finally:
+        model.train(training)
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != num_classes:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        kind = "tasks" if task == "multilabel" else "classes"
+        raise ArgumentError(
+            f"`model` gives outputs of shape {shape} for 2 samples of `{name}`, but the data "
+            f"has {num_classes} {kind} (num_classes={num_classes}); it must give logits of "
+            f"shape (N, {num_classes}): one output per class."
+        )
 
 
 def _numbers(row: dict[str, str]) -> dict[str, float]:
