@@ -16,6 +16,7 @@ import pickle
 import socket
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,7 @@ class FileServer:
         self.files: dict[str, bytes] = {}
         self.content_types: dict[str, str] = {}
         self.drops: dict[str, int] = {}  # path -> responses still to cut halfway
+        self.trickle: dict[str, float] = {}  # path -> seconds between single bytes
         self.ignore_range = False
         self.log: list[tuple[str, str | None, int]] = []
         server = self
@@ -94,6 +96,15 @@ class FileServer:
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if path in server.trickle:
+                    for i in range(len(body)):
+                        try:
+                            self.wfile.write(body[i : i + 1])
+                            self.wfile.flush()
+                        except OSError:  # the client gave up
+                            return
+                        time.sleep(server.trickle[path])
                     return
                 self.wfile.write(body)
 
@@ -581,3 +592,23 @@ def test_pinned_checksums_are_the_official_ones() -> None:
     assert pinned["CIFAR-10-C.tar"] == "56bf5dcef84df0e2308c6dcbcbbd8499"
     assert pinned["CIFAR-100-C.tar"] == "11f0ed0f1191edbf9fa23466ae6021d3"
     assert all(len(v) == 32 for v in pinned.values())
+
+
+def test_a_trickling_download_is_a_stall_not_a_hang(
+    server: FileServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """1 byte every 0.05 s keeps each read under the socket timeout; the stall deadline
+    (here 1 s for 1 kB) ends the attempt, and what arrived is kept in the .part file."""
+    serve_cifar10(server, monkeypatch)
+    server.trickle["/cifar-10-python.tar.gz"] = 0.05
+    monkeypatch.setattr(dl, "_STALL_SECONDS", 1.0)
+    monkeypatch.setattr(dl, "_STALL_BYTES", 1024)
+    monkeypatch.setattr(dl, "_ATTEMPTS", 2)
+    started = time.monotonic()
+    with pytest.raises(DownloadError, match=r"interrupted 2 times \(stalled: \d+ bytes in 1 s"):
+        download("cifar10", tmp_path, progress=False)
+    assert time.monotonic() - started < 30
+    assert (tmp_path / "cifar-10-python.tar.gz.part").stat().st_size > 0
+    server.trickle.clear()
+    download("cifar10", tmp_path, progress=False)  # resumes from what arrived
+    assert server.log[-1][2] == 206

@@ -36,7 +36,7 @@ from typing import Any
 
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
-from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool
+from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool, check_reachable
 from cogcal.bench.plan import Blocked, Plan, tuning_method
 from cogcal.bench.results import write_tables
 from cogcal.bench.suites import (
@@ -322,6 +322,8 @@ def run_bench(
             raise ArgumentError(f"`seeds` must be a positive integer, got {seeds!r}.")
         loaded = loaded.replace(seeds=seeds)
     check_pool(jobs, executor, address)
+    if executor == "ray":  # before anything is loaded or written: a wrong address fails fast
+        check_reachable(address)
     runner = runner or DEFAULT_RUNNER
     out = Path(out).expanduser()
     data_root = Path(data_root).expanduser()

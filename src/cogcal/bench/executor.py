@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -66,6 +67,7 @@ __all__ = [
     "copy_run",
     "diverged_with",
     "check_pool",
+    "check_reachable",
     "reuse_key",
 ]
 
@@ -83,6 +85,9 @@ _NOT_COPIED = ("metrics.json", "config.json", "run.log", ".cogcal.lock")
 
 #: Seconds a worker gets to stop after SIGTERM before it is killed.
 STOP_GRACE = 20.0
+
+#: Seconds to wait for a Ray cluster's address to accept a connection.
+CONNECT_TIMEOUT = 10.0
 
 
 # --------------------------------------------------------------------------- run folders
@@ -320,6 +325,8 @@ class RayPool:
         self._ray = ray
         self._owns = not ray.is_initialized()
         if self._owns:
+            check_reachable(address)
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
             try:
                 ray.init(
                     address=address,
@@ -329,8 +336,16 @@ class RayPool:
                 )
             except ConnectionError as err:
                 raise ArgumentError(
-                    f"could not connect to the Ray cluster at --address {address!r}: {err}"
+                    f"could not connect to the Ray cluster at --address {address!r}: "
+                    f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
                 ) from None
+            finally:
+                # Ray's driver installs its own SIGTERM handler (sys.exit(15)): restore the
+                # bench's, so that SIGTERM / SIGINT stop the bench as under the local pool
+                # (the running jobs recorded, the tables and the report written, exit 143/130)
+                for signum, handler in handlers.items():
+                    with contextlib.suppress(ValueError, TypeError):
+                        signal.signal(signum, handler)
         self.threads = threads
         self._task = ray.remote(num_cpus=threads, max_retries=0)(_ray_execute)
         self._refs: list[Any] = []
@@ -358,6 +373,32 @@ class RayPool:
         self._refs = []
         if self._owns and self._ray.is_initialized():
             self._ray.shutdown()
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Refuse, within ``timeout`` seconds, a ``host:port`` (or ``ray://host:port``) Ray
+    address where nothing accepts connections (``ray.init`` would wait for minutes)."""
+    if not address or address in ("auto", "local"):
+        return
+    text = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not host:port: let Ray interpret it
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        if isinstance(err, TimeoutError | socket.timeout):
+            reason = f"no answer within {timeout:g} s"
+        raise ArgumentError(
+            f"could not connect to the Ray cluster at `address` {address!r} ({reason}); check "
+            "the address and that the cluster is running (`ray status` on its head node).",
+            cli_message=f"could not connect to the Ray cluster at --address {address} "
+            f"({reason}); check the address and that the cluster is running (`ray status` on "
+            "its head node).",
+        ) from None
 
 
 # --------------------------------------------------------------------------- scheduling

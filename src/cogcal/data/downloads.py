@@ -59,6 +59,10 @@ MIRROR_ENV = "COGCAL_DATA_MIRROR"
 # Seconds without data before a connection counts as stalled; attempts per file; the
 # pause before retry i is _RETRY_BACKOFF * i seconds.
 _TIMEOUT = 60.0
+# A connection that delivers fewer than _STALL_BYTES in _STALL_SECONDS (a trickle that
+# keeps every single read within _TIMEOUT) counts as stalled too.
+_STALL_SECONDS = 60.0
+_STALL_BYTES = 64 * 1024
 _ATTEMPTS = 4
 _RETRY_BACKOFF = 1.0
 _CHUNK = 1 << 20
@@ -435,9 +439,10 @@ def _attempt(url: str, part: Path, desc: str, progress: bool) -> None:
             open(part, "ab" if offset else "wb") as f,
             _progress_bar(total, offset, desc, progress) as bar,
         ):
+            window, window_bytes = time.monotonic(), 0
             while True:
-                try:
-                    chunk = response.read(_CHUNK)
+                try:  # read1: what has arrived (written as it comes, resumable)
+                    chunk = response.read1(_CHUNK)
                 except (http.client.HTTPException, OSError) as err:
                     raise _Retry(_reason(err)) from None
                 if not chunk:
@@ -445,6 +450,16 @@ def _attempt(url: str, part: Path, desc: str, progress: bool) -> None:
                 f.write(chunk)
                 written += len(chunk)
                 bar.update(len(chunk))
+                window_bytes += len(chunk)
+                now = time.monotonic()
+                if now - window >= _STALL_SECONDS:
+                    if window_bytes < _STALL_BYTES and (total is None or written < total):
+                        f.flush()
+                        raise _Retry(
+                            f"stalled: {window_bytes} bytes in {now - window:.0f} s (less than "
+                            f"{_STALL_BYTES} bytes per {_STALL_SECONDS:g} s)"
+                        )
+                    window, window_bytes = now, 0
     if total is not None and written < total:
         raise _Retry(f"connection closed after {written} of {total} bytes")
 

@@ -399,6 +399,8 @@ class RunDir:
 
     def write_outcome(self, outcome: Mapping[str, Any]) -> None:
         """Write a ``metrics.json`` mapping (complete or diverged; checked first)."""
+        if outcome.get("status") == "diverged":  # may have measured nothing
+            outcome = {"val": {}, "test": {}, **outcome}
         record = RunRecord.from_dict(outcome, source=str(self.metrics_path))
         if record.status not in ("complete", "diverged"):
             raise ValueError(f"unknown run status {record.status!r}.")
