@@ -135,7 +135,8 @@ def test_sigterm_under_ray_exits_143_with_tables_and_report(tmp_path):
         err.strip().splitlines()[-1]
         == "cogcal: interrupted (SIGTERM); run the same command again to resume"
     )
-    runs = {(r["method"], r["seed"]): r["status"] for r in csv.DictReader(open(out / "runs.csv"))}
+    with open(out / "runs.csv", newline="") as f:
+        runs = {(r["method"], r["seed"]): r["status"] for r in csv.DictReader(f)}
     assert runs[("ts", "0")] == "interrupted"
     assert (out / "results.csv").is_file() and (out / "report.md").is_file()
     assert json.loads((out / "bench.json").read_text())["sessions"][-1]["interrupted"] == "SIGTERM"
