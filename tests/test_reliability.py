@@ -452,3 +452,66 @@ def test_load_run_names_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match="has a metrics.json but no config.json"):
         load_run(out)
     assert cogcal  # the public API imports
+
+
+# --------------------------------------------------------------------------- items 1, 5 (bench, report)
+
+
+def _suite(path: Path) -> Path:
+    import yaml
+
+    suite = {
+        "name": "s",
+        "datasets": {"digits": {"model": "mlp"}},
+        "methods": ["ce"],
+        "seeds": 1,
+        "protocols": ["paper"],
+        "budget": {"paper": {f: _BUDGET for f in ("baselines", "cog")}},
+    }
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
+    """Item 5: an unfinished run folder holding the user's notes.txt is cleared of
+    cogcal's files and trained again (not refused after the clearing), every time."""
+    from cogcal.bench import run_bench
+
+    suite, out = _suite(tmp_path / "s.yaml"), tmp_path / "o"
+    common = dict(out=out, jobs=1, data_root=tmp_path / "d", progress=False, report=False)
+    assert run_bench(suite, **common).failed == 0
+    run = RunDir(out / "runs/paper/digits/ce/seed0")
+    for _ in range(2):
+        run.metrics_path.unlink()
+        (run.path / "notes.txt").write_text("mine")
+        summary = run_bench(suite, **common)
+        assert summary.failed == 0 and summary.counts["trained"] == 1
+        assert run.is_complete() and (run.path / "notes.txt").read_text() == "mine"
+
+
+def test_report_takes_the_lock_before_reading(tmp_path, capsys):
+    from cogcal.train.config import TrainConfig
+
+    out = tmp_path / "run"
+    RunDir(out).path.mkdir()
+    RunDir(out).write_config(TrainConfig().resolved())
+    code = (
+        "import sys, time\n"
+        "from cogcal.train.rundir import RunDir\n"
+        "with RunDir(sys.argv[1]).lock():\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["report", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by process {holder.pid}" in err and err.count("\n") == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in out.iterdir()) == [".cogcal.lock", "config.json"]
