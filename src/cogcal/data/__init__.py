@@ -35,12 +35,13 @@ from cogcal.data.downloads import ChecksumError, DownloadError, download, downlo
 from cogcal.data.loader import BatchLoader
 from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images, shift_sets
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
-from cogcal.data.transforms import augment_crop_flip, normalize
+from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 __all__ = [
     "NORMALIZATIONS",
     "SPLIT_SEED",
     "BatchLoader",
+    "Preprocess",
     "ChecksumError",
     "Dataset",
     "DatasetCorruptError",

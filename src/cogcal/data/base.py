@@ -13,7 +13,7 @@ import torch
 
 from cogcal._errors import ArgumentError
 from cogcal._io import save_npz
-from cogcal.data.transforms import augment_crop_flip, normalize
+from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 if TYPE_CHECKING:
     from cogcal.data.loader import BatchLoader
@@ -192,6 +192,33 @@ class Dataset:
         elif train and self.augment == "flip":  # CelebA: horizontal flip only
             x = augment_crop_flip(x, padding=0, generator=generator)
         return normalize(x, self.mean, self.std)
+
+    def preprocess(self) -> Preprocess:
+        """The evaluation-time :meth:`transform` as a module (:class:`~cogcal.data.Preprocess`):
+        stored (raw) inputs in, model inputs out; ``uint8`` images of another size are
+        resized to the stored side first."""
+        pixels = self.train.x.dtype == torch.uint8
+        square = len(self.input_shape) == 3 and self.input_shape[1] == self.input_shape[2]
+        return Preprocess(
+            self.mean,
+            self.std,
+            input_shape=self.input_shape,
+            scale=1 / 255 if pixels else 1.0,
+            image_size=self.input_shape[2] if pixels and square else None,
+        )
+
+    def input_record(self) -> dict[str, Any]:
+        """What a run records about its inputs, so that a loaded run can take raw inputs
+        without the data: the :meth:`preprocess` record, the stored dtype, and for tables the
+        feature columns (in order) and the target column."""
+        record: dict[str, Any] = {
+            **self.preprocess().record(),
+            "dtype": "uint8" if self.train.x.dtype == torch.uint8 else "float32",
+        }
+        for key in ("features", "target"):
+            if key in self.info:
+                record[key] = self.info[key]
+        return record
 
     def loader(
         self,

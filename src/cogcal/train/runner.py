@@ -203,6 +203,9 @@ def execute(
         "num_classes": source.num_classes,
         "input_shape": list(source.dataset.input_shape) if source.dataset is not None else None,
         "data": source.info,
+        # what load_run/predict need to take raw inputs without the data (None: as given)
+        "input": source.dataset.input_record() if source.dataset is not None else None,
+        "class_names": list(source.class_names),
     }
     failure: BaseException | None = None
     resumed = False
