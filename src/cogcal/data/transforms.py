@@ -187,10 +187,10 @@ class Preprocess(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = tuple(x.shape[1:])
-        if self.image_size is not None and x.ndim == 4 and shape[0] == self.input_shape[0]:
-            if shape[1:] != self.input_shape[1:]:
-                x = _resize_center_crop(x.to(torch.float32), self.image_size)
-                shape = tuple(x.shape[1:])
+        other_size = x.ndim == 4 and shape[1:] != self.input_shape[1:]
+        if self.image_size is not None and other_size and shape[0] == self.input_shape[0]:
+            x = _resize_center_crop(x.to(torch.float32), self.image_size)
+            shape = tuple(x.shape[1:])
         if shape != self.input_shape:
             raise ValueError(
                 f"inputs of shape {tuple(x.shape)}; the run's model takes (N, "
