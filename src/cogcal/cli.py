@@ -237,6 +237,50 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
+# --------------------------------------------------------------------------- predict
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from cogcal.train.assemble import load_run
+    from cogcal.train.predict import predict
+
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and out.exists() and not args.overwrite:
+        raise UserError(f"--out {out} exists; choose another file or pass --overwrite.")
+    if out is not None and out.exists() and out.resolve() == Path(args.input).resolve():
+        raise UserError(f"--out {out} is the --input file; choose another file.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
+    run = load_run(args.run, which=args.which)
+    result = predict(run, args.input, batch_size=args.batch_size, progress=args.progress)
+    result.write_csv(out)
+    for note in result.notes:
+        print(f"cogcal: {note}", file=sys.stderr)
+    if out is not None:
+        print(f"wrote {len(result.probabilities)} predictions to {out}", file=sys.stderr)
+    return 0
+
+
+def _predict_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a finished run folder (cogcal train, or cogcal.fit with out=)")
+    p.add_argument(
+        "--input", required=True, metavar="PATH",
+        help="a CSV with the run's feature columns, an image file, a folder of images, or an "
+        ".npy array of raw inputs (N, ...)",
+    )  # fmt: skip
+    p.add_argument("--out", default=None, metavar="FILE", help="output CSV (default: stdout)")
+    p.add_argument(
+        "--which", choices=("best", "last"), default="best",
+        help="checkpoint: best validation Brier (default) or last",
+    )  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024, help="inputs per forward pass")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false",
+        help="no progress bar (shown on stderr for large inputs)",
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -302,6 +346,16 @@ _COMMANDS: tuple[_Command, ...] = (
         "tune.csv and tune.json.",
         resume_hint="run the same command again to continue",
         list_names=True,
+    ),
+    _Command(
+        "predict",
+        _cmd_predict,
+        _predict_flags,
+        help="predict class probabilities of a finished run on new inputs",
+        description="Run a finished run's calibrated model (its recorded preprocessing "
+        "inside) on a CSV table, an image, a folder of images or an .npy array, and write one "
+        "row per input: `prediction` (the class name), then one probability column per "
+        "class, named by the class (to --out, or stdout).",
     ),
     _Command(
         "report",
