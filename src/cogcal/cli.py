@@ -48,10 +48,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cogcal: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _names_epilog() -> str:
-    return (
+def _methods_lines() -> str:
+    from cogcal.train.methods import get_method
+
+    width = max(map(len, list_methods()))
+    return "\n".join(f"  {m:{width}s}  {get_method(m).description}" for m in list_methods())
+
+
+def _names_epilog(*, describe: bool = False) -> str:
+    methods = f"methods:\n{_methods_lines()}\n" if describe else (
         f"methods: {' '.join(list_methods())}\n"
-        f"datasets: {' '.join(list_datasets())}, folder:PATH, csv:PATH, package.module:function\n"
+    )  # fmt: skip
+    return (
+        methods
+        + f"datasets: {' '.join(list_datasets())}, folder:PATH, csv:PATH, package.module:function\n"
         f"models: {' '.join(list_models())}\n"
         "Names are case-insensitive."
     )
@@ -92,12 +102,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = run(config, resume=args.resume, overwrite=args.overwrite)
     if result.get("status") != "complete":
         return 0  # another process of a multi-device run: rank 0 reports
-    if config.progress:
-        print(_summary(result))
-        print(
-            f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
-            "and a report"
-        )
+    print(_summary(result))  # --no-progress removes the bars only
+    print(
+        f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
+        "and a report"
+    )
     return 0
 
 
@@ -143,17 +152,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     out = args.out or f"runs/tune-{_default_out(args.dataset, args.method, args.seed)[5:]}"
     config = config_from_args(args, out=out)
     summary = tune(config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite)
-    if config.progress:
-        for row in summary["table"]:
-            point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
-            nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
-            print(f"{point:32s} {nll}")
-        edge = (
-            f" (still at the grid edge: {', '.join(summary['edges'])})"
-            if summary["at_edge"]
-            else ""
-        )
-        print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
+    # --no-progress removes the bars only
+    for row in summary["table"]:
+        point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
+        nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
+        print(f"{point:32s} {nll}")
+    edge = f" (still at the grid edge: {', '.join(summary['edges'])})" if summary["at_edge"] else ""
+    print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
     return 0
 
 
@@ -391,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
             help=command.help,
             description=command.description,
             **(
-                {"epilog": _names_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+                {
+                    "epilog": _names_epilog(describe=command.name == "train"),
+                    "formatter_class": argparse.RawDescriptionHelpFormatter,
+                }
                 if command.list_names
                 else {}
             ),

@@ -24,11 +24,13 @@ from cogcal.data.base import (
     DatasetCorruptError,
     DatasetNotFoundError,
     Split,
+    default_augment,
     default_model,
     list_datasets,
     load_dataset,
     register_dataset,
     stratified_split,
+    with_augment,
 )
 from cogcal.data.custom import DatasetPluginError, dataset_from_splits
 from cogcal.data.downloads import ChecksumError, DownloadError, download, download_names
@@ -52,6 +54,7 @@ __all__ = [
     "Split",
     "augment_crop_flip",
     "dataset_from_splits",
+    "default_augment",
     "default_model",
     "download",
     "download_names",
@@ -62,6 +65,7 @@ __all__ = [
     "normalize",
     "register_dataset",
     "stratified_split",
+    "with_augment",
     "CORRUPTIONS",
     "corrupt",
     "ood_sets",
