@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -232,3 +234,45 @@ def test_tst_heads_predict_probabilities_from_arrays_and_tensors():
     torch.testing.assert_close(p, vtst(x).exp().detach(), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="6 columns"):
         head.predict_proba(np.zeros((2, 5), dtype=np.float32))
+
+
+# -- probabilities passed as logits ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Temperature(),
+        lambda: VectorScaling(),
+        lambda: MatrixScaling(l2=0.1),
+    ],
+)
+def test_fitting_probabilities_as_logits_warns_naming_predict_proba(make):
+    from cogcal.calibrators import ProbabilitiesAsLogitsWarning
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (300,), generator=g)
+    logits = 2 * torch.nn.functional.one_hot(y, 4) + torch.randn(300, 4, generator=g)
+    probs = logits.softmax(1)
+    with pytest.warns(ProbabilitiesAsLogitsWarning, match=r"predict_proba.*np\.log\(p\)"):
+        make().fit(probs, y)
+    with pytest.warns(ProbabilitiesAsLogitsWarning):
+        make().fit(probs.double().numpy(), y.numpy())  # numpy, float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make().fit(probs.log(), y)  # log-probabilities are logits: no warning
+        make().fit(logits, y)
+
+
+def test_task_calibrators_warn_on_sigmoid_outputs():
+    from cogcal.calibrators import ProbabilitiesAsLogitsWarning, TaskAffine, TaskTemperature
+
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(200, 3, generator=g) * 2
+    y = (z + torch.randn(200, 3, generator=g) > 0).long()
+    for cls in (TaskTemperature, TaskAffine):
+        with pytest.warns(ProbabilitiesAsLogitsWarning, match="look like probabilities"):
+            cls().fit(z.sigmoid(), y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cls().fit(z, y)

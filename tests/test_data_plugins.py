@@ -96,7 +96,7 @@ def test_folder_without_split_folders(tmp_path: Path) -> None:
     assert ds.class_names == ["bird", "cat", "dog"] and ds.num_classes == 3
     assert ds.input_shape == (3, 32, 32) and ds.train.x.dtype == torch.uint8
     assert ds.train.x.shape[1:] == (3, 32, 32) and ds.train.y.dtype == torch.int64
-    assert ds.default_model == "cnn" and ds.augment == "crop_flip" and ds.task == "multiclass"
+    assert ds.default_model == "cnn" and ds.augment is None and ds.task == "multiclass"
     # the split rule: the digits rule on the labels in file order (classes sorted)
     y_all = np.repeat([0, 1, 2], [8, 12, 10])
     tr, va, te = split_indices(y_all)

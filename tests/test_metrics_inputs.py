@@ -190,9 +190,11 @@ def test_error_template_function():
 
 
 def test_warns_when_logits_look_like_probabilities():
+    from cogcal.metrics import ProbabilitiesAsLogitsWarning
+
     z, y = _data()
     p = torch.softmax(z, 1)
-    with pytest.warns(UserWarning, match=r"look like probabilities.*probs="):
+    with pytest.warns(ProbabilitiesAsLogitsWarning, match=r"look like probabilities.*probs="):
         m = evaluate(p, y)
     # not converted: the values are used as logits
     with warnings.catch_warnings():

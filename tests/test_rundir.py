@@ -32,6 +32,7 @@ OTHER = {
     "target": "y",
     "image_size": 28,
     "normalization": "none",
+    "augment": "flip",
     "accelerator": "auto",
     "devices": 2,
     "num_nodes": 2,

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "ProbabilitiesAsLogitsWarning",
     "as_float_tensor",
     "as_label_tensor",
     "binary_scores",
@@ -30,6 +31,7 @@ __all__ = [
     "check_task",
     "input_error",
     "multiclass_scores",
+    "warn_if_probabilities",
 ]
 
 TASKS = ("multiclass", "binary", "multilabel")
@@ -290,3 +292,60 @@ def check_task(task: str) -> str:
     if task not in TASKS:
         raise ValueError(f"`task` must be one of {', '.join(map(repr, TASKS))}, got {task!r}.")
     return task
+
+
+class ProbabilitiesAsLogitsWarning(UserWarning):
+    """Values passed as logits look like probabilities.
+
+    Raised as a warning (the values are used unchanged, never converted) by the calibrators'
+    ``fit`` and by :func:`cogcal.metrics.evaluate` / :func:`cogcal.metrics.ood` when every
+    value lies in [0, 1] and, for multiclass input, every row sums to 1: fitting or scoring
+    probabilities as logits silently gives wrong answers (a temperature fitted to
+    ``predict_proba`` output, for example).
+
+    Examples
+    --------
+    >>> import warnings, torch
+    >>> from cogcal.calibrators import ProbabilitiesAsLogitsWarning, Temperature
+    >>> p = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = Temperature().fit(p, torch.tensor([0, 1, 1]))
+    >>> caught[0].category is ProbabilitiesAsLogitsWarning
+    True
+    """
+
+
+def probability_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 a row of probabilities of ``dtype`` may sum."""
+    return max(1e-4, 4.0 * torch.finfo(dtype).eps)
+
+
+def warn_if_probabilities(
+    z: torch.Tensor, name: str, fix: str, *, rows: bool, stacklevel: int = 4
+) -> None:
+    """Warn (never convert) when ``z``, passed as logits, looks like probabilities.
+
+    Multiclass (``rows``): every value in [0, 1] and every row summing to 1 within
+    :func:`probability_tolerance`. Binary / multi-label: every value in [0, 1], not all
+    equal. ``fix`` says what to pass instead.
+    """
+    if z.numel() == 0:
+        return
+    lo, hi = (float(v) for v in torch.aminmax(z.detach()))
+    if lo < 0.0 or hi > 1.0:
+        return
+    if rows:
+        dev = (z.detach().sum(1, dtype=torch.float64) - 1.0).abs()
+        if float(dev.max()) > probability_tolerance(z.dtype):
+            return
+        what = "every value lies in [0, 1] and every row sums to 1"
+    else:
+        if lo == hi:
+            return
+        what = "every value lies in [0, 1]"
+    warnings.warn(
+        f"`{name}` look like probabilities ({what}); they are used as logits, unchanged. {fix}",
+        ProbabilitiesAsLogitsWarning,
+        stacklevel=stacklevel,
+    )

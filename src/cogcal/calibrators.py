@@ -52,7 +52,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cogcal._checks import as_float_tensor, check_multiclass, check_multilabel
+from cogcal._checks import (
+    ProbabilitiesAsLogitsWarning,
+    as_float_tensor,
+    check_multiclass,
+    check_multilabel,
+    warn_if_probabilities,
+)
 
 __all__ = [
     "Calibrator",
@@ -71,6 +77,7 @@ __all__ = [
     "DEFAULT_TEMPERATURE_L2",
     "SeparableDataWarning",
     "L2GridEdgeWarning",
+    "ProbabilitiesAsLogitsWarning",
 ]
 
 #: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
@@ -647,6 +654,11 @@ class Calibrator(nn.Module):
         """
         self._validate_hyperparameters()
         z, y = self._check(logits, labels)
+        warn_if_probabilities(
+            z, "logits", f"{type(self).__name__}.fit needs logits (the model's outputs before "
+            "softmax/sigmoid), not predict_proba's output: pass log-probabilities "
+            "(np.log(p)), which are valid logits.", rows=not self.multilabel, stacklevel=3,
+        )  # fmt: skip
         width = z.shape[1]
         self._build(width)
         self._check_width(width)

@@ -51,10 +51,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"cogcal: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _names_epilog() -> str:
-    return (
+def _methods_lines() -> str:
+    from cogcal.train.methods import get_method
+
+    width = max(map(len, list_methods()))
+    return "\n".join(f"  {m:{width}s}  {get_method(m).description}" for m in list_methods())
+
+
+def _names_epilog(*, describe: bool = False) -> str:
+    methods = f"methods:\n{_methods_lines()}\n" if describe else (
         f"methods: {' '.join(list_methods())}\n"
-        f"datasets: {' '.join(list_datasets())}, folder:PATH, csv:PATH, package.module:function\n"
+    )  # fmt: skip
+    return (
+        methods
+        + f"datasets: {' '.join(list_datasets())}, folder:PATH, csv:PATH, package.module:function\n"
         f"models: {' '.join(list_models())}\n"
         "Names are case-insensitive."
     )
@@ -95,12 +105,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = run(config, resume=args.resume, overwrite=args.overwrite)
     if result.get("status") != "complete":
         return 0  # another process of a multi-device run: rank 0 reports
-    if config.progress:
-        print(_summary(result))
-        print(
-            f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
-            "and a report"
-        )
+    print(_summary(result))  # --no-progress removes the bars only
+    print(
+        f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
+        "and a report"
+    )
     return 0
 
 
@@ -146,17 +155,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     out = args.out or f"runs/tune-{_default_out(args.dataset, args.method, args.seed)[5:]}"
     config = config_from_args(args, out=out)
     summary = tune(config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite)
-    if config.progress:
-        for row in summary["table"]:
-            point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
-            nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
-            print(f"{point:32s} {nll}")
-        edge = (
-            f" (still at the grid edge: {', '.join(summary['edges'])})"
-            if summary["at_edge"]
-            else ""
-        )
-        print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
+    # --no-progress removes the bars only
+    for row in summary["table"]:
+        point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
+        nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
+        print(f"{point:32s} {nll}")
+    edge = f" (still at the grid edge: {', '.join(summary['edges'])})" if summary["at_edge"] else ""
+    print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
     return 0
 
 
@@ -240,6 +245,50 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
+# --------------------------------------------------------------------------- predict
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from cogcal.train.assemble import load_run
+    from cogcal.train.predict import predict
+
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and out.exists() and not args.overwrite:
+        raise UserError(f"--out {out} exists; choose another file or pass --overwrite.")
+    if out is not None and out.exists() and out.resolve() == Path(args.input).resolve():
+        raise UserError(f"--out {out} is the --input file; choose another file.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
+    run = load_run(args.run, which=args.which)
+    result = predict(run, args.input, batch_size=args.batch_size, progress=args.progress)
+    result.write_csv(out)
+    for note in result.notes:
+        print(f"cogcal: {note}", file=sys.stderr)
+    if out is not None:
+        print(f"wrote {len(result.probabilities)} predictions to {out}", file=sys.stderr)
+    return 0
+
+
+def _predict_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a finished run folder (cogcal train, or cogcal.fit with out=)")
+    p.add_argument(
+        "--input", required=True, metavar="PATH",
+        help="a CSV with the run's feature columns, an image file, a folder of images, or an "
+        ".npy array of raw inputs (N, ...)",
+    )  # fmt: skip
+    p.add_argument("--out", default=None, metavar="FILE", help="output CSV (default: stdout)")
+    p.add_argument(
+        "--which", choices=("best", "last"), default="best",
+        help="checkpoint: best validation Brier (default) or last",
+    )  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=1024, help="inputs per forward pass")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false",
+        help="no progress bar (shown on stderr for large inputs)",
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -309,6 +358,16 @@ _COMMANDS: tuple[_Command, ...] = (
         list_names=True,
     ),
     _Command(
+        "predict",
+        _cmd_predict,
+        _predict_flags,
+        help="predict class probabilities of a finished run on new inputs",
+        description="Run a finished run's calibrated model (its recorded preprocessing "
+        "inside) on a CSV table, an image, a folder of images or an .npy array, and write one "
+        "row per input: `prediction` (the class name), then one probability column per "
+        "class, named by the class (to --out, or stdout).",
+    ),
+    _Command(
         "report",
         _cmd_report,
         _report_flags,
@@ -342,7 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
             help=command.help,
             description=command.description,
             **(
-                {"epilog": _names_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+                {
+                    "epilog": _names_epilog(describe=command.name == "train"),
+                    "formatter_class": argparse.RawDescriptionHelpFormatter,
+                }
                 if command.list_names
                 else {}
             ),

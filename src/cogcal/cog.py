@@ -19,7 +19,7 @@ import inspect
 import math
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -541,6 +541,14 @@ class CalibratedModel(nn.Module):
     allow_fast_calibrator : bool, default False
         Silence :class:`CalibratorRateWarning`, which is emitted (once per model) the first
         time an optimiser steps the calibrator at a learning rate not below the network's.
+    preprocess : nn.Module, optional
+        Applied to the first positional input before the model (a run loaded with
+        :func:`cogcal.load_run` sets it to the run's input standardisation, so that raw
+        inputs go in); :meth:`export` keeps it as the first module. It holds no trainable
+        parameters of the model and is not part of :meth:`param_groups`.
+    class_names : sequence of str, optional
+        One name per output; :meth:`export` copies it onto the exported module as its
+        ``class_names`` attribute.
 
     Notes
     -----
@@ -601,6 +609,8 @@ class CalibratedModel(nn.Module):
         latent_dim: int | None = None,
         output_key: str | int = "logits",
         allow_fast_calibrator: bool = False,
+        preprocess: nn.Module | None = None,
+        class_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -625,6 +635,16 @@ class CalibratedModel(nn.Module):
             raise TypeError(
                 f"`allow_fast_calibrator` must be True or False, got {allow_fast_calibrator!r}."
             )
+        if preprocess is not None and not isinstance(preprocess, nn.Module):
+            raise TypeError(
+                f"`preprocess` must be an nn.Module or None, got {type(preprocess).__name__}."
+            )
+        if class_names is not None and (
+            isinstance(class_names, str) or not all(isinstance(c, str) for c in class_names)
+        ):
+            raise TypeError(f"`class_names` must be a sequence of strings, got {class_names!r}.")
+        self.preprocess = preprocess
+        self.class_names = None if class_names is None else list(class_names)
         self.backbone = model
         self.task = task
         self.kind = calibrator if isinstance(calibrator, str) else "module"
@@ -845,6 +865,8 @@ class CalibratedModel(nn.Module):
         dataclass, HuggingFace ``ModelOutput``, tuple with an ``int`` ``output_key``) is
         returned as the same type with its ``output_key`` field calibrated.
         """
+        if self.preprocess is not None and args:
+            args = (self.preprocess(args[0]), *args[1:])
         if not self._verified:
             return self._checked_forward(args, kwargs)
         out = self.backbone(*args, **kwargs)
@@ -940,6 +962,10 @@ class CalibratedModel(nn.Module):
           ``Unflatten -> Linear(1, 1) -> Flatten``, vector/matrix scaling an ``nn.Linear``)
           and deep-copied as given otherwise.
 
+        With ``preprocess`` set (a run loaded by :func:`cogcal.load_run`) the export is
+        ``nn.Sequential(preprocess, model)``: raw inputs in, calibrated logits out; with
+        ``class_names`` set, the export carries them as its ``class_names`` attribute.
+
         Models returning structured outputs (a HuggingFace ``ModelOutput``) export as
         their own type when the calibrator lives in or folds into the final layer (the
         export returns the same output type, logits calibrated). When it cannot be folded,
@@ -983,6 +1009,8 @@ class CalibratedModel(nn.Module):
             try:
                 with torch.no_grad():
                     self.eval()
+                    if self.preprocess is not None and args:
+                        args = (self.preprocess(args[0]), *args[1:])
                     self._probe(args, kwargs)
             finally:
                 for m, mode in modes:
@@ -1000,6 +1028,10 @@ class CalibratedModel(nn.Module):
             )
         elif self.appended is not None:
             exported = self._export_appended(exported)
+        if self.preprocess is not None:
+            exported = nn.Sequential(copy.deepcopy(self.preprocess), exported)
+        if self.class_names is not None:
+            exported.class_names = list(self.class_names)
         return exported.eval()
 
     def _export_appended(self, exported: nn.Module) -> nn.Module:

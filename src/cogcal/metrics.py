@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from cogcal._checks import (
+    ProbabilitiesAsLogitsWarning,
     binary_scores,
     check_binary,
     check_multiclass,
@@ -45,10 +46,12 @@ from cogcal._checks import (
     check_task,
     input_error,
     multiclass_scores,
+    warn_if_probabilities,
 )
 
 __all__ = [
     "DEFAULT_N_BINS",
+    "ProbabilitiesAsLogitsWarning",
     "StreamingMetrics",
     "as_torchmetric",
     "evaluate",
@@ -186,29 +189,11 @@ def _check_probs(p: torch.Tensor, name: str, *, rows: bool) -> None:
 
 
 def _warn_if_probabilities(z: torch.Tensor, name: str, alt: str, rows: bool) -> None:
-    """Warn (never convert) when logits look like probabilities.
-
-    Multiclass: every value in [0, 1] and every row summing to 1 within the probability
-    tolerance. Binary / multilabel (``rows=False``): every value in [0, 1], not all equal.
-    """
-    lo, hi = (float(v) for v in torch.aminmax(z))
-    if lo < 0.0 or hi > 1.0:
-        return
-    if rows:
-        dev = (z.sum(1, dtype=torch.float64) - 1.0).abs()
-        if float(dev.max()) > _prob_tolerance(z.dtype):
-            return
-        what = "every value lies in [0, 1] and every row sums to 1"
-    else:
-        if lo == hi:
-            return
-        what = "every value lies in [0, 1]"
-    warnings.warn(
-        f"`{name}` look like probabilities ({what}); they are used as logits, unchanged. "
-        f"If they are probabilities, pass them as `{alt}=` instead.",
-        UserWarning,
-        stacklevel=4,
-    )
+    """Warn (never convert) when logits look like probabilities (:func:`warn_if_probabilities`)."""
+    warn_if_probabilities(
+        z, name, f"If they are probabilities, pass them as `{alt}=` instead.", rows=rows,
+        stacklevel=5,
+    )  # fmt: skip
 
 
 def _check_tensors(

@@ -24,23 +24,26 @@ from cogcal.data.base import (
     DatasetCorruptError,
     DatasetNotFoundError,
     Split,
+    default_augment,
     default_model,
     list_datasets,
     load_dataset,
     register_dataset,
     stratified_split,
+    with_augment,
 )
 from cogcal.data.custom import DatasetPluginError, dataset_from_splits
 from cogcal.data.downloads import ChecksumError, DownloadError, download, download_names
 from cogcal.data.loader import BatchLoader
 from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images, shift_sets
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
-from cogcal.data.transforms import augment_crop_flip, normalize
+from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 __all__ = [
     "NORMALIZATIONS",
     "SPLIT_SEED",
     "BatchLoader",
+    "Preprocess",
     "ChecksumError",
     "Dataset",
     "DatasetCorruptError",
@@ -51,6 +54,7 @@ __all__ = [
     "Split",
     "augment_crop_flip",
     "dataset_from_splits",
+    "default_augment",
     "default_model",
     "download",
     "download_names",
@@ -61,6 +65,7 @@ __all__ = [
     "normalize",
     "register_dataset",
     "stratified_split",
+    "with_augment",
     "CORRUPTIONS",
     "corrupt",
     "ood_sets",

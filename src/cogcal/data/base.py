@@ -13,7 +13,7 @@ import torch
 
 from cogcal._errors import ArgumentError
 from cogcal._io import save_npz
-from cogcal.data.transforms import augment_crop_flip, normalize
+from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 if TYPE_CHECKING:
     from cogcal.data.loader import BatchLoader
@@ -26,10 +26,12 @@ __all__ = [
     "DatasetCorruptError",
     "DatasetNotFoundError",
     "Split",
+    "default_augment",
     "default_model",
     "list_datasets",
     "load_dataset",
     "register_dataset",
+    "with_augment",
 ]
 
 #: Seed of every train/validation(/test) split. Fixed and independent of the training
@@ -193,6 +195,33 @@ class Dataset:
             x = augment_crop_flip(x, padding=0, generator=generator)
         return normalize(x, self.mean, self.std)
 
+    def preprocess(self) -> Preprocess:
+        """The evaluation-time :meth:`transform` as a module (:class:`~cogcal.data.Preprocess`):
+        stored (raw) inputs in, model inputs out; ``uint8`` images of another size are
+        resized to the stored side first."""
+        pixels = self.train.x.dtype == torch.uint8
+        square = len(self.input_shape) == 3 and self.input_shape[1] == self.input_shape[2]
+        return Preprocess(
+            self.mean,
+            self.std,
+            input_shape=self.input_shape,
+            scale=1 / 255 if pixels else 1.0,
+            image_size=self.input_shape[2] if pixels and square else None,
+        )
+
+    def input_record(self) -> dict[str, Any]:
+        """What a run records about its inputs, so that a loaded run can take raw inputs
+        without the data: the :meth:`preprocess` record, the stored dtype, and for tables the
+        feature columns (in order) and the target column."""
+        record: dict[str, Any] = {
+            **self.preprocess().record(),
+            "dtype": "uint8" if self.train.x.dtype == torch.uint8 else "float32",
+        }
+        for key in ("features", "target"):
+            if key in self.info:
+                record[key] = self.info[key]
+        return record
+
     def loader(
         self,
         split: str,
@@ -234,10 +263,20 @@ class Dataset:
 DatasetBuilder = Callable[[Path], Dataset]
 _REGISTRY: dict[str, DatasetBuilder] = {}
 _DEFAULT_MODELS: dict[str, str | None] = {}
+_DEFAULT_AUGMENT: dict[str, str] = {}
+
+#: Values of ``augment`` in a training configuration (``"none"``: no augmentation).
+AUGMENT_CHOICES = ("none", "flip", "crop_flip")
+#: What each augmentation does, as recorded in ``Dataset.info["augmentation"]``.
+AUGMENT_TEXT = {
+    "none": "none",
+    "flip": "random horizontal flip (training only)",
+    "crop_flip": "random crop of the 4-pixel zero-padded image + horizontal flip (training only)",
+}
 
 
 def register_dataset(
-    name: str, *, default_model: str | None = None
+    name: str, *, default_model: str | None = None, augment: str = "none"
 ) -> Callable[[DatasetBuilder], DatasetBuilder]:
     """Register a dataset builder under ``name`` (a decorator).
 
@@ -253,6 +292,8 @@ def register_dataset(
         Backbone that suits the dataset (:func:`default_model` returns it without loading
         the data; :func:`load_dataset` sets :attr:`Dataset.default_model` from it when the
         builder leaves it ``None``).
+    augment : {"none", "flip", "crop_flip"}
+        The training augmentation a run uses unless told otherwise (:func:`default_augment`).
     """
     key = name.lower()
     if ":" in key or not key.strip():
@@ -263,6 +304,7 @@ def register_dataset(
             raise ValueError(f"a dataset named {key!r} is already registered.")
         _REGISTRY[key] = fn
         _DEFAULT_MODELS[key] = default_model
+        _DEFAULT_AUGMENT[key] = augment
         return fn
 
     return decorator
@@ -341,6 +383,50 @@ def default_model(name: str) -> str | None:
     if kind == "registered":
         return _DEFAULT_MODELS.get(arg)
     return {"folder": "cnn", "csv": "mlp"}.get(kind)
+
+
+def default_augment(name: str) -> str:
+    """The training augmentation a run on dataset ``name`` uses unless told otherwise.
+
+    The paper's natural-image datasets keep their protocol (``cifar10``, ``cifar100``,
+    ``svhn``: ``"crop_flip"``; ``celeba``: ``"flip"``); everything else gets ``"none"``:
+    digits, mnist1d, tables and ``folder:`` images, for which a flip may change the class
+    (digits, text, medical images): ask for ``"flip"`` or ``"crop_flip"`` explicitly.
+    Plugins: ``"auto"``, the augmentation of the :class:`Dataset` the plugin returns.
+
+    >>> default_augment("cifar10"), default_augment("digits"), default_augment("folder:x")
+    ('crop_flip', 'none', 'none')
+    """
+    kind, arg = _parse_name(name)
+    if kind == "registered":
+        return _DEFAULT_AUGMENT.get(arg, "none")
+    return "auto" if kind == "plugin" else "none"
+
+
+def with_augment(ds: Dataset, augment: str) -> Dataset:
+    """``ds`` with its training augmentation set to ``augment`` (``"auto"``: unchanged).
+
+    Raises
+    ------
+    ArgumentError
+        An image augmentation for data that are not images ``(C, H, W)``.
+    """
+    if augment == "auto":
+        return ds
+    if augment not in AUGMENT_CHOICES:
+        raise ArgumentError(
+            f"`augment` must be one of {', '.join(AUGMENT_CHOICES)}, got {augment!r}.",
+            cli_message=f"--augment must be one of {', '.join(AUGMENT_CHOICES)}, got {augment!r}.",
+        )
+    if augment != "none" and len(ds.input_shape) != 3:
+        raise ArgumentError(
+            f"augment={augment!r} flips images; dataset {ds.name!r} has inputs of shape "
+            f"{ds.input_shape}, not images (C, H, W): use augment='none'.",
+            cli_message=f"--augment {augment} flips images; dataset {ds.name!r} has inputs of "
+            f"shape {ds.input_shape}, not images: use --augment none.",
+        )
+    info = {**ds.info, "augmentation": AUGMENT_TEXT[augment]}
+    return replace(ds, augment=None if augment == "none" else augment, info=info)
 
 
 def _check_bool(value: Any, name: str, flag: str) -> bool:

@@ -363,8 +363,9 @@ def load_image_folder(
     Returns
     -------
     Dataset
-        ``name="folder:PATH"``, augmentation ``"crop_flip"`` (random crop of the 4-pixel
-        zero-padded image and horizontal flip, as CIFAR), ``default_model="cnn"``;
+        ``name="folder:PATH"``, no augmentation (a flip can change the class of digits,
+        text or medical images: a run asks for ``augment="flip"`` or ``"crop_flip"``,
+        :func:`~cogcal.data.with_augment`), ``default_model="cnn"``;
         ``info`` records the layout, split rule, sizes, class counts, statistics and a
         content fingerprint (sha256 over the sorted relative paths and the sha256 of each
         file's bytes).
@@ -485,7 +486,7 @@ def load_image_folder(
         "mean": list(mean),
         "std": list(std),
         "normalization": norm_text,
-        "augmentation": "random crop of the 4-pixel zero-padded image + horizontal flip",
+        "augmentation": "none (a run asks for one with augment='flip' or 'crop_flip')",
         "fingerprint": {
             "sha256": fp.hexdigest(),
             "method": "sha256 over the sorted relative paths and the sha256 of each image file",
@@ -501,7 +502,7 @@ def load_image_folder(
         **splits,
         mean=tuple(float(v) for v in mean),
         std=tuple(float(v) for v in std),
-        augment="crop_flip",
+        augment=None,
         info=info,
         default_model="cnn",
     )

@@ -373,7 +373,7 @@ def _flip_augmentation() -> str | None:
     return "flip" if "flip" in AUGMENTATIONS else None
 
 
-@register_dataset("celeba", default_model="resnet18")
+@register_dataset("celeba", default_model="resnet18", augment="flip")
 def _load_celeba(root: Path) -> Dataset:
     """CelebA, 40 binary attributes, official partitions, 32x32 images (cached)."""
     base = root / CELEBA_DIR

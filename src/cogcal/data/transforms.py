@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["augment_crop_flip", "normalize", "to_float"]
+__all__ = ["Preprocess", "augment_crop_flip", "normalize", "to_float"]
 
 
 def to_float(x: torch.Tensor) -> torch.Tensor:
@@ -101,3 +101,119 @@ def augment_crop_flip(
     bi = torch.arange(b, device=x.device)[:, None, None, None]
     ci = torch.arange(c, device=x.device)[None, :, None, None]
     return padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+class Preprocess(torch.nn.Module):
+    """A run's input preprocessing as a module: raw stored inputs in, model inputs out.
+
+    What :meth:`cogcal.data.Dataset.transform` does at evaluation time, held as buffers so
+    that it travels with an exported model (and into ONNX): the inputs are cast to float32,
+    multiplied by ``scale`` (``1/255`` for datasets that store ``uint8`` pixels), resized
+    when they are images of another size (shorter side to ``image_size`` with antialiased
+    bilinear interpolation, then the centre crop; the run's own images were resized once by
+    PIL when loaded, which this matches up to interpolation rounding), and standardised with
+    the run's ``mean`` and ``std`` (per channel, per column, or one value for all entries).
+
+    Parameters
+    ----------
+    mean, std : sequence of float
+        The run's statistics: one value, or one per channel (axis 1 of the inputs).
+    input_shape : sequence of int
+        Per-sample shape of the model inputs, e.g. ``(13,)`` or ``(3, 32, 32)``.
+    scale : float, default 1.0
+        Multiplies the raw inputs first (``1/255``: pixels stored as 0..255).
+    image_size : int, optional
+        Side of the square images the run trained on; other sizes are resized.
+
+    Examples
+    --------
+    >>> import torch
+    >>> pre = Preprocess(mean=(1.0, 2.0), std=(2.0, 4.0), input_shape=(2,))
+    >>> pre(torch.tensor([[3.0, 6.0]]))
+    tensor([[1., 1.]])
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        input_shape: Sequence[int],
+        scale: float = 1.0,
+        image_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        shape = tuple(int(s) for s in input_shape)
+        if len(mean) != len(std) or not mean:
+            raise ValueError("`mean` and `std` must be non-empty and of the same length.")
+        if any(not float(s) > 0 for s in std):
+            raise ValueError(f"`std` must be positive, got {tuple(std)}.")
+        view = (1,) if len(mean) == 1 else (1, len(mean)) + (1,) * (len(shape) - 1)
+        if len(mean) > 1 and (not shape or shape[0] != len(mean)):
+            raise ValueError(
+                f"{len(mean)} mean/std values do not fit inputs of shape {shape} (one per "
+                "channel on the first axis)."
+            )
+        self._stats = ([float(v) for v in mean], [float(v) for v in std])  # as given (float64)
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(view))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(view))
+        self.input_shape = shape
+        self.scale = float(scale)
+        self.image_size = None if image_size is None else int(image_size)
+
+    def record(self) -> dict[str, object]:
+        """A JSON-serialisable description (:meth:`from_record` rebuilds the module)."""
+        return {
+            "input_shape": list(self.input_shape),
+            "scale": self.scale,
+            "image_size": self.image_size,
+            "mean": list(self._stats[0]),
+            "std": list(self._stats[1]),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict) -> Preprocess:
+        """The module described by :meth:`record` (as stored in a run's ``config.json``)."""
+        return cls(
+            record["mean"],
+            record["std"],
+            input_shape=record["input_shape"],
+            scale=record.get("scale", 1.0),
+            image_size=record.get("image_size"),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = tuple(x.shape[1:])
+        other_size = x.ndim == 4 and shape[1:] != self.input_shape[1:]
+        if self.image_size is not None and other_size and shape[0] == self.input_shape[0]:
+            x = _resize_center_crop(x.to(torch.float32), self.image_size)
+            shape = tuple(x.shape[1:])
+        if shape != self.input_shape:
+            raise ValueError(
+                f"inputs of shape {tuple(x.shape)}; the run's model takes (N, "
+                f"{', '.join(map(str, self.input_shape))})"
+                + (" images: check the number of channels" if self.image_size else "")
+                + "."
+            )
+        x = x.to(torch.float32)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return (x - self.mean) / self.std
+
+    def extra_repr(self) -> str:
+        size = f", image_size={self.image_size}" if self.image_size else ""
+        return f"input_shape={self.input_shape}, scale={self.scale:g}{size}"
+
+
+def _resize_center_crop(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Shorter side to ``size`` (antialiased bilinear), then the centre ``size x size`` crop."""
+    h, w = int(x.shape[-2]), int(x.shape[-1])
+    new_h, new_w = (int(size * h / w), size) if w <= h else (size, int(size * w / h))
+    x = torch.nn.functional.interpolate(
+        x, size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+    )
+    top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
+    return x[..., top : top + size, left : left + size]

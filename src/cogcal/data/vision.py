@@ -181,7 +181,7 @@ def _build(
     )
 
 
-@register_dataset("cifar10", default_model="resnet18")
+@register_dataset("cifar10", default_model="resnet18", augment="crop_flip")
 def _load_cifar10(root: Path) -> Dataset:
     """CIFAR-10 from ``root/cifar-10-batches-py/`` (20% of train as validation)."""
     base = root / CIFAR10_DIR
@@ -216,7 +216,7 @@ def _load_cifar10(root: Path) -> Dataset:
     )
 
 
-@register_dataset("cifar100", default_model="resnet18")
+@register_dataset("cifar100", default_model="resnet18", augment="crop_flip")
 def _load_cifar100(root: Path) -> Dataset:
     """CIFAR-100 (fine labels) from ``root/cifar-100-python/`` (5% of train as validation)."""
     base = root / CIFAR100_DIR
@@ -274,7 +274,7 @@ def _read_svhn(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x.transpose(3, 2, 0, 1)), y  # (n, C, H, W)
 
 
-@register_dataset("svhn", default_model="resnet18")
+@register_dataset("svhn", default_model="resnet18", augment="crop_flip")
 def _load_svhn(root: Path) -> Dataset:
     """SVHN cropped digits from ``root/svhn/*.mat`` or ``root/*.mat`` (20% of train as val)."""
     candidates = [root / "svhn", root]

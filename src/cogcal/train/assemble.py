@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 
 from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
+from cogcal.data.transforms import Preprocess
 from cogcal.models import create_model
 from cogcal.train.config import TrainConfig
 from cogcal.train.loop import load_checkpoint
@@ -133,27 +135,138 @@ class LoadedRun:
     Attributes
     ----------
     model : CalibratedModel
-        The trained model in eval mode, predicting what the run evaluated (calibrated logits).
+        The trained model in eval mode, predicting what the run evaluated (calibrated
+        logits) from **raw** inputs: its ``preprocess`` is the run's input standardisation
+        (None for a model given in Python, which took its inputs as given), its
+        ``class_names`` the run's classes. ``model.export()`` keeps both.
     config : TrainConfig
         The run's configuration.
     record : RunRecord
         Its ``metrics.json``.
     which : str
         ``"best"`` or ``"last"``: the checkpoint loaded.
+    input : dict or None
+        The run's input record (``config.json``: shape, dtype, mean/std, image size,
+        feature columns); None for a model given in Python.
+    input_shape : list of int or None
+        Per-sample shape of the inputs, when recorded.
     """
 
     model: CalibratedModel
     config: TrainConfig
     record: RunRecord
     which: str
+    input: dict[str, Any] | None = None
+    input_shape: list[int] | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """One name per output (class, or task for multi-label runs)."""
+        return list(self.model.class_names or [])
+
+    @property
+    def task(self) -> str:
+        """``"multiclass"`` or ``"multilabel"``."""
+        return self.model.task
+
+    def to_onnx(self, path: str | os.PathLike[str], *, opset_version: int | None = None) -> Path:
+        """Write ``model.export()`` as an ONNX file taking raw inputs (batch axis dynamic).
+
+        The graph's input is ``x`` (raw inputs, float32, shape ``(N, *input_shape)``) and
+        its output ``logits`` (calibrated). The model's metadata (``metadata_props``) holds
+        ``class_names`` (a JSON list, one per output), ``task`` and ``input`` (the JSON
+        input record: mean, std, scale, image size, feature columns). Needs the ``onnx``
+        package (``pip install onnx``).
+        """
+        import json
+        import warnings
+
+        try:
+            import onnx
+        except ImportError:
+            raise ImportError("to_onnx needs the onnx package: pip install onnx") from None
+        shape = self.input_shape
+        if not shape:
+            raise ValueError(
+                "the run does not record its input shape (a model given in Python through "
+                "a DataLoader): export with torch.onnx.export(run.model.export(), example)."
+            )
+        path = Path(path)
+        exported = self.model.export()
+        example = torch.zeros(2, *shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+            torch.onnx.export(
+                exported, (example,), str(path), input_names=["x"], output_names=["logits"],
+                dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False,
+                **({} if opset_version is None else {"opset_version": opset_version}),
+            )  # fmt: skip
+        proto = onnx.load(str(path))
+        meta = {
+            "class_names": json.dumps(self.class_names),
+            "task": self.task,
+            "input": json.dumps(self.input),
+        }
+        for key, value in meta.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.save(proto, str(path))
+        return path
 
 
 def _final_state(folder: RunDir, which: str) -> dict[str, torch.Tensor]:
     return load_checkpoint(folder.checkpoints / f"{which}.ckpt")["model"]
 
 
-def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
-    """Load a finished ``cogcal train`` run folder as a :class:`~cogcal.CalibratedModel`.
+def _shown(name: str) -> str:
+    for prefix in ("backbone.", "body."):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def _check_fits(target: nn.Module, state: dict[str, torch.Tensor], folder: RunDir,
+                recorded: str, given: nn.Module) -> None:  # fmt: skip
+    """Compare ``given`` (wrapped into ``target``) with the checkpoint ``state``, naming
+    each parameter that is missing, unexpected or of another shape."""
+    have = target.state_dict()
+    problems = [
+        f"{_shown(k)}: the run has shape {tuple(state[k].shape)}, `model` has "
+        f"{tuple(have[k].shape)}"
+        for k in state
+        if k in have and tuple(state[k].shape) != tuple(have[k].shape)
+    ]
+    missing = [_shown(k) for k in state if k not in have]
+    extra = [_shown(k) for k in have if k not in state]
+    if missing:
+        problems.append(f"`model` lacks {', '.join(missing[:5])}" + (" ..." if missing[5:] else ""))
+    if extra:
+        problems.append(f"the run has no {', '.join(extra[:5])}" + (" ..." if extra[5:] else ""))
+    if problems:
+        name = type(given).__name__
+        trained = recorded.removeprefix("python:")
+        kind = f" (the run trained a {trained}, `model` is a {name})" if trained != name else ""
+        raise RunFolderError(
+            f"`model` does not fit the run in {folder.path}{kind}: {'; '.join(problems)}. "
+            "Pass the same architecture, built with the same arguments, as the one trained."
+        )
+
+
+def _probe(model: CalibratedModel, shape: Any, dtype: str) -> None:
+    """One forward pass on a zero input, so that :meth:`CalibratedModel.export` knows the
+    final layer's output is the logits (and folds a post-hoc calibrator into it)."""
+    if not shape:
+        return
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    x = torch.zeros(1, *shape, dtype=getattr(torch, dtype, torch.float32), device=device)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # V-TST draws from the global RNG
+        model(x)
+
+
+def load_run(
+    path: str | os.PathLike[str], *, which: str = "best", model: nn.Module | None = None
+) -> LoadedRun:
+    """Load a finished run folder as a :class:`~cogcal.CalibratedModel` taking raw inputs.
 
     The model is rebuilt from ``config.json`` (backbone, method, calibrator) and its
     weights come from ``checkpoints/<which>.ckpt`` (the checkpoint the run kept, with the
@@ -165,20 +278,50 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
     * ``ce``/``ls``/``focal``: the network (its final layer as the ``"fc"`` calibrator);
     * ``tst``/``vtst``: the network with the TST / V-TST head in place of its final layer.
 
+    It takes the raw inputs of the run's data (table rows, ``uint8`` pixel values): its
+    ``preprocess`` holds the run's recorded standardisation (from ``config.json``, not
+    recomputed from data), and ``model.export()`` keeps it as its first module and carries
+    the class names; a post-hoc calibrator is folded into the final linear layer (a zero
+    input runs through the model once to check that layer's output is the logits).
+
     Parameters
     ----------
     path : path
         A run folder written by ``cogcal train`` / :func:`cogcal.fit` with ``out=``.
     which : {"best", "last"}
         Which checkpoint to load.
+    model : nn.Module, optional
+        For a run of :func:`cogcal.fit` on your own model: a fresh instance of the same
+        architecture; the run's weights are loaded into it **in place** (TST / V-TST
+        replace its final layer with their head, as during training). Checked against the
+        checkpoint's parameter names and shapes (an error names each that differs).
 
     Raises
     ------
     RunFolderError
-        The folder is not a finished cogcal run, or its files do not fit each other.
+        The folder is not a finished cogcal run, its files do not fit each other, or
+        ``model`` is missing, not needed or does not fit.
+
+    Examples
+    --------
+    >>> import tempfile, torch, cogcal
+    >>> x, y = torch.randn(200, 6), torch.randint(0, 3, (200,))
+    >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(),
+    ...                                   torch.nn.Linear(16, 3))
+    >>> out = tempfile.mkdtemp() + "/run"
+    >>> _ = cogcal.fit(net(), (x, y), method="ts", epochs=1, out=out, progress=False)
+    >>> run = cogcal.load_run(out, model=net())
+    >>> run.model.export()          # the temperature folded into the last layer
+    Sequential(
+      (0): Linear(in_features=6, out_features=16, bias=True)
+      (1): ReLU()
+      (2): Linear(in_features=16, out_features=3, bias=True)
+    )
     """
     if which not in ("best", "last"):
         raise RunFolderError(f"`which` must be 'best' or 'last', got {which!r}.")
+    if model is not None and not isinstance(model, nn.Module):
+        raise RunFolderError(f"`model` must be an nn.Module or None, got {type(model).__name__}.")
     folder = RunDir(path)
     record = folder.read_record()
     if record is None:
@@ -196,29 +339,43 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
     config = TrainConfig.from_record(saved)
     method = get_method(config.method)
     model_name = saved.get("model")
-    if not isinstance(model_name, str) or model_name.startswith("python:"):
+    python_model = isinstance(model_name, str) and model_name.startswith("python:")
+    if python_model and model is None:
         raise RunFolderError(
-            f"{folder.path} was trained on a model given in Python ({model_name}); rebuild that "
-            "model yourself and load checkpoints/best.ckpt into it."
+            f"{folder.path} was trained on a model given in Python ({model_name}); pass a fresh "
+            f"instance of it: cogcal.load_run(path, model={model_name[7:]}(...))."
         )
+    if model is not None and not python_model:
+        raise RunFolderError(
+            f"{folder.path} was trained on cogcal's {model_name!r} backbone, which load_run "
+            "rebuilds from config.json; `model=` is for runs of cogcal.fit on your own model."
+        )
+    if not isinstance(model_name, str):
+        raise RunFolderError(f"{folder.config_path} names no model; retrain the run.")
     data = saved.get("data") or {}
     num_classes = int(saved.get("num_classes") or data.get("num_classes") or 0)
     input_shape = tuple(saved.get("input_shape") or data.get("input_shape") or ())
-    if not num_classes or not input_shape:
+    if not num_classes or (not input_shape and not python_model) or "input" not in saved:
         raise RunFolderError(
-            f"{folder.config_path} does not record the number of classes and the input shape; "
-            "it was written by an older cogcal: retrain the run."
+            f"{folder.config_path} does not record the number of classes, the input shape and "
+            "the input preprocessing; it was written by an older cogcal: retrain the run."
         )
     task = saved.get("task", "multiclass")
-    network = create_model(model_name, num_classes=num_classes, input_shape=input_shape)
+    network = model if model is not None else create_model(
+        model_name, num_classes=num_classes, input_shape=input_shape
+    )  # fmt: skip
     try:
         state = _final_state(folder, which)
         if method.stage2:
             stage2 = stage2_model(method, network, num_classes)
+            if model is not None:
+                _check_fits(stage2, state, folder, model_name, model)
             stage2.load_state_dict(state)
-            model = final_model(method, network, network, task=task, head=stage2.head)
+            loaded = final_model(method, network, network, task=task, head=stage2.head)
         else:
             stage1 = stage1_model(method, network, task)
+            if model is not None:
+                _check_fits(stage1, state, folder, model_name, model)
             stage1.load_state_dict(state)
             calibrator = None
             if method.posthoc:
@@ -227,7 +384,7 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
                     torch.load(folder.path / "calibrator.pt", weights_only=True)
                 )
                 calibrator.requires_grad_(False)
-            model = final_model(method, network, stage1, task=task, calibrator=calibrator)
+            loaded = final_model(method, network, stage1, task=task, calibrator=calibrator)
     except pickle.UnpicklingError as err:  # not weights only: never unpickled
         raise RunFolderError(
             f"{folder.path}: a checkpoint or calibrator.pt holds more than tensors (weights_only "
@@ -239,5 +396,16 @@ def load_run(path: str | os.PathLike[str], *, which: str = "best") -> LoadedRun:
             f"{folder.path}: the checkpoints do not fit the model its config.json describes "
             f"({type(err).__name__}: {str(err).splitlines()[0][:160]})."
         ) from None
-    model.eval()
-    return LoadedRun(model=model, config=config, record=record, which=which)
+    inputs = saved.get("input")
+    names = saved.get("class_names") or data.get("class_names")
+    loaded.class_names = [str(c) for c in names] if names else None
+    loaded.preprocess = Preprocess.from_record(inputs) if inputs else None
+    loaded.eval()
+    if inputs:
+        _probe(loaded, inputs["input_shape"], inputs.get("dtype", "float32"))
+    elif input_shape:
+        _probe(loaded, input_shape, data.get("input_dtype", "float32"))
+    return LoadedRun(
+        model=loaded, config=config, record=record, which=which, input=inputs,
+        input_shape=list(inputs["input_shape"] if inputs else input_shape) or None,
+    )  # fmt: skip

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cogcal._errors import ArgumentError
-from cogcal.data import default_model, list_datasets
+from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
 from cogcal.train.methods import get_method, list_methods
 
@@ -57,6 +57,7 @@ ACCELERATORS = ("cpu", "gpu", "auto")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 NORMALIZATIONS = ("auto", "none", "imagenet")
+AUGMENTS = ("none", "flip", "crop_flip")
 SEED_MAX = 2**32 - 1  # numpy's seeding limit
 #: Default of ``checkpoint_seconds``: a kill loses at most this much training; writing
 #: every epoch costs small models a visible share of their run (docs/performance.md).
@@ -157,10 +158,25 @@ class TrainConfig:
         metadata=_opt("early stopping: epochs without a better validation Brier (default: off)"),
     )
     target: str | None = field(
-        default=None, metadata=_opt("target column of a csv: dataset", metavar="COLUMN")
+        default=None,
+        metadata=_opt("class column of a csv: dataset (required there)", metavar="COLUMN"),
     )
     image_size: int | None = field(
-        default=None, metadata=_opt("side in pixels images of a folder: dataset are resized to")
+        default=None,
+        metadata=_opt(
+            "side, in pixels, of the square images a folder: dataset is resized to (default: 32)",
+            metavar="PIXELS",
+        ),
+    )
+    augment: str | None = field(
+        default=None,
+        metadata=_opt(
+            "training augmentation: none, flip (random horizontal flip) or crop_flip (random "
+            "crop of the 4-pixel padded image + flip) (default: the data's: crop_flip for "
+            "cifar10/cifar100/svhn, flip for celeba, none for everything else, folder: images "
+            "included)",
+            choices=AUGMENTS,
+        ),
     )
     normalization: str = field(
         default="auto",
@@ -193,11 +209,20 @@ class TrainConfig:
     )
     mirror: str | None = field(
         default=None,
-        metadata=_opt("base URL of a mirror to download from", results=False, metavar="URL"),
+        metadata=_opt(
+            "base URL of a mirror to download from (default: $COGCAL_DATA_MIRROR, else the "
+            "official URLs)",
+            results=False,
+            metavar="URL",
+        ),
     )
     out: str = field(default="runs/default", metadata=_opt("run folder", results=False, cli=False))
     progress: bool = field(
-        default=True, metadata=_opt("progress bar and end-of-run summary", results=False)
+        default=True,
+        metadata=_opt(
+            "progress bars (the summary and the run folder are printed either way)",
+            results=False,
+        ),
     )
     checkpoint_seconds: float = field(
         default=CHECKPOINT_SECONDS,
@@ -293,9 +318,10 @@ class TrainConfig:
             ("precision", PRECISIONS),
             ("accelerator", ACCELERATORS),
             ("normalization", NORMALIZATIONS),
+            ("augment", AUGMENTS),
         ):
             value = getattr(self, name)
-            if value is None and name == "schedule":
+            if value is None and name in ("schedule", "augment"):
                 continue
             if value not in allowed:
                 raise ConfigError(
@@ -365,6 +391,10 @@ class TrainConfig:
                     f"{n('allow_fast_calibrator')}."
                 )
             )
+        if self.augment not in (None, "none") and self.dataset.startswith("csv:"):
+            raise ConfigError(
+                lambda n: f"{n('augment')} {self.augment} flips images; a csv: table takes none."
+            )
         if self.target is not None and not self.dataset.startswith("csv:"):
             raise ConfigError(lambda n: f"{n('target')} applies to csv: datasets only.")
         if self.dataset.startswith("csv:") and not self.target:
@@ -407,6 +437,16 @@ class TrainConfig:
         return float(lr), float(cal)
 
     @property
+    def augment_name(self) -> str:
+        """The training augmentation used: ``augment``, else the data's default
+        (:func:`cogcal.data.default_augment`; ``"auto"`` for plugins: their own)."""
+        if self.augment is not None:
+            return self.augment
+        if self.dataset.startswith("python:"):
+            return "none"  # cogcal.fit: the user's data as given
+        return default_augment(self.dataset)
+
+    @property
     def schedule_name(self) -> str:
         """The schedule used: ``schedule``, else the method's default."""
         return self.schedule or get_method(self.method).default_schedule
@@ -420,6 +460,7 @@ class TrainConfig:
             "lr": lr,
             "calibrator_lr": cal_lr,
             "schedule": self.schedule_name,
+            "augment": self.augment_name,
         }
 
 
@@ -533,9 +574,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] =
             else:
                 parser.add_argument(flag(f.name), action="store_true", help=help_text)
             continue
-        shown = "default: method's" if default is None else f"default: {default}"
-        if f.name in ("model", "lr", "calibrator_lr", "schedule", "patience", "image_size"):
-            shown = ""
+        # a None default is described by the help text itself (or means "not set")
+        shown = "" if default is None else f"default: {default}"
         parser.add_argument(
             flag(f.name),
             dest=f.name,

@@ -267,6 +267,7 @@ def fit(
     }
     if isinstance(train_source, tuple):
         info["input_shape"] = list(train_source[0].shape[1:])
+        info["input_dtype"] = str(train_source[0].dtype).removeprefix("torch.")
     source = LoaderSource(
         name="python",
         task=task,

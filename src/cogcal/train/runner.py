@@ -32,7 +32,7 @@ from torch import nn
 
 from cogcal import _io
 from cogcal.cog import CalibratedModel
-from cogcal.data import BatchLoader, Dataset, load_dataset
+from cogcal.data import BatchLoader, Dataset, load_dataset, with_augment
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
@@ -203,6 +203,9 @@ def execute(
         "num_classes": source.num_classes,
         "input_shape": list(source.dataset.input_shape) if source.dataset is not None else None,
         "data": source.info,
+        # what load_run/predict need to take raw inputs without the data (None: as given)
+        "input": source.dataset.input_record() if source.dataset is not None else None,
+        "class_names": list(source.class_names),
     }
     failure: BaseException | None = None
     resumed = False
@@ -237,6 +240,10 @@ def execute(
 
 
 def _load(config: TrainConfig) -> Dataset:
+    return with_augment(_load_data(config), config.augment_name)
+
+
+def _load_data(config: TrainConfig) -> Dataset:
     return load_dataset(
         config.dataset,
         root=config.data_root,
