@@ -110,7 +110,7 @@ def _fake_run(nll_of, diverge=lambda cfg: False):
 def test_tune_extends_records_and_reuses_points(tmp_path, monkeypatch):
     fake, calls = _fake_run(lambda cfg: abs(math.log10(cfg.lr) + 2))  # optimum 1e-2
     monkeypatch.setattr(runner, "run", fake)
-    cfg = TrainConfig(method="ce", epochs=1)
+    cfg = TrainConfig(method="ce", preset="paper", epochs=1)
     summary = runner.tune(cfg, Grid(lrs=(1e-4, 1e-3)), tmp_path / "t", max_extensions=3)
     assert summary["best"] == {"lr": 0.01} and not summary["at_edge"]
     assert [r["lr"] for r in summary["table"]] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1])

@@ -152,6 +152,12 @@ class RunRecord:
         ``"complete"`` (only complete runs are recorded).
     copied_from : str or None
         Set when `cogcal bench` copied this run from an identical one.
+    health : dict or None
+        The calibration health check of the validation split (:mod:`cogcal.health`,
+        :meth:`cogcal.health.HealthReport.to_dict`).
+    selection : dict or None
+        When the learning rates were chosen by validation cross-entropy (no ``lr`` given):
+        the grid trained, the choice and its cost (:mod:`cogcal.train.select`).
     """
 
     config: dict[str, Any]
@@ -164,6 +170,8 @@ class RunRecord:
     timing: dict[str, Any] = field(default_factory=dict)
     status: str = "complete"
     copied_from: str | None = None
+    health: dict[str, Any] | None = None
+    selection: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "metrics.json") -> RunRecord:
@@ -194,6 +202,9 @@ class RunRecord:
             out["val_uncalibrated"] = self.val_uncalibrated
         if self.copied_from is not None:
             out["copied_from"] = self.copied_from
+        for key in ("health", "selection"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return _finite(out)
 
     @property
