@@ -124,6 +124,7 @@ def test_tune_refuses_a_point_made_with_another_configuration(tmp_path, monkeypa
     fake, calls = _fake_run(lambda cfg: 0.5)
     monkeypatch.setattr(runner, "run", fake)
     argv = ["tune", "--lrs", "1e-3", "--max-extensions", "0", "--out", str(tmp_path / "t")]
+    argv += ["--preset", "paper"]
     assert main([*argv, "--method", "ce", "--epochs", "1", "--no-progress"]) == 0
     # the same folder, another method and epochs: an error naming the difference, not a reuse
     assert main([*argv, "--method", "ls", "--epochs", "3", "--no-progress"]) == 2
@@ -138,6 +139,7 @@ def test_a_diverging_point_is_recorded_and_the_others_compared(tmp_path, monkeyp
     fake, calls = _fake_run(lambda cfg: 1.0 / cfg.lr, diverge=lambda cfg: cfg.lr > 1)
     monkeypatch.setattr(runner, "run", fake)
     argv = ["tune", "--method", "ce", "--lrs", "1e-3,1e30", "--max-extensions", "0"]
+    argv += ["--preset", "paper", "--epochs", "30"]
     assert main([*argv, "--out", str(tmp_path / "t")]) == 0
     table = json.loads((tmp_path / "t" / "tune.json").read_text())["table"]
     assert [r["status"] for r in table] == ["complete", "diverged"]

@@ -39,7 +39,7 @@ def advice(config: TrainConfig, method: Method, steps: int) -> dict[str, str]:
             under = (
                 f"the learning rates chosen by validation cross-entropy (calibrator lr "
                 f"{cal_lr:g}) leave it under-confident after {steps} steps; train longer "
-                f"({longer}) or {posthoc}"
+                f"(more epochs) or {posthoc}"
             )
             over = f"no learning rate of the grid removes it; {posthoc}"
         else:
