@@ -145,6 +145,9 @@ def test_a_one_epoch_digits_run_warns_under_trained(tmp_path, capsys):
     assert "cogcal: warning: under-trained: it made only 36 optimizer steps" in captured.err
     health = json.loads((out / "metrics.json").read_text())["health"]
     assert not health["ok"] and health["steps"] == 36
+    assert main(["report", str(out)]) == 0  # the one-run report shows the warning
+    report = (out / "report.md").read_text()
+    assert "Health check" in report and "under-trained: it made only 36" in report
 
 
 @pytest.mark.slow
