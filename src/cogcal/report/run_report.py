@@ -222,8 +222,13 @@ def health_section(record: Any) -> Section | None:
             f"{_num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
         ]
         section.blocks.append(
-            Table("Learning rates tried", ["λ_f", "λ_c/λ_f", "validation NLL"], rows, notes,
-                  "selection")  # fmt: skip
+            Table(
+                "Learning rates tried",
+                ["λ_f", "λ_c/λ_f", "validation NLL"],
+                rows,
+                notes,
+                "selection",
+            )  # fmt: skip
         )
     return section
 
