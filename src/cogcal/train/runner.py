@@ -49,6 +49,7 @@ from cogcal.train.loop import (
 )
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import Grid, GridSearch, point_config, point_label, write_tables
 
@@ -194,10 +195,8 @@ def execute(
     _check_multilabel(method, source)
     # the budget left unset: from the training-set size (auto) or the paper's (fields given
     # are kept, so a fully specified configuration is unchanged)
-    config = config.with_budget(_train_size(source), task=source.task)
+    config = config.with_budget(train_size(source), task=source.task)
     if config.selects_learning_rates:  # no lr given: chosen by validation cross-entropy
-        from cogcal.train.select import select_and_train
-
         return select_and_train(config, source, model, resume=resume, overwrite=overwrite)
     fabric = launch(config)
     folder = RunDir(config.out)
@@ -226,7 +225,7 @@ def execute(
     if not ok:
         raise RuntimeError("process 0 could not prepare the run folder; see its error.")
     if fabric.is_global_zero and config.progress:
-        print(describe_budget(resolved, _train_size(source)), file=sys.stderr)
+        print(describe_budget(resolved, train_size(source)), file=sys.stderr)
     lock = folder.lock() if fabric.is_global_zero else contextlib.nullcontext()
     with lock:
         if fabric.is_global_zero:
@@ -244,39 +243,6 @@ def execute(
                     {"status": "diverged", "error": str(err), "config": resolved},
                 )
             raise
-
-
-def _train_size(source: DataSource) -> int:
-    """Samples in the training split of ``source``."""
-    if source.dataset is not None:
-        return len(source.dataset.train)
-    return int(source.info["train_size"])
-
-
-def describe_budget(resolved: dict[str, Any], train_size: int) -> str:
-    """One line stating a run's resolved budget and learning rates (printed at its start)."""
-    batch, epochs = int(resolved["batch_size"]), int(resolved["epochs"])
-    per_epoch = max(1, math.ceil(train_size / batch))
-    schedule = (
-        f"rates /10 every {resolved['step_size']} epochs"
-        if resolved["schedule"] == "step"
-        else "constant rates"
-    )
-    rates = (
-        "chosen by validation cross-entropy"
-        if resolved.get("lr") is None
-        else f"lr {resolved['lr']:g}"
-        + (
-            f", calibrator lr {resolved['calibrator_lr']:g}"
-            if resolved.get("calibrator_lr")
-            else ""
-        )
-    )
-    return (
-        f"{resolved['method']} on {resolved['dataset']} (preset {resolved['preset']}): "
-        f"{train_size} training samples, batch {batch} ({per_epoch} steps/epoch), {epochs} "
-        f"epochs = {per_epoch * epochs} optimizer steps at most, {schedule}; {rates}"
-    )
 
 
 def _load(config: TrainConfig) -> Dataset:
@@ -577,7 +543,7 @@ def tune(
         if not config.budget_resolved:  # every point trains the same budget
             source = DatasetSource(_load(config))
             _check_multilabel(get_method(config.method), source)
-            config = config.with_budget(_train_size(source), task=source.task)
+            config = config.with_budget(train_size(source), task=source.task)
         runs = search_points(config, search, out, rows, overwrite=overwrite, data=source)
         summary = search.summary(rows)
         if search.best is not None:  # the chosen run's health check (validation only)

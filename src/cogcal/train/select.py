@@ -22,6 +22,7 @@ unfinished one. The test split plays no part in the choice.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import sys
@@ -40,6 +41,8 @@ from cogcal.train.sources import DataSource
 from cogcal.train.tuning import SELECTION_RULE, Grid, GridSearch, point_label
 
 __all__ = [
+    "describe_budget",
+    "train_size",
     "BASELINE_LRS",
     "BASE_RATIO",
     "COG_LRS",
@@ -63,6 +66,39 @@ def selection_folder(out: str | Path) -> Path:
     return out.with_name(out.name + ".select")
 
 
+def train_size(source: DataSource) -> int:
+    """Samples in the training split of ``source``."""
+    if source.dataset is not None:
+        return len(source.dataset.train)
+    return int(source.info["train_size"])
+
+
+def describe_budget(resolved: dict[str, Any], n_train: int) -> str:
+    """One line stating a run's resolved budget and learning rates (printed at its start)."""
+    batch, epochs = int(resolved["batch_size"]), int(resolved["epochs"])
+    per_epoch = max(1, math.ceil(n_train / batch))
+    schedule = (
+        f"rates /10 every {resolved['step_size']} epochs"
+        if resolved["schedule"] == "step"
+        else "constant rates"
+    )
+    rates = (
+        "chosen by validation cross-entropy"
+        if resolved.get("lr") is None
+        else f"lr {resolved['lr']:g}"
+        + (
+            f", calibrator lr {resolved['calibrator_lr']:g}"
+            if resolved.get("calibrator_lr")
+            else ""
+        )
+    )
+    return (
+        f"{resolved['method']} on {resolved['dataset']} (preset {resolved['preset']}): "
+        f"{n_train} training samples, batch {batch} ({per_epoch} steps/epoch), {epochs} "
+        f"epochs = {per_epoch * epochs} optimizer steps at most, {schedule}; {rates}"
+    )
+
+
 def _say(config: TrainConfig, text: str) -> None:
     if config.progress:
         print(text, file=sys.stderr, flush=True)
@@ -83,7 +119,7 @@ def select_and_train(
     ``overwrite`` replaces a finished run in ``config.out`` and points of another
     configuration.
     """
-    from cogcal.train.runner import _train_size, describe_budget, search_points
+    from cogcal.train.runner import search_points
 
     if config.devices * config.num_nodes > 1:
         raise ConfigError(
@@ -101,7 +137,7 @@ def select_and_train(
     if not (resume and not out.is_complete()):
         out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
     config = config.replace(extra={**config.extra, SELECTED: SELECTION_RULE})
-    _say(config, describe_budget(config.resolved(), _train_size(source)))
+    _say(config, describe_budget(config.resolved(), train_size(source)))
     _say(
         config,
         f"choosing the learning rates by validation cross-entropy: at most "
