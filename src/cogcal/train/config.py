@@ -159,7 +159,8 @@ class TrainConfig:
     preset: str = field(
         default="auto",
         metadata=_opt(
-            "defaults of the unset budget fields: auto (batch, epochs and schedule from the "
+            "what unset budget fields become (default: auto): auto (batch, epochs and "
+            "schedule from the "
             "training-set size; without --lr the learning rates are chosen by validation "
             "cross-entropy) or paper (batch 256, lr 1e-3 COG / 1e-4 others, calibrator lr/10, "
             "rates /10 every 10 epochs for COG, 300 epochs)",

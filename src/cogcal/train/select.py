@@ -146,10 +146,8 @@ def select_and_train(
     )
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    seconds: dict[str, float] = {}
 
     def on_point(row: dict[str, Any]) -> None:
-        seconds[row["run"]] = time.perf_counter() - started - sum(seconds.values())
         point = ", ".join(f"{k} {row[k]:g}" for k in ("lr", "ratio") if row.get(k) is not None)
         nll = "diverged" if row["val_nll"] is None else f"validation NLL {row['val_nll']:.4f}"
         _say(
@@ -163,6 +161,7 @@ def select_and_train(
                 Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)), max_extensions=MAX_EXTENSIONS
             )
             runs = search_points(config, first, folder, rows, **common)
+            edges = first.at_edge  # λ_f still at an edge after its extension (or none)
             if first.best is None:
                 search = first
             else:
@@ -172,9 +171,12 @@ def select_and_train(
                 )
                 runs.update(search_points(config, search, folder, rows, known=runs, **common))
         else:
+            edges = []
             search = GridSearch(Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS)
             runs = search_points(config, search, folder, rows, **common)
         summary = search.summary(rows)
+        summary["edges"] = sorted(set(edges) | set(summary["edges"]))
+        summary["at_edge"] = bool(summary["edges"])
         summary["grid"] = {
             axis: sorted({r[axis] for r in rows if r.get(axis) is not None})
             for axis in ("lr", "ratio")
@@ -196,7 +198,11 @@ def select_and_train(
             )
         label = point_label(search.best)
         record, trained = runs[label]
-        edge = f" (at the edge of the grid: {', '.join(search.at_edge)})" if search.at_edge else ""
+        edge = (
+            f" (at the edge of the grid: {', '.join(summary['edges'])})"
+            if summary["at_edge"]
+            else ""
+        )
         _say(
             config,
             f"chosen: {summary['best_config']}{edge}; {len(rows)} runs, "
