@@ -7,7 +7,8 @@ Times, as fresh processes, interleaved, median of the repeats (wall seconds):
 * ``import torch``: the interpreter and torch;
 * ``torch + Adam``: the same plus building one ``torch.optim.Adam`` and taking one step
   (the first optimizer step imports ``torch._dynamo``, which every training program pays);
-* ``cogcal train``: ``cogcal train --dataset mnist1d --model mlp --epochs 2`` into a fresh
+* ``cogcal train``: ``cogcal train --dataset mnist1d --model mlp --epochs 2 --lr 1e-3`` (one
+  configuration: without ``--lr`` the learning rates would be chosen on a grid) into a fresh
   folder, with the run's own time (``timing.total_seconds`` of its metrics.json).
 
 The first two are the floor no training command on this machine can go below; the
@@ -62,6 +63,7 @@ def _train(root: str) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [COGCAL, "train", "--dataset", "mnist1d", "--model", "mlp", "--epochs", "2"]
+        cmd += ["--lr", "1e-3"]
         wall = _wall([*cmd, "--data-root", root, "--out", str(out)])
         run = json.loads((out / "metrics.json").read_text())["timing"]["total_seconds"]
     return wall, run

@@ -87,7 +87,7 @@ def train_loop(
 ) -> Timed:
     with tempfile.TemporaryDirectory() as out:
         cfg = TrainConfig(
-            dataset="mnist1d", model=model_name, method="cog-fc", epochs=epochs,
+            dataset="mnist1d", model=model_name, method="cog-fc", epochs=epochs, lr=1e-3,
             batch_size=batch_size, seed=seed, data_root=root, out=out, progress=True, **options,
         )  # fmt: skip
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
@@ -105,7 +105,7 @@ def fit_loop(model_name: str, data, epochs: int, batch_size: int, seed: int, **o
     with contextlib.redirect_stderr(io.StringIO()):
         result = cogcal.fit(
             model, train, val, method="cog-fc", epochs=epochs, batch_size=batch_size, seed=seed,
-            **{k: v for k, v in options.items() if k != "root"},
+            lr=1e-3, **{k: v for k, v in options.items() if k != "root"},
         )  # fmt: skip
     return result.timing["stage1"]["seconds"], [row["seconds"] for row in result.history]
 

@@ -122,7 +122,7 @@ def _fake_brier(monkeypatch, values: list[float]) -> None:
 
 @pytest.mark.slow
 def test_results_and_resume_do_not_depend_on_the_interval(data_root, tmp_path, monkeypatch):
-    base = dict(method="cog-ts", epochs=4, data_root=str(data_root), progress=False)
+    base = dict(method="cog-ts", preset="paper", epochs=4, data_root=str(data_root), progress=False)
     _fake_brier(monkeypatch, [0.5, 0.4, 0.45, 0.47])
     every = run(TrainConfig(**base, out=str(tmp_path / "every"), checkpoint_seconds=0))
     assert every["timing"]["stage1"]["best_epoch"] == 1

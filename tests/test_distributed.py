@@ -17,7 +17,17 @@ pytestmark = pytest.mark.slow
 
 def test_two_process_ddp_matches_one_process(tmp_path):
     data_root = tmp_path / "data"
-    common = ["--method", "cog-ms", "--epochs", "2", "--data-root", str(data_root), "--no-progress"]
+    common = [
+        "--method",
+        "cog-ms",
+        "--preset",
+        "paper",
+        "--epochs",
+        "2",
+        "--data-root",
+        str(data_root),
+        "--no-progress",
+    ]
     assert main(["train", *common, "--out", str(tmp_path / "one")]) == 0
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     cmd = [sys.executable, "-m", "cogcal.cli", "train", *common, "--out", str(tmp_path / "two")]

@@ -40,11 +40,15 @@ def reference(data_root, tmp_path_factory) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
+#: A one-epoch run with the paper's settings (one configuration, no learning-rate choice).
+ONE_EPOCH = ["train", "--preset", "paper", "--epochs", "1", "--no-progress"]
+
+
 def _argv(data_root: Path, out: Path, *extra: str, epochs: int = 8) -> list[str]:
     # a checkpoint after every epoch, so that a kill can land between two of them
     return [
-        "train", "--method", "cog-ts", "--epochs", str(epochs), "--step-size", "3",
-        "--data-root", str(data_root), "--out", str(out), "--no-progress",
+        "train", "--method", "cog-ts", "--preset", "paper", "--epochs", str(epochs),
+        "--step-size", "3", "--data-root", str(data_root), "--out", str(out), "--no-progress",
         "--checkpoint-seconds", "0", *extra,
     ]  # fmt: skip
 
@@ -173,7 +177,7 @@ def test_overwrite_never_deletes_what_cogcal_did_not_write(data_root, tmp_path, 
     (d / "logs").mkdir(parents=True)
     (d / "checkpoints").mkdir()
     (d / "logs" / "important.txt").write_text("keep me")
-    argv = ["train", "--epochs", "1", "--data-root", str(data_root), "--no-progress"]
+    argv = [*ONE_EPOCH, "--data-root", str(data_root)]
     assert main([*argv, "--overwrite", "--out", str(d)]) == 2
     err = capsys.readouterr().err
     assert "is not a cogcal run folder" in err and err.count("\n") == 1
@@ -214,7 +218,7 @@ def test_a_folder_in_use_is_refused(data_root, tmp_path, capsys):
 
 def test_folder_and_disk_failures_are_one_line(data_root, tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("x")
-    argv = ["train", "--epochs", "1", "--data-root", str(data_root), "--no-progress"]
+    argv = [*ONE_EPOCH, "--data-root", str(data_root)]
     for out, message in (
         (tmp_path / "file", "is an existing file"),
         (tmp_path / "file" / "run", "which is a file"),

@@ -34,7 +34,7 @@ def _net() -> nn.Module:
 def test_every_method_through_fit(method, tmp_path):
     x, y = _problem()
     result = cogcal.fit(
-        _net(), (x, y), method=method, epochs=2, stage2_epochs=1, batch_size=64, progress=False,
+        _net(), (x, y), method=method, preset="paper", epochs=2, stage2_epochs=1, batch_size=64, progress=False,
         out=tmp_path / "run",
     )  # fmt: skip
     assert isinstance(result.model, CalibratedModel) and not result.model.training
@@ -100,7 +100,7 @@ def test_every_input_kind(kind):
 @pytest.mark.slow
 def test_fit_with_a_dataset_and_no_validation_splits_it(tmp_path):
     x, y = _problem()
-    result = cogcal.fit(_net(), _Pairs(x, y), method="ce", epochs=1, progress=False)
+    result = cogcal.fit(_net(), _Pairs(x, y), method="ce", preset="paper", epochs=1, progress=False)
     assert result.validation.startswith("stratified 20% of train_data (120 samples")
 
 
@@ -127,10 +127,12 @@ def test_fit_errors_are_specific():
 def test_fit_writes_a_run_folder_with_the_train_contract(tmp_path):
     x, y = _problem()
     out = tmp_path / "run"
-    cogcal.fit(_net(), (x, y), epochs=1, out=out, progress=False)
+    cogcal.fit(_net(), (x, y), preset="paper", epochs=1, out=out, progress=False)
     with pytest.raises(ValueError, match="already holds a finished run"):
-        cogcal.fit(_net(), (x, y), epochs=1, out=out, progress=False)
-    again = cogcal.fit(_net(), (x, y), epochs=1, out=out, progress=False, overwrite=True)
+        cogcal.fit(_net(), (x, y), preset="paper", epochs=1, out=out, progress=False)
+    again = cogcal.fit(
+        _net(), (x, y), preset="paper", epochs=1, out=out, progress=False, overwrite=True
+    )
     assert again.out == out
     with pytest.raises(ValueError, match="model given in Python"):
         cogcal.load_run(out)
@@ -140,7 +142,17 @@ def test_fit_writes_a_run_folder_with_the_train_contract(tmp_path):
 def digits_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     for method in ("ce", "ts", "vs", "ms", "cog-fc", "cog-ms", "tst", "vtst"):
-        argv = ["train", "--dataset", "digits", "--method", method, "--epochs", "2"]
+        argv = [
+            "train",
+            "--dataset",
+            "digits",
+            "--method",
+            method,
+            "--preset",
+            "paper",
+            "--epochs",
+            "2",
+        ]
         argv += ["--stage2-epochs", "1", "--data-root", str(root / "data"), "--no-progress"]
         assert main([*argv, "--out", str(root / method)]) == 0
     return root

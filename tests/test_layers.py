@@ -30,7 +30,7 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         cogcal.cli.main(["--help"])
     assert cogcal.cli.main(["bench", "--list"]) == 0
     assert cogcal.cli.main(["report", {str(tmp_path / "bench")!r}]) == 2  # no results.csv
-    assert cogcal.cli.main(["train", "--epochs", "1", "--no-progress",
+    assert cogcal.cli.main(["train", "--preset", "paper", "--epochs", "1", "--no-progress",
                             "--data-root", {str(tmp_path / "data")!r},
                             "--out", {str(tmp_path / "run")!r}]) == 0
     assert cogcal.cli.main(["report", {str(tmp_path / "run")!r}]) == 0

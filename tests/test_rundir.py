@@ -20,6 +20,7 @@ OTHER = {
     "model": "cnn1d",
     "method": "cog-ms",
     "seed": 3,
+    "preset": "paper",
     "epochs": 7,
     "stage2_epochs": 9,
     "batch_size": 64,
@@ -67,7 +68,7 @@ def test_same_config_compares_every_field_that_can_change_results(name):
     elif name == "normalization":
         base, change = {"dataset": "folder:imgs"}, {"normalization": "none"}
     elif name in ("calibrator_lr", "allow_fast_calibrator"):
-        base, change = {"method": "cog-ms"}, {name: OTHER[name]}
+        base, change = {"method": "cog-ms", "lr": 1e-3}, {name: OTHER[name]}
     elif name == "step_size":
         base, change = {"method": "cog-fc"}, {"step_size": 4}
     elif name == "stage2_epochs":
@@ -77,7 +78,7 @@ def test_same_config_compares_every_field_that_can_change_results(name):
     elif name == "precision":
         change = {"precision": "bf16-mixed"}
     elif name == "schedule":
-        change = {"schedule": "step"}
+        change = {"schedule": "none"}  # the automatic preset's is "step"
     else:
         change = {name: OTHER[name]}
     a = TrainConfig(**base)
@@ -86,16 +87,20 @@ def test_same_config_compares_every_field_that_can_change_results(name):
 
 
 def test_a_field_left_to_its_default_is_compared_too():
-    recorded = TrainConfig(method="ce", batch_size=32).resolved()
-    planned = {"method": "ce"}  # batch_size dropped from a suite: back to its default (256)
+    recorded = TrainConfig(method="ce", preset="paper", batch_size=32).resolved()
+    planned = {"method": "ce", "preset": "paper"}  # batch_size dropped: back to 256
     assert not same_config(recorded, planned)
     assert config_diff(recorded, TrainConfig(**planned).resolved()) == ["batch_size: 32 -> 256"]
-    assert same_config(TrainConfig(method="ce"), {"method": "ce", "lr": 1e-4, "schedule": "none"})
+    paper = {"method": "ce", "preset": "paper", "lr": 1e-4, "schedule": "none"}
+    assert same_config(TrainConfig(method="ce", preset="paper"), paper)
+    # the automatic preset leaves the budget to the data: unset until the run sees it
+    assert TrainConfig(method="ce").resolved()["batch_size"] is None
 
 
 def test_fields_a_method_does_not_use_do_not_make_runs_differ():
     assert same_config(TrainConfig(method="ce", stage2_epochs=3), TrainConfig(method="ce"))
-    assert same_config(TrainConfig(method="ce", step_size=3), TrainConfig(method="ce"))
+    no_schedule = {"method": "ce", "schedule": "none"}
+    assert same_config(TrainConfig(**no_schedule, step_size=3), TrainConfig(**no_schedule))
     assert not same_config(
         TrainConfig(method="ce", schedule="step", step_size=3),
         TrainConfig(method="ce", schedule="step"),
@@ -187,7 +192,7 @@ def test_prepare_rules(tmp_path):
 
 
 def test_resuming_a_run_stopped_before_its_first_checkpoint_starts_it_over(tmp_path):
-    cfg = TrainConfig(method="ce", out=str(tmp_path / "run"))
+    cfg = TrainConfig(method="ce", epochs=30, out=str(tmp_path / "run"))
     folder = RunDir(cfg.out)
     folder.path.mkdir()
     folder.write_config(cfg.resolved())  # what a run writes before its first epoch

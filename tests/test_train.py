@@ -28,7 +28,14 @@ def data_root(tmp_path_factory) -> Path:
 
 
 def _config(data_root, out, **kw) -> TrainConfig:
-    base = dict(epochs=1, stage2_epochs=1, data_root=str(data_root), out=str(out), progress=False)
+    base = dict(
+        preset="paper",
+        epochs=1,
+        stage2_epochs=1,
+        data_root=str(data_root),
+        out=str(out),
+        progress=False,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -87,7 +94,17 @@ def test_every_method_runs_on_mnist1d(method, data_root, tmp_path):
 @pytest.mark.parametrize("method", ["ce", "ms", "vtst", "cog-fc", "cog-tst", "cog-focal"])
 def test_methods_run_on_digits_through_the_cli(method, data_root, tmp_path, capsys):
     out = tmp_path / method
-    argv = ["train", "--dataset", "digits", "--method", method.upper(), "--epochs", "1"]
+    argv = [
+        "train",
+        "--dataset",
+        "digits",
+        "--method",
+        method.upper(),
+        "--preset",
+        "paper",
+        "--epochs",
+        "1",
+    ]
     argv += ["--stage2-epochs", "1", "--data-root", str(data_root), "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -107,7 +124,17 @@ MULTILABEL_METHODS = ["ce", "ls", "ts", "ms", "cog-fc", "cog-ts", "cog-ms", "cog
 @pytest.mark.parametrize("method", MULTILABEL_METHODS)
 def test_multitask_methods_run_through_the_cli(method, data_root, tmp_path):
     out = tmp_path / method
-    argv = ["train", "--dataset", "mnist1d-mtl", "--method", method, "--epochs", "1"]
+    argv = [
+        "train",
+        "--dataset",
+        "mnist1d-mtl",
+        "--method",
+        method,
+        "--preset",
+        "paper",
+        "--epochs",
+        "1",
+    ]
     assert main([*argv, "--data-root", str(data_root), "--out", str(out), "--no-progress"]) == 0
     saved = json.loads((out / "metrics.json").read_text())
     names = load_dataset("mnist1d-mtl", root=data_root).class_names

@@ -110,7 +110,7 @@ def _fake_run(nll_of, diverge=lambda cfg: False):
 def test_tune_extends_records_and_reuses_points(tmp_path, monkeypatch):
     fake, calls = _fake_run(lambda cfg: abs(math.log10(cfg.lr) + 2))  # optimum 1e-2
     monkeypatch.setattr(runner, "run", fake)
-    cfg = TrainConfig(method="ce", epochs=1)
+    cfg = TrainConfig(method="ce", preset="paper", epochs=1)
     summary = runner.tune(cfg, Grid(lrs=(1e-4, 1e-3)), tmp_path / "t", max_extensions=3)
     assert summary["best"] == {"lr": 0.01} and not summary["at_edge"]
     assert [r["lr"] for r in summary["table"]] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1])
@@ -124,6 +124,7 @@ def test_tune_refuses_a_point_made_with_another_configuration(tmp_path, monkeypa
     fake, calls = _fake_run(lambda cfg: 0.5)
     monkeypatch.setattr(runner, "run", fake)
     argv = ["tune", "--lrs", "1e-3", "--max-extensions", "0", "--out", str(tmp_path / "t")]
+    argv += ["--preset", "paper"]
     assert main([*argv, "--method", "ce", "--epochs", "1", "--no-progress"]) == 0
     # the same folder, another method and epochs: an error naming the difference, not a reuse
     assert main([*argv, "--method", "ls", "--epochs", "3", "--no-progress"]) == 2
@@ -138,6 +139,7 @@ def test_a_diverging_point_is_recorded_and_the_others_compared(tmp_path, monkeyp
     fake, calls = _fake_run(lambda cfg: 1.0 / cfg.lr, diverge=lambda cfg: cfg.lr > 1)
     monkeypatch.setattr(runner, "run", fake)
     argv = ["tune", "--method", "ce", "--lrs", "1e-3,1e30", "--max-extensions", "0"]
+    argv += ["--preset", "paper", "--epochs", "30"]
     assert main([*argv, "--out", str(tmp_path / "t")]) == 0
     table = json.loads((tmp_path / "t" / "tune.json").read_text())["table"]
     assert [r["status"] for r in table] == ["complete", "diverged"]

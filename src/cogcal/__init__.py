@@ -4,7 +4,8 @@ Train a neural-network classifier and its calibrator together, in the same forwa
 and backward pass, the calibrator on a slower learning rate.
 
 ``import cogcal`` loads the core only (torch and numpy): :class:`CalibratedModel`, the
-calibrators, losses and metrics. :func:`fit` (the recipe on your own model and data) and
+calibrators, losses and metrics, and :func:`check_calibration` (the health check of a model
+on validation data, :mod:`cogcal.health`). :func:`fit` (the recipe on your own model and data) and
 :func:`load_run` (a finished run as a model) load the training layer when first used.
 """
 
@@ -16,8 +17,16 @@ from typing import Any
 __version__ = "0.2.0"
 
 from cogcal.cog import CalibratedModel, find_classifier
+from cogcal.health import check_calibration
 
-__all__ = ["CalibratedModel", "find_classifier", "fit", "load_run", "__version__"]
+__all__ = [
+    "CalibratedModel",
+    "check_calibration",
+    "find_classifier",
+    "fit",
+    "load_run",
+    "__version__",
+]
 
 _LAZY = {"fit": "cogcal.train.fit", "load_run": "cogcal.train.assemble"}
 

@@ -110,7 +110,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
         "and a report"
     )
+    _print_health(result)
     return 0
+
+
+def _print_health(record: dict) -> None:
+    """The run's health-check findings (validation only), one warning line each."""
+    from cogcal.train.checkup import findings_of
+
+    for message in findings_of(record):
+        print(f"cogcal: warning: {message}", file=sys.stderr)
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
@@ -162,6 +171,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(f"{point:32s} {nll}")
     edge = f" (still at the grid edge: {', '.join(summary['edges'])})" if summary["at_edge"] else ""
     print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
+    _print_health(summary)
     return 0
 
 

@@ -291,6 +291,7 @@ class Plan:
         (and without the learning rates when they are tuned)."""
         budget = self.suite.budget(protocol, method)
         return {
+            "preset": "paper",  # a field a suite leaves out keeps the paper's value (batch 256)
             **self.suite.train,
             **entry.train,
             **budget.config_fields(),

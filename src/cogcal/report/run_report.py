@@ -33,6 +33,7 @@ _FIRST = (
     "model",
     "task",
     "seed",
+    "preset",
     "epochs",
     "stage2_epochs",
     "batch_size",
@@ -183,6 +184,55 @@ def _timing_table(record: Any) -> Table | None:
     return Table("Timing", ["Stage", "Value"], rows, ["Seconds; stages as recorded."], "timing")
 
 
+def health_section(record: Any) -> Section | None:
+    """The run's calibration health check (validation only; ``health`` in ``metrics.json``)
+    and, when its learning rates were chosen by validation cross-entropy, that choice;
+    None for a record that has neither (written before the check existed)."""
+    health = getattr(record, "health", None)
+    selection = getattr(record, "selection", None)
+    if not health and not selection:
+        return None
+    section = Section("Health check", key="health")
+    if health:
+        findings = [str(f.get("message", "")) for f in health.get("findings") or []]
+        facts = (
+            f"Validation ECE-15 {_num(health.get('ece'))}, mean confidence minus accuracy "
+            f"{_num(health.get('confidence_gap'))}; a temperature fitted on validation "
+            f"({_num(health.get('temperature'), 3)}, a diagnostic only: not applied) would "
+            f"change the validation NLL from {_num(health.get('nll'))} to "
+            f"{_num(health.get('nll_temperature'))}; {health.get('steps')} optimizer steps."
+        )
+        if findings:
+            section.blocks.append(Paragraph(f"{facts} Warnings:", items=findings))
+        else:
+            section.blocks.append(Paragraph(f"{facts} No warning: calibrated and trained."))
+    if selection:
+        rows = [
+            [
+                Cell(_num(r.get("lr"), 4)),
+                Cell(_num(r.get("ratio"), 3) if r.get("ratio") is not None else "-"),
+                Cell("diverged" if r.get("val_nll") is None else _num(r.get("val_nll"))),
+            ]
+            for r in selection.get("table") or []
+        ]
+        edge = " (at the edge of the grid)" if selection.get("at_edge") else ""
+        notes = [
+            f"Chosen by validation cross-entropy: {plain(selection.get('best_config'))}{edge}; "
+            f"{selection.get('runs')} runs of the same budget, "
+            f"{_num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
+        ]
+        section.blocks.append(
+            Table(
+                "Learning rates tried",
+                ["λ_f", "λ_c/λ_f", "validation NLL"],
+                rows,
+                notes,
+                "selection",
+            )  # fmt: skip
+        )
+    return section
+
+
 def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
     from cogcal.report.diagrams import plot_reliability
     from cogcal.train.rundir import RunFolderError
@@ -321,6 +371,9 @@ def build_run_report(run_dir: str | Path) -> Path:
         results.blocks.append(tasks)
     sections.append(results)
     sections.append(Section("Reliability diagram", [_reliability(folder, record)], "reliability"))
+    health = health_section(record)
+    if health is not None:
+        sections.append(health)
     robust = Section("OOD detection and covariate shift", key="robustness")
     for table in (_ood_table(record), _shift_table(record)):
         if table is not None:

@@ -10,12 +10,17 @@ Validation happens once, when a ``TrainConfig`` is built. Errors are
 :class:`ConfigError` s that name the field in Python (``lr``) and the flag on the command
 line (``--lr``).
 
->>> cfg = TrainConfig(method="cog-ms", epochs=5)
->>> cfg.learning_rates()
-(0.001, 0.0001)
->>> cfg.resolved()["schedule"], cfg.resolved()["model"]
-('step', 'mlp')
->>> TrainConfig(method="ce").resolved()["schedule"]
+Left to their defaults (``preset="auto"``), the budget scales with the training set and
+the learning rates are chosen by validation cross-entropy (docs/method.md §1, "defaults");
+``preset="paper"`` gives the paper's settings:
+
+>>> cfg = TrainConfig(method="cog-ms").with_budget(1149)
+>>> cfg.batch_size, cfg.epochs, cfg.step_size, cfg.schedule_name, cfg.selects_learning_rates
+(32, 42, 14, 'step', True)
+>>> paper = TrainConfig(method="cog-ms", preset="paper").with_budget(1149)
+>>> paper.batch_size, paper.epochs, paper.step_size, paper.learning_rates()
+(256, 300, 10, (0.001, 0.0001))
+>>> TrainConfig(method="ce", preset="paper").resolved()["schedule"]
 'none'
 >>> TrainConfig(lr=0)
 Traceback (most recent call last):
@@ -44,7 +49,9 @@ __all__ = [
     "ConfigError",
     "TrainConfig",
     "LR_FLOOR",
+    "PRESETS",
     "SCHEDULES",
+    "auto_budget",
     "add_arguments",
     "config_from_args",
     "flag",
@@ -53,6 +60,21 @@ __all__ = [
 
 LR_FLOOR = 1e-8  # every learning rate below this: a run stops (docs/method.md §1)
 SCHEDULES = ("step", "none")
+PRESETS = ("auto", "paper")
+#: The automatic budget (``preset="auto"``, docs/method.md §1): the batch is the largest power
+#: of two giving at least AUTO_STEPS_PER_EPOCH steps per epoch, within [AUTO_MIN_BATCH,
+#: PAPER_BATCH]; the epochs give at least AUTO_MIN_STEPS optimizer steps and at least
+#: AUTO_MIN_EPOCHS; the step schedule divides every rate by 10 after each third of the run.
+AUTO_MIN_STEPS = 1500
+AUTO_MIN_EPOCHS = 30
+AUTO_STEPS_PER_EPOCH = 20
+AUTO_MIN_BATCH = 16
+AUTO_DECAYS = 3  # the run is cut into this many equal parts, each at a tenth of the rate before
+#: The paper's settings (``preset="paper"``, paper App. B): batch 256, rates divided by 10
+#: every 10 epochs, 300 epochs single-task and 100 multi-task.
+PAPER_BATCH = 256
+PAPER_STEP_SIZE = 10
+PAPER_EPOCHS = {"multiclass": 300, "multilabel": 100}
 ACCELERATORS = ("cpu", "gpu", "auto")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
@@ -102,10 +124,18 @@ def _opt(
 class TrainConfig:
     """Everything that defines one training run (the recipe of docs/method.md §1).
 
-    Fields left as ``None`` resolve to their documented defaults in :meth:`resolved`:
-    ``model`` to the dataset's default backbone, ``lr`` to 1e-3 for COG methods and 1e-4
-    for the others, ``calibrator_lr`` to ``lr / 10`` (COG methods only), ``schedule`` to
-    ``"step"`` for COG methods and ``"none"`` for the others (the paper's protocol).
+    Fields left as ``None`` resolve to defaults that depend on ``preset``:
+
+    * ``"auto"`` (the default): ``batch_size``, ``epochs`` and ``step_size`` come from the
+      training-set size (:func:`auto_budget`, applied by :meth:`with_budget` once the data
+      is loaded), every method uses the ``step`` schedule, and without ``lr`` the learning
+      rates are chosen by validation cross-entropy (:attr:`selects_learning_rates`; the
+      runner trains a small grid and keeps the chosen run);
+    * ``"paper"``: the paper's settings (App. B): batch 256, 300 epochs (100 multi-task),
+      ``lr`` 1e-3 for COG methods and 1e-4 for the others, ``calibrator_lr`` = ``lr / 10``,
+      schedule ``step`` every 10 epochs for COG and ``none`` for the others.
+
+    ``model`` defaults to the dataset's backbone. A field given explicitly always wins.
     """
 
     dataset: str = field(
@@ -128,14 +158,39 @@ class TrainConfig:
         default=0,
         metadata=_opt("seed of initialisation, shuffling and augmentation (splits are fixed)"),
     )
-    epochs: int = field(default=30, metadata=_opt("stage-1 training epochs"))
+    preset: str = field(
+        default="auto",
+        metadata=_opt(
+            "what unset budget fields become (default: auto): auto (batch, epochs and "
+            "schedule from the "
+            "training-set size; without --lr the learning rates are chosen by validation "
+            "cross-entropy) or paper (batch 256, lr 1e-3 COG / 1e-4 others, calibrator lr/10, "
+            "rates /10 every 10 epochs for COG, 300 epochs)",
+            choices=PRESETS,
+        ),
+    )
+    epochs: int | None = field(
+        default=None,
+        metadata=_opt(
+            f"stage-1 training epochs (default auto: at least {AUTO_MIN_STEPS} optimizer steps "
+            f"and {AUTO_MIN_EPOCHS} epochs; paper: 300)"
+        ),
+    )
     stage2_epochs: int = field(default=40, metadata=_opt("TST / V-TST stage-2 epochs"))
-    batch_size: int = field(
-        default=256, metadata=_opt("global minibatch size in samples (split across devices)")
+    batch_size: int | None = field(
+        default=None,
+        metadata=_opt(
+            "global minibatch size in samples, split across devices (default auto: the "
+            f"largest power of two in [{AUTO_MIN_BATCH}, {PAPER_BATCH}] giving "
+            f"{AUTO_STEPS_PER_EPOCH} steps per epoch; paper: {PAPER_BATCH})"
+        ),
     )
     lr: float | None = field(
         default=None,
-        metadata=_opt("network learning rate λ_f, Adam (default: 1e-3 COG, 1e-4 others)"),
+        metadata=_opt(
+            "network learning rate λ_f, Adam (default auto: chosen by validation cross-entropy "
+            "on a small grid; paper: 1e-3 COG, 1e-4 others)"
+        ),
     )
     calibrator_lr: float | None = field(
         default=None, metadata=_opt("calibrator learning rate λ_c of COG methods (default: lr/10)")
@@ -148,11 +203,16 @@ class TrainConfig:
         default=None,
         metadata=_opt(
             "learning-rate schedule: step (divide every rate by 10 every --step-size epochs) "
-            "or none (default: step for COG methods, none for the others)",
+            "or none (default auto: step; paper: step for COG methods, none for the others)",
             choices=SCHEDULES,
         ),
     )
-    step_size: int = field(default=10, metadata=_opt("step schedule period in epochs"))
+    step_size: int | None = field(
+        default=None,
+        metadata=_opt(
+            "step schedule period in epochs (default auto: a third of the run; paper: 10)"
+        ),
+    )
     patience: int | None = field(
         default=None,
         metadata=_opt("early stopping: epochs without a better validation Brier (default: off)"),
@@ -307,12 +367,13 @@ class TrainConfig:
         _check_name("method", self.method, list_methods())
         method = get_method(self.method)
         _check_int("seed", self.seed, minimum=0, maximum=SEED_MAX)
-        for name in ("epochs", "stage2_epochs", "batch_size", "step_size", "devices", "num_nodes"):
+        for name in ("stage2_epochs", "devices", "num_nodes"):
             _check_int(name, getattr(self, name), minimum=1)
-        for name in ("patience", "image_size"):
+        for name in ("epochs", "batch_size", "step_size", "patience", "image_size"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), minimum=1)
         for name, allowed in (
+            ("preset", PRESETS),
             ("schedule", SCHEDULES),
             ("strategy", STRATEGIES),
             ("precision", PRECISIONS),
@@ -338,7 +399,7 @@ class TrainConfig:
                     )
                 )
         world = self.devices * self.num_nodes
-        if self.batch_size % world:
+        if self.batch_size is not None and self.batch_size % world:
             raise ConfigError(
                 lambda n: (
                     f"{n('batch_size')} {self.batch_size} (the global batch) must be "
@@ -382,8 +443,21 @@ class TrainConfig:
                     f"{self.method!r} trains with one learning rate (use {n('lr')})."
                 )
             )
+        if self.selects_learning_rates and self.calibrator_lr is not None:
+            raise ConfigError(
+                lambda n: (
+                    f"{n('calibrator_lr')} is given without {n('lr')}: give {n('lr')} too (one "
+                    "configuration is trained), or neither (both are chosen by validation "
+                    f"cross-entropy), or pass {n('preset')} paper (lr 1e-3)."
+                )
+            )
         lr, cal_lr = self.learning_rates()
-        if cal_lr is not None and cal_lr >= lr and not self.allow_fast_calibrator:
+        if (
+            cal_lr is not None
+            and lr is not None
+            and cal_lr >= lr
+            and not self.allow_fast_calibrator
+        ):
             raise ConfigError(
                 lambda n: (
                     f"{n('calibrator_lr')} {cal_lr:g} must be smaller than {n('lr')} "
@@ -427,9 +501,18 @@ class TrainConfig:
         whose default is known only once loaded)."""
         return self.model or default_model(self.dataset)
 
-    def learning_rates(self) -> tuple[float, float | None]:
-        """``(λ_f, λ_c)`` after defaults; ``λ_c`` is None for non-COG methods."""
+    @property
+    def selects_learning_rates(self) -> bool:
+        """Whether the run chooses its learning rates by validation cross-entropy: no
+        ``lr`` given and ``preset="auto"`` (docs/method.md §1, "defaults")."""
+        return self.lr is None and self.preset == "auto"
+
+    def learning_rates(self) -> tuple[float | None, float | None]:
+        """``(λ_f, λ_c)`` after defaults; ``λ_c`` is None for non-COG methods, both are None
+        while they are still to be chosen (:attr:`selects_learning_rates`)."""
         method = get_method(self.method)
+        if self.selects_learning_rates:
+            return None, None
         lr = self.lr if self.lr is not None else method.default_lr
         if not method.is_cog:
             return float(lr), None
@@ -448,13 +531,65 @@ class TrainConfig:
 
     @property
     def schedule_name(self) -> str:
-        """The schedule used: ``schedule``, else the method's default."""
-        return self.schedule or get_method(self.method).default_schedule
+        """The schedule used: ``schedule``, else the preset's (auto: ``step``; paper: the
+        method's, ``step`` for COG and ``none`` for the others)."""
+        if self.schedule:
+            return self.schedule
+        return "step" if self.preset == "auto" else get_method(self.method).default_schedule
+
+    @property
+    def budget_resolved(self) -> bool:
+        """Whether ``epochs``, ``batch_size`` and (with the step schedule) ``step_size`` are
+        set, so the run's length no longer depends on the data (:meth:`with_budget`)."""
+        if self.preset == "paper":  # only the epochs depend on the data (its task)
+            return self.epochs is not None
+        needs_step = self.schedule_name == "step"
+        return None not in (self.epochs, self.batch_size) and (
+            self.step_size is not None or not needs_step
+        )
+
+    def with_budget(self, train_size: int, *, task: str = "multiclass") -> TrainConfig:
+        """A copy with ``epochs``, ``batch_size``, ``schedule`` and ``step_size`` set from
+        the training-set size (``preset="auto"``: :func:`auto_budget`) or to the paper's
+        values (``preset="paper"``); fields already given are kept. Learning rates are
+        left alone (auto: chosen by the runner; paper: the method's defaults).
+
+        >>> cfg = TrainConfig(method="cog-fc", epochs=5).with_budget(10_000)
+        >>> cfg.epochs, cfg.batch_size, cfg.step_size
+        (5, 256, 2)
+        """
+        if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1:
+            raise ArgumentError(
+                f"the training split must hold at least one sample, got {train_size!r}."
+            )
+        world = self.devices * self.num_nodes
+        if self.preset == "paper":
+            batch = self.batch_size or PAPER_BATCH
+            epochs = self.epochs or PAPER_EPOCHS.get(task, PAPER_EPOCHS["multiclass"])
+            step = self.step_size or PAPER_STEP_SIZE
+        else:
+            auto = auto_budget(train_size, batch_size=self.batch_size, epochs=self.epochs)
+            batch, epochs = auto["batch_size"], auto["epochs"]
+            step = self.step_size or max(1, math.ceil(epochs / AUTO_DECAYS))
+        if self.batch_size is None and batch % world:  # a multiple of the processes
+            batch = world * math.ceil(batch / world)
+        changes: dict[str, Any] = {
+            "batch_size": batch,
+            "epochs": epochs,
+            "schedule": self.schedule_name,
+        }
+        if self.schedule_name == "step":
+            changes["step_size"] = step
+        return self.replace(**changes)
 
     def resolved(self) -> dict[str, Any]:
-        """Every field with its default filled in: what ``config.json`` records."""
+        """Every field with its default filled in: what ``config.json`` records.
+
+        Budget fields left to ``preset="auto"`` stay None until :meth:`with_budget` has
+        seen the data, and so do the learning rates while they are still to be chosen.
+        """
         lr, cal_lr = self.learning_rates()
-        return {
+        out = {
             **self.to_dict(),
             "model": self.model_name,
             "lr": lr,
@@ -462,6 +597,43 @@ class TrainConfig:
             "schedule": self.schedule_name,
             "augment": self.augment_name,
         }
+        if self.preset == "paper":
+            out["batch_size"] = self.batch_size or PAPER_BATCH
+            if out["schedule"] == "step":
+                out["step_size"] = self.step_size or PAPER_STEP_SIZE
+        return out
+
+
+def auto_budget(
+    train_size: int, *, batch_size: int | None = None, epochs: int | None = None
+) -> dict[str, int]:
+    """The automatic budget of a training set of ``train_size`` samples (docs/method.md §1).
+
+    The batch (unless given) is the largest power of two that gives at least
+    ``AUTO_STEPS_PER_EPOCH`` optimizer steps per epoch, kept within [``AUTO_MIN_BATCH``,
+    ``PAPER_BATCH``]; the epochs (unless given) give at least ``AUTO_MIN_STEPS`` steps in
+    all and at least ``AUTO_MIN_EPOCHS``. Returns ``batch_size``, ``epochs``,
+    ``steps_per_epoch`` and ``steps``.
+
+    >>> auto_budget(1149)  # digits: 1,149 training images
+    {'batch_size': 32, 'epochs': 42, 'steps_per_epoch': 36, 'steps': 1512}
+    >>> auto_budget(40_000)["batch_size"], auto_budget(40_000)["epochs"]
+    (256, 30)
+    >>> auto_budget(114)  # scikit-learn wine: 16 samples a batch, 8 steps an epoch
+    {'batch_size': 16, 'epochs': 188, 'steps_per_epoch': 8, 'steps': 1504}
+    """
+    if batch_size is None:
+        target = max(1, train_size // AUTO_STEPS_PER_EPOCH)
+        batch_size = min(PAPER_BATCH, max(AUTO_MIN_BATCH, 1 << (target.bit_length() - 1)))
+    steps_per_epoch = max(1, math.ceil(train_size / batch_size))
+    if epochs is None:
+        epochs = max(AUTO_MIN_EPOCHS, math.ceil(AUTO_MIN_STEPS / steps_per_epoch))
+    return {
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "steps": steps_per_epoch * epochs,
+    }
 
 
 def _is_path_dataset(name: str) -> bool:

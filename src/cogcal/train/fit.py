@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from cogcal._errors import ArgumentError
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data import SPLIT_SEED, stratified_split
-from cogcal.train.config import TrainConfig
+from cogcal.health import CalibrationWarning, HealthReport
+from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget
 from cogcal.train.runner import execute
 from cogcal.train.sources import EVAL_BATCH, LoaderSource
 
@@ -50,6 +52,12 @@ class FitResult:
         data).
     timing : dict
         Seconds per stage (``timing["stage1"]["seconds"]``: the training loop) and in total.
+    health : HealthReport
+        The calibration health check on the validation data (:mod:`cogcal.health`); each
+        finding was also raised as a :class:`cogcal.health.CalibrationWarning`.
+    selection : dict or None
+        Without ``lr``: the learning rates tried, their validation NLL, the choice and
+        its cost in runs and seconds.
     """
 
     model: CalibratedModel
@@ -59,6 +67,8 @@ class FitResult:
     config: TrainConfig
     validation: str
     timing: dict[str, Any]
+    health: HealthReport
+    selection: dict[str, Any] | None = None
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -133,10 +143,10 @@ def fit(
     val_data: Any = None,
     *,
     method: str = "cog-fc",
-    epochs: int = 30,
+    epochs: int | None = None,
     lr: float | None = None,
     calibrator_lr: float | None = None,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     out: str | Path | None = None,
     val_fraction: float = 0.2,
     task: str = "multiclass",
@@ -153,7 +163,9 @@ def fit(
     ----------
     model : nn.Module
         Your network, producing logits (its final linear layer is found as in
-        :class:`~cogcal.CalibratedModel`). It is trained in place.
+        :class:`~cogcal.CalibratedModel`). With ``lr`` given it is trained in place;
+        without, copies of it are trained (one per learning rate tried) and the chosen
+        weights are loaded into it.
     train_data, val_data
         Each a pair ``(x, y)`` of tensors or arrays (the fast path), a
         ``torch.utils.data.Dataset`` yielding ``(x, y)``, or a ``DataLoader`` (used as
@@ -164,7 +176,15 @@ def fit(
     method : str
         A method of the registry (``cogcal.train.list_methods()``), default ``"cog-fc"``.
     epochs, lr, calibrator_lr, batch_size, seed
-        As in ``cogcal train`` (defaults: 1e-3 / 1e-4 for COG / other methods, λ_c = λ_f/10).
+        As in ``cogcal train``. Left unset (``preset="auto"``, the default), the batch size
+        and the epochs come from the training-set size (at least 1,500 optimizer steps,
+        :func:`cogcal.train.config.auto_budget`), the learning rates are divided by 10
+        after each third of the run, and without ``lr`` the learning rates are chosen by
+        validation cross-entropy on a small grid (at most 5 runs of that budget for COG
+        methods, 3 for the others; the chosen run is the result). ``lr=`` trains exactly
+        one configuration (λ_c = λ_f/10 unless ``calibrator_lr``); ``preset="paper"`` gives
+        the paper's settings (batch 256, λ_f 1e-3 for COG methods and 1e-4 for the others,
+        rates /10 every 10 epochs).
     out : path, optional
         A run folder to write (checkpoints, logs, metrics.json; resumable with
         ``resume=True``). Without it, checkpoints live in a temporary folder.
@@ -186,11 +206,13 @@ def fit(
     >>> g = torch.Generator().manual_seed(0)
     >>> x = torch.randn(600, 8, generator=g); y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
     >>> net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    >>> result = cogcal.fit(net, (x, y), epochs=3, batch_size=64, progress=False)
+    >>> result = cogcal.fit(net, (x, y), epochs=3, batch_size=64, lr=1e-3, progress=False)
     >>> result.validation
     'stratified 20% of train_data (120 samples, seed 20240917)'
     >>> sorted(result.metrics)[:3], len(result.history)
     (['acc', 'brier', 'ece_10'], 3)
+    >>> [f.kind for f in result.health.findings]  # 3 epochs of 8 steps: too short
+    ['under-trained']
     """
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"`model` must be a torch nn.Module, got {type(model).__name__}.")
@@ -249,6 +271,13 @@ def fit(
             )
     else:
         validation = "val_data as given"
+    train_size = _size(train) if train is not None else _size(train_data)
+    if isinstance(train_data, DataLoader) and batch_size is None:
+        batch_size = train_data.batch_size  # the loader's own (None: a batch sampler)
+    if batch_size is None and options.get("preset", "auto") == "auto":
+        batch_size = auto_budget(train_size, epochs=epochs)["batch_size"]
+    if batch_size is None:
+        batch_size = PAPER_BATCH
     train_source = train if train is not None else _loader(train_data, batch_size, shuffle=True)
     val_source = val if val is not None else _loader(val_data, EVAL_BATCH, shuffle=False)
     for name, pair in (("train_data", train_source), ("val_data", val_source)):
@@ -303,7 +332,12 @@ def fit(
             if log.is_file():
                 with log.open(newline="") as f:
                     history += [{"stage": stage, **_numbers(row)} for row in csv.DictReader(f)]
+    health = HealthReport.from_dict(record.get("health") or {})
+    for finding in health.findings:
+        warnings.warn(finding.message, CalibrationWarning, stacklevel=2)
     return FitResult(
+        health=health,
+        selection=record.get("selection"),
         model=trained,
         metrics=record["val"],
         history=history,
@@ -360,7 +394,9 @@ def _numbers(row: dict[str, str]) -> dict[str, float]:
 def _size(data: Any) -> int:
     if isinstance(data, tuple):
         return len(data[0])
-    return len(data.dataset)  # type: ignore[arg-type]
+    if isinstance(data, DataLoader):
+        return len(data.dataset)  # type: ignore[arg-type]
+    return len(data)
 
 
 def _loader(data: Any, batch_size: int, *, shuffle: bool) -> DataLoader:

@@ -179,6 +179,12 @@ class RunRecord:
         Set when `cogcal bench` copied this run from an identical one.
     error : str or None
         Diverged runs: where the non-finite values appeared.
+    health : dict or None
+        The calibration health check of the validation split (:mod:`cogcal.health`,
+        :meth:`cogcal.health.HealthReport.to_dict`).
+    selection : dict or None
+        When the learning rates were chosen by validation cross-entropy (no ``lr`` given):
+        the grid trained, the choice and its cost (:mod:`cogcal.train.select`).
     """
 
     config: dict[str, Any]
@@ -192,6 +198,8 @@ class RunRecord:
     status: str = "complete"
     copied_from: str | None = None
     error: str | None = None
+    health: dict[str, Any] | None = None
+    selection: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "metrics.json") -> RunRecord:
@@ -224,6 +232,9 @@ class RunRecord:
             out["copied_from"] = self.copied_from
         if self.error is not None:
             out["error"] = self.error
+        for key in ("health", "selection"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return _finite(out)
 
     @property

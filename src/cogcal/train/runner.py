@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,6 +37,7 @@ from cogcal.data import BatchLoader, Dataset, load_dataset, with_augment
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
+from cogcal.train.checkup import run_health
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import (
@@ -47,6 +49,7 @@ from cogcal.train.loop import (
 )
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import Grid, GridSearch, point_config, point_label, write_tables
 
@@ -188,10 +191,15 @@ def execute(
     same loop, checks and files).
     """
     method = get_method(config.method)
-    fabric = launch(config)
-    folder = RunDir(config.out)
     source = data if data is not None else DatasetSource(_load(config))
     _check_multilabel(method, source)
+    # the budget left unset: from the training-set size (auto) or the paper's (fields given
+    # are kept, so a fully specified configuration is unchanged)
+    config = config.with_budget(train_size(source), task=source.task)
+    if config.selects_learning_rates:  # no lr given: chosen by validation cross-entropy
+        return select_and_train(config, source, model, resume=resume, overwrite=overwrite)
+    fabric = launch(config)
+    folder = RunDir(config.out)
     if model is None:
         network, model_name = _network(config, source.dataset)
     else:
@@ -222,6 +230,8 @@ def execute(
         raise failure
     if not ok:
         raise RuntimeError("process 0 could not prepare the run folder; see its error.")
+    if fabric.is_global_zero and config.progress:
+        print(describe_budget(resolved, train_size(source)), file=sys.stderr)
     with lock:
         if fabric.is_global_zero:
             folder.write_config(resolved)
@@ -295,6 +305,8 @@ def _train(
     timing: dict[str, Any] = {}
     two_stage = method.stage2 is not None
 
+    histories: dict[str, list[dict[str, float]]] = {}
+
     def fit(stage: Stage, ckpt_dir: Path) -> None:
         # CPU kernels are deterministic for a fixed thread count: CPU runs repeat and resume
         # bit for bit (tested) without torch.use_deterministic_algorithms, whose import of
@@ -306,6 +318,7 @@ def _train(
                 checkpoint_seconds=float(config.checkpoint_seconds),
             )  # fmt: skip
         timing[stage.name] = result.to_dict()
+        histories[stage.name] = result.history
 
     # -- stage 1: the network (COG: with its calibrator on λ_c) ---------------------------
     model = stage1_model(method, network, source.task)
@@ -395,7 +408,13 @@ def _train(
             timing["robustness_seconds"] = time.perf_counter() - start
     writer.close()  # the checkpoints are on the disk before the record says the run is complete
     timing["total_seconds"] = time.perf_counter() - started
+    health = run_health(
+        config, method, val_logits, val_labels, task=source.task,
+        history=histories.get("stage1") or [], steps_per_epoch=len(train_loader),
+        epochs_run=int(timing["stage1"]["epochs_run"]),
+    )  # fmt: skip
     record = RunRecord(
+        health=health.to_dict(),
         config=resolved,
         val=metrics(val_logits, val_labels),
         test=test,
@@ -422,16 +441,28 @@ def is_complete(out: str | Path) -> bool:
     return RunDir(out).is_complete()
 
 
-def _tune_point(cfg: TrainConfig, *, overwrite: bool) -> tuple[str, RunRecord | None]:
-    """Train (or reuse) one grid point; ``("complete", record)`` or ``("diverged", None)``."""
+def _tune_point(
+    cfg: TrainConfig,
+    *,
+    overwrite: bool,
+    data: DataSource | None = None,
+    model: nn.Module | None = None,
+) -> tuple[str, RunRecord | None, CalibratedModel | None]:
+    """Train (or reuse) one grid point: ``("complete", record, model)`` (``model`` None when
+    the finished run was reused from its folder) or ``("diverged", None, None)``."""
     folder = RunDir(cfg.out)
     with folder.lock():  # held from the first read to the record (run() takes it again)
-        return _tune_point_locked(cfg, folder, overwrite=overwrite)
+        return _tune_point_locked(cfg, folder, overwrite=overwrite, data=data, model=model)
 
 
 def _tune_point_locked(
-    cfg: TrainConfig, folder: RunDir, *, overwrite: bool
-) -> tuple[str, RunRecord | None]:
+    cfg: TrainConfig,
+    folder: RunDir,
+    *,
+    overwrite: bool,
+    data: DataSource | None,
+    model: nn.Module | None,
+) -> tuple[str, RunRecord | None, CalibratedModel | None]:
     saved = folder.read_config() if folder.is_marked() else None
     resume = False
     if saved is not None:
@@ -447,15 +478,72 @@ def _tune_point_locked(
             outcome = folder.read_outcome()
             status = (outcome or {}).get("status")
             if status == "complete":
-                return "complete", folder.read_record()
+                return "complete", folder.read_record(), None
             if status == "diverged":
-                return "diverged", None
+                return "diverged", None, None
             resume = folder.has_state()
     try:
-        run(cfg, resume=resume, overwrite=saved is not None and not resume)
+        if data is None and model is None:
+            trained = None
+            run(cfg, resume=resume, overwrite=saved is not None and not resume)
+        else:
+            _, trained = execute(
+                cfg, resume=resume, overwrite=saved is not None and not resume, data=data,
+                model=model,
+            )  # fmt: skip
     except NonFiniteLossError:
-        return "diverged", None
-    return "complete", folder.read_record()
+        return "diverged", None, None
+    return "complete", folder.read_record(), trained
+
+
+def search_points(
+    config: TrainConfig,
+    search: GridSearch,
+    out: Path,
+    rows: list[dict[str, Any]],
+    *,
+    overwrite: bool,
+    data: DataSource | None = None,
+    model: nn.Module | None = None,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    known: dict[str, tuple[RunRecord | None, CalibratedModel | None]] | None = None,
+) -> dict[str, tuple[RunRecord | None, CalibratedModel | None]]:
+    """Train the points of ``search`` (into ``out/<point_label>/``) until it is over,
+    appending one row per point to ``rows``; returns each point's record and, when trained
+    in this call, its model. ``model`` (copied for each point) replaces the backbone;
+    points in ``known`` (from an earlier search into ``out``) are reused as they are."""
+    import copy
+
+    runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
+    while points := search.next_points():
+        for point in points:
+            if known is not None and point_label(point) in known:
+                record = known[point_label(point)][0]
+                nll = record.selection_nll if record is not None else math.inf
+                search.record(point, nll, "complete" if record is not None else "diverged")
+                continue
+            cfg = config.replace(
+                **point_config(point), out=str(out / point_label(point)), progress=False
+            )
+            net = copy.deepcopy(model) if model is not None else None
+            status, record, trained = _tune_point(cfg, overwrite=overwrite, data=data, model=net)
+            nll = record.selection_nll if record is not None else math.inf
+            val = record.val if record is not None else {}
+            search.record(point, nll, status)
+            runs[point_label(point)] = (record, trained)
+            row = {
+                **point,
+                **point_config(point),
+                "val_nll": nll if math.isfinite(nll) else None,
+                "val_brier": val.get("brier"),
+                "val_acc": val.get("acc"),
+                "status": status,
+                "run": point_label(point),
+            }
+            rows.append(row)
+            if on_point is not None:
+                on_point(row)
+    return runs
 
 
 def tune(
@@ -484,27 +572,16 @@ def tune(
     search = GridSearch(grid, max_extensions=max_extensions)
     rows: list[dict[str, Any]] = []
     with RunDir(out).lock():
-        while points := search.next_points():
-            for point in points:
-                cfg = config.replace(
-                    **point_config(point), out=str(out / point_label(point)), progress=False
-                )
-                status, record = _tune_point(cfg, overwrite=overwrite)
-                nll = record.selection_nll if record is not None else math.inf
-                val = record.val if record is not None else {}
-                search.record(point, nll, status)
-                rows.append(
-                    {
-                        **point,
-                        **point_config(point),
-                        "val_nll": nll if math.isfinite(nll) else None,
-                        "val_brier": val.get("brier"),
-                        "val_acc": val.get("acc"),
-                        "status": status,
-                        "run": point_label(point),
-                    }
-                )
+        source = None
+        if not config.budget_resolved:  # every point trains the same budget
+            source = DatasetSource(_load(config))
+            _check_multilabel(get_method(config.method), source)
+            config = config.with_budget(train_size(source), task=source.task)
+        runs = search_points(config, search, out, rows, overwrite=overwrite, data=source)
         summary = search.summary(rows)
+        if search.best is not None:  # the chosen run's health check (validation only)
+            chosen = runs[point_label(search.best)][0]
+            summary["health"] = chosen.health if chosen is not None else None
         write_tables(out, summary)
     if search.best is None:
         raise NonFiniteLossError(

@@ -1,0 +1,354 @@
+"""A calibration health check on the validation split: is the model calibrated, and is it
+trained enough? (docs/method.md §1, "health check")
+
+:func:`check_calibration` takes a model and a validation loader (any loop: yours, or
+:func:`cogcal.fit` / ``cogcal train``, which run it at the end of every run);
+:func:`diagnose` takes validation logits and labels directly. Both return a
+:class:`HealthReport` whose :attr:`~HealthReport.findings` are plain sentences, each
+naming what is wrong, how much, and the fix. They look at two things:
+
+* **under-training**: fewer than :data:`MIN_STEPS` optimizer steps, or the validation NLL
+  still falling (by more than :data:`FALLING`, relative) over the last fifth of the
+  epochs of a per-epoch history;
+* **miscalibration**: the expected calibration error (ECE, 15 equal-width bins) of the
+  validation predictions, its direction (mean confidence above the accuracy:
+  over-confident; below: under-confident), and how much one temperature fitted on the
+  validation logits would lower the validation NLL. The temperature is a diagnostic only:
+  nothing is changed. A finding is raised when that temperature would lower the NLL by
+  at least :data:`NLL_GAIN` (relative) *and* the ECE exceeds :data:`MAX_ECE`, so the
+  noise of a small validation set alone does not raise one.
+
+Only validation data is used: never the test split.
+
+>>> import torch
+>>> from cogcal.health import diagnose
+>>> g = torch.Generator().manual_seed(0)
+>>> classes = torch.randint(0, 4, (4000,), generator=g)
+>>> logits = torch.randn(4000, 4, generator=g) + 2.5 * torch.nn.functional.one_hot(classes, 4)
+>>> probs = logits.softmax(dim=1)
+>>> labels = torch.multinomial(probs, 1, generator=g)[:, 0]  # drawn from the predictions
+>>> diagnose(logits, labels).ok                      # calibrated by construction
+True
+>>> report = diagnose(logits * 3, labels)            # three times too confident
+>>> report.findings[0].kind, round(report.temperature, 1)
+('over-confident', 2.9)
+>>> diagnose(logits / 3, labels).findings[0].kind
+'under-confident'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "CalibrationWarning",
+    "FALLING",
+    "Finding",
+    "HealthReport",
+    "MAX_ECE",
+    "MIN_STEPS",
+    "NLL_GAIN",
+    "check_calibration",
+    "diagnose",
+]
+
+#: Fewer optimizer steps than this: the run is reported as under-trained.
+MIN_STEPS = 500
+#: Validation NLL still falling by more than this fraction over the last fifth of the run.
+FALLING = 0.02
+#: A temperature fitted on validation must lower its NLL by at least this fraction ...
+NLL_GAIN = 0.05
+#: ... and the validation ECE-15 must exceed this for a miscalibration finding.
+MAX_ECE = 0.03
+N_BINS = 15
+
+
+class CalibrationWarning(UserWarning):
+    """A finding of the health check (:func:`cogcal.fit` raises one per finding)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem found: ``kind`` (``"under-trained"``, ``"over-confident"``,
+    ``"under-confident"``), its size (``value``, see ``message``), and the whole sentence
+    (what, how much, the fix)."""
+
+    kind: str
+    value: float
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class HealthReport:
+    """What :func:`check_calibration` / :func:`diagnose` found.
+
+    Attributes
+    ----------
+    findings : list of Finding
+        Empty when nothing is wrong.
+    ece : float
+        Validation ECE (15 equal-width bins, top-label).
+    confidence_gap : float
+        Mean confidence minus accuracy (> 0: over-confident, < 0: under-confident).
+    nll, nll_temperature : float
+        Validation NLL as it is, and with the temperature fitted on validation.
+    temperature : float
+        That temperature (> 1: the model is over-confident; < 1: under-confident).
+    steps : int or None
+        Optimizer steps of the run, when known.
+    nll_trend : float or None
+        Relative fall of the validation NLL over the last fifth of the epochs (> 0:
+        still falling), when a history was given.
+    """
+
+    findings: list[Finding] = field(default_factory=list)
+    ece: float = math.nan
+    confidence_gap: float = math.nan
+    nll: float = math.nan
+    nll_temperature: float = math.nan
+    temperature: float = math.nan
+    steps: int | None = None
+    nll_trend: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was found."""
+        return not self.findings
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (as recorded under ``health`` in a run's ``metrics.json``)."""
+        out = asdict(self)
+        out["findings"] = [asdict(f) for f in self.findings]
+        out["ok"] = self.ok
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HealthReport:
+        """The report of :meth:`to_dict` (missing values: NaN; a JSON null: NaN)."""
+        numbers = {
+            k: math.nan if data.get(k) is None else float(data[k])
+            for k in ("ece", "confidence_gap", "nll", "nll_temperature", "temperature")
+        }
+        return cls(
+            findings=[Finding(**f) for f in data.get("findings") or []],
+            steps=data.get("steps"),
+            nll_trend=data.get("nll_trend"),
+            **numbers,
+        )
+
+
+def _two_class(logits: torch.Tensor, labels: torch.Tensor, task: str) -> tuple[Any, Any]:
+    """Multi-label logits (N, T) as N*T two-class problems with logits (0, z)."""
+    if task == "multiclass":
+        return logits, labels.long()
+    z = logits.reshape(-1, 1)
+    return torch.cat([torch.zeros_like(z), z], dim=1), labels.reshape(-1).long()
+
+
+def _ece(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """Top-label ECE with 15 equal-width bins (docs/method.md §3) and mean conf - acc."""
+    conf, pred = probs.max(dim=1)
+    correct = (pred == labels).double()
+    bins = torch.clamp((conf * N_BINS).long(), max=N_BINS - 1)
+    n = len(labels)
+    ece = 0.0
+    for b in range(N_BINS):
+        mask = bins == b
+        if mask.any():
+            ece += float(mask.sum()) / n * abs(float(correct[mask].mean() - conf[mask].mean()))
+    return ece, float(conf.mean() - correct.mean())
+
+
+def _fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The maximum-likelihood temperature on (logits, labels), by golden-section search on
+    log T in [-5, 5] (the NLL is convex in 1/T; float64)."""
+
+    def nll(u: float) -> float:
+        return float(F.cross_entropy(logits / math.exp(u), labels))
+
+    lo, hi = -5.0, 5.0
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = nll(a), nll(b)
+    for _ in range(80):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = nll(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = nll(b)
+    return math.exp((lo + hi) / 2)
+
+
+def _trend(history: Sequence[dict[str, float]], key: str) -> float | None:
+    """Relative fall of ``key`` from the start to the end of the last fifth of the epochs
+    (at least two epochs); None when the history is shorter than five epochs."""
+    values = [float(r[key]) for r in history if key in r and r[key] is not None]
+    if len(values) < 5 or not all(math.isfinite(v) for v in values):
+        return None
+    window = max(2, math.ceil(len(values) / 5))
+    start, end = values[-window], values[-1]
+    return (start - end) / abs(start) if start else None
+
+
+def diagnose(
+    logits: Any,
+    labels: Any,
+    *,
+    task: str = "multiclass",
+    history: Sequence[dict[str, float]] | None = None,
+    steps: int | None = None,
+    advice: dict[str, str] | None = None,
+) -> HealthReport:
+    """The health check of validation ``logits`` and ``labels`` (see the module docstring).
+
+    Parameters
+    ----------
+    logits : tensor or array, shape (N, K) or, multi-label, (N, T)
+        Validation logits of the model as it predicts.
+    labels : tensor or array, shape (N,) class indices, or (N, T) 0/1 targets
+    task : {"multiclass", "multilabel"}
+    history : list of dict, optional
+        One row per epoch with ``val_nll`` (e.g. :attr:`cogcal.fit` 's ``history``, a run's
+        ``logs/stage1.csv``): the under-training check looks at its last fifth.
+    steps : int, optional
+        Optimizer steps the model was trained for.
+    advice : dict, optional
+        Fix sentences replacing the generic ones, keyed by finding kind
+        (``"under-trained"``, ``"over-confident"``, ``"under-confident"``); the runner
+        passes fixes naming its own flags.
+
+    Returns
+    -------
+    HealthReport
+    """
+    if task not in ("multiclass", "multilabel"):
+        raise ValueError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
+    z = torch.as_tensor(np.asarray(logits) if not isinstance(logits, torch.Tensor) else logits)
+    y = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels)
+    if z.ndim != 2 or len(z) != len(y) or len(z) == 0:
+        raise ValueError(
+            f"`logits` must have shape (N, K) with N = len(labels) > 0, got logits "
+            f"{tuple(z.shape)} and labels {tuple(y.shape)}."
+        )
+    if not torch.isfinite(z).all():
+        raise ValueError("`logits` hold NaN or infinite values: the model diverged.")
+    z, y = _two_class(z.detach().double().cpu(), y.detach().cpu(), task)
+    advice = advice or {}
+    ece, gap = _ece(z.softmax(dim=1), y)
+    nll = float(F.cross_entropy(z, y))
+    temperature = _fit_temperature(z, y)
+    nll_t = float(F.cross_entropy(z / temperature, y))
+    report = HealthReport(
+        ece=ece, confidence_gap=gap, nll=nll, nll_temperature=nll_t, temperature=temperature,
+        steps=steps,
+    )  # fmt: skip
+    falling = _trend(history, "val_nll") if history else None
+    report.nll_trend = falling
+    reasons = []
+    if steps is not None and steps < MIN_STEPS:
+        reasons.append(f"it made only {steps} optimizer steps (fewer than {MIN_STEPS})")
+    if falling is not None and falling > FALLING:
+        reasons.append(
+            f"its validation NLL was still falling over the last fifth of the run ({falling:.1%})"
+        )
+    if reasons:
+        fix = advice.get(
+            "under-trained", "train for more optimizer steps (more epochs, or a smaller batch)"
+        )
+        report.findings.append(
+            Finding(
+                "under-trained",
+                float(steps if steps is not None and steps < MIN_STEPS else falling or 0.0),
+                f"under-trained: {' and '.join(reasons)}; {fix}.",
+            )
+        )
+    gain = (nll - nll_t) / nll if nll > 0 else 0.0
+    if gain >= NLL_GAIN and ece > MAX_ECE:
+        kind = "over-confident" if temperature > 1 else "under-confident"
+        fix = advice.get(
+            kind,
+            "fit a temperature on validation data (cogcal.calibrators.Temperature) or, for a "
+            "COG model, "
+            + (
+                "lower the calibrator learning rate"
+                if kind == "over-confident"
+                else "raise the calibrator learning rate or train longer"
+            ),
+        )
+        report.findings.append(
+            Finding(
+                kind,
+                ece,
+                f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {'+' if gap >= 0 else '-'}"
+                f"{abs(gap):.3f} from the accuracy); a temperature of {temperature:.2f} fitted "
+                f"on validation would lower the validation NLL from {nll:.4f} to {nll_t:.4f} "
+                f"({gain:.0%}); {fix}.",
+            )
+        )
+    return report
+
+
+@torch.no_grad()
+def check_calibration(
+    model: nn.Module,
+    val_loader: Iterable[Any],
+    *,
+    task: str = "multiclass",
+    history: Sequence[dict[str, float]] | None = None,
+    steps: int | None = None,
+    device: torch.device | str | None = None,
+) -> HealthReport:
+    """The health check of ``model`` on a validation loader (your own training loop).
+
+    Runs the model in eval mode over ``val_loader`` (batches ``(x, y)``) and calls
+    :func:`diagnose` on the logits; the model is left in eval mode and unchanged.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Produces logits (e.g. a :class:`cogcal.CalibratedModel`).
+    val_loader : iterable of (x, y)
+        Validation batches (never the test split).
+    task, history, steps
+        As in :func:`diagnose`.
+    device : optional
+        Where to run the model (default: where its parameters are).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from cogcal import CalibratedModel
+    >>> from cogcal.health import check_calibration
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    >>> model = CalibratedModel(net)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> val = [(torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g))]
+    >>> report = check_calibration(model, val, steps=10)
+    >>> [f.kind for f in report.findings]
+    ['under-trained']
+    """
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    model.eval()
+    logits, labels = [], []
+    for x, y in val_loader:
+        logits.append(model(x.to(device)).float().cpu())
+        labels.append(y.cpu())
+    if not logits:
+        raise ValueError("`val_loader` yielded no batches.")
+    return diagnose(torch.cat(logits), torch.cat(labels), task=task, history=history, steps=steps)

@@ -1,0 +1,115 @@
+"""The calibration health check (cogcal.health), against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cogcal.health import (
+    MIN_STEPS,
+    HealthReport,
+    check_calibration,
+    diagnose,
+)
+
+
+def _calibrated(n: int = 4000, k: int = 4, scale: float = 1.0, seed: int = 0):
+    """Logits whose labels are drawn from their own softmax (calibrated by construction),
+    then scaled by ``scale`` (> 1: over-confident, < 1: under-confident)."""
+    g = torch.Generator().manual_seed(seed)
+    classes = torch.randint(0, k, (n,), generator=g)
+    logits = torch.randn(n, k, generator=g) + 2.5 * F.one_hot(classes, k)
+    labels = torch.multinomial(logits.softmax(1), 1, generator=g)[:, 0]
+    return logits * scale, labels
+
+
+def test_ece_and_confidence_gap_match_a_hand_computation():
+    # two samples, two classes: confidences 0.9 (correct) and 0.6 (wrong)
+    p = torch.tensor([[0.9, 0.1], [0.6, 0.4]])
+    logits, labels = p.log(), torch.tensor([0, 1])
+    report = diagnose(logits, labels)
+    # bins of width 1/15: 0.9 -> bin 13, 0.6 -> bin 9; |1 - 0.9| / 2 + |0 - 0.6| / 2
+    assert report.ece == pytest.approx(0.05 + 0.3)
+    assert report.confidence_gap == pytest.approx((0.9 + 0.6) / 2 - 0.5)
+    assert report.nll == pytest.approx(-(math.log(0.9) + math.log(0.4)) / 2)
+
+
+def test_temperature_is_the_maximum_likelihood_one():
+    logits, labels = _calibrated(scale=2.0)
+    report = diagnose(logits, labels)
+    grid = np.exp(np.linspace(-1, 2, 3001))
+    nll = [F.cross_entropy(logits.double() / t, labels).item() for t in grid]
+    best = grid[int(np.argmin(nll))]
+    assert report.temperature == pytest.approx(best, rel=2e-3)
+    assert report.nll_temperature == pytest.approx(min(nll), rel=1e-6)
+    assert report.nll_temperature <= report.nll
+
+
+@pytest.mark.parametrize(("scale", "kind"), [(3.0, "over-confident"), (1 / 3, "under-confident")])
+def test_miscalibration_is_named_with_its_direction_size_and_fix(scale, kind):
+    report = diagnose(*_calibrated(scale=scale))
+    assert [f.kind for f in report.findings] == [kind]
+    finding = report.findings[0]
+    assert finding.value == pytest.approx(report.ece)
+    assert f"ECE-15 {report.ece:.3f}" in finding.message
+    assert f"temperature of {report.temperature:.2f}" in finding.message
+    assert "Temperature" in finding.message  # the generic fix names the tool
+    assert (report.confidence_gap > 0) == (kind == "over-confident")
+
+
+def test_a_calibrated_model_raises_nothing():
+    for seed in range(3):
+        report = diagnose(*_calibrated(seed=seed), steps=MIN_STEPS)
+        assert report.ok, [f.message for f in report.findings]
+
+
+def test_under_training_from_steps_and_from_a_still_falling_validation_nll():
+    logits, labels = _calibrated()
+    few = diagnose(logits, labels, steps=MIN_STEPS - 1)
+    assert [f.kind for f in few.findings] == ["under-trained"]
+    assert f"only {MIN_STEPS - 1} optimizer steps" in few.findings[0].message
+    falling = [{"val_nll": 1.0 - 0.05 * e} for e in range(10)]  # last fifth: 0.6 -> 0.55
+    report = diagnose(logits, labels, history=falling, steps=10 * MIN_STEPS)
+    assert [f.kind for f in report.findings] == ["under-trained"]
+    assert report.nll_trend == pytest.approx((0.6 - 0.55) / 0.6)
+    flat = [{"val_nll": 0.5} for _ in range(10)]
+    assert diagnose(logits, labels, history=flat, steps=10 * MIN_STEPS).ok
+    short = [{"val_nll": 1.0 - 0.1 * e} for e in range(4)]  # too short to judge a trend
+    assert diagnose(logits, labels, history=short).nll_trend is None
+
+
+def test_advice_replaces_the_generic_fix():
+    report = diagnose(*_calibrated(scale=3.0), advice={"over-confident": "use --method ts"})
+    assert report.findings[0].message.endswith("use --method ts.")
+
+
+def test_multilabel_logits_are_checked_per_binary_task():
+    logits, labels = _calibrated(k=2)  # two classes: the logit difference is a binary logit
+    binary = (logits[:, 1] - logits[:, 0])[:, None]
+    two = diagnose(logits, labels)
+    one = diagnose(binary, labels[:, None], task="multilabel")
+    assert one.nll == pytest.approx(two.nll, rel=1e-9)
+    assert one.temperature == pytest.approx(two.temperature, rel=1e-6)
+
+
+def test_check_calibration_runs_the_model_and_round_trips():
+    logits, labels = _calibrated(scale=3.0)
+    model = torch.nn.Identity()
+    batches = [(logits[i : i + 500], labels[i : i + 500]) for i in range(0, len(labels), 500)]
+    report = check_calibration(model, batches, steps=MIN_STEPS)
+    assert report.nll == pytest.approx(diagnose(logits, labels).nll, rel=1e-6)
+    back = HealthReport.from_dict(report.to_dict())
+    assert back.findings == report.findings and back.temperature == report.temperature
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="shape"):
+        diagnose(torch.zeros(3, 2), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        diagnose(torch.full((2, 2), float("nan")), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="yielded no batches"):
+        check_calibration(torch.nn.Identity(), [])
