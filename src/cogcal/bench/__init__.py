@@ -140,7 +140,14 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
     info: dict[str, Any] = {}
     for entry in suite.datasets:
         try:
-            data = load_dataset(entry.name, root=data_root)
+            fields = {**suite.train, **entry.train}
+            data = load_dataset(
+                entry.name,
+                root=data_root,
+                target=fields.get("target"),
+                image_size=fields.get("image_size"),
+                normalization=fields.get("normalization", "auto"),
+            )
         except ValueError as err:
             raise ValueError(
                 f"suite {suite.name!r} needs the dataset {entry.name!r} under {str(data_root)!r} "
@@ -192,6 +199,9 @@ def budgets(suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
     for protocol in suite.protocols:
         out[protocol] = {}
         for fam in FAMILIES:
+            members = [m for m in suite.methods if family_of(m) == fam]
+            if not members:  # a suite states (and records) only its families' budgets
+                continue
             b = suite.budgets[protocol][fam]
             grid: dict[str, list[float]] | None = None
             if b.tuned:
@@ -203,7 +213,7 @@ def budgets(suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
             else:
                 lr_floor = b.lr
             out[protocol][fam] = {
-                "methods": [m for m in suite.methods if family_of(m) == fam],
+                "methods": members,
                 "epochs": b.epochs,
                 "schedule": b.schedule,
                 "step_size": b.step_size,
@@ -248,6 +258,7 @@ def run_bench(
     runner: str | None = None,
     executor: str = "local",
     address: str | None = None,
+    allow_plugins: bool = False,
 ) -> BenchSummary:
     """Run a benchmark suite into ``out`` and write the tables and the report.
 
@@ -276,6 +287,10 @@ def run_bench(
         Run the jobs on a local process pool (default) or as tasks on a Ray cluster.
     address : str, optional
         Ray cluster address for ``executor="ray"`` (default: start a local Ray).
+    allow_plugins : bool, default False
+        Let a suite given by name or path use ``package.module:function`` datasets
+        (plugins: code the bench imports and calls); without it such a suite is refused
+        before anything is imported (``cogcal bench --allow-plugins``).
 
     Returns
     -------
@@ -292,7 +307,7 @@ def run_bench(
         SIGTERM / SIGINT: re-raised after the workers were stopped, the running jobs
         recorded as interrupted, and the tables and the report written.
     """
-    loaded = suite if isinstance(suite, Suite) else load_suite(suite)
+    loaded = suite if isinstance(suite, Suite) else load_suite(suite, allow_plugins=allow_plugins)
     if protocols is not None:
         loaded = loaded.replace(protocols=protocols)
     if seeds is not None:
