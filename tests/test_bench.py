@@ -329,7 +329,7 @@ def test_unknown_suite_name_suggests():
         ({"datasets": {"mnist": {}}}, "'mnist' is unknown.*mnist1d"),
         ({"datasets": {"digits": {"model": "resnet"}}}, "unknown"),
         ({"methods": ["cog-f"]}, "unknown method 'cog-f'"),
-        ({"seeds": 0}, "at least 1"),
+        ({"seeds": 0}, "from 1 to"),
         ({"protocols": ["paper", "fast"]}, "unknown protocol 'fast'"),
         ({"requires": {"gpus": True}}, "unknown key 'gpus'"),
         ({"paper_baseline_lr": 1e-4}, "budget.paper.baselines.lr"),
@@ -355,7 +355,7 @@ def test_unknown_suite_name_suggests():
         ({"budget": {**TINY["budget"], "fair": {"cog": {}, "baselines": {}}}}, "one budget"),
         (
             {"budget": {**TINY["budget"], "paper": {"cog": TINY["budget"]["paper"]["cog"]}}},
-            "missing: baselines",
+            "no budget for the baselines family",
         ),
         (
             {
@@ -504,7 +504,7 @@ def _tune(out: Path, group: str) -> dict:
         # optimum below the ratio grid: ratio extended downward, then interior
         ("lr=2e-3,ratio=1e-3", None, {"ext": 2, "cap": False, "edges": [], "ratio": 0.001}),
         # interior after one lr extension (2.5e-3 is nearer 2e-3 than 4e-3)
-        ("lr=2.5e-3,ratio=0.05", None, {"ext": 1, "cap": False, "edges": ["ratio high"]}),
+        ("lr=2.5e-3,ratio=0.05", None, {"ext": 1, "cap": False, "edges": ["ratio < 1 bound"]}),
         # points at lr >= 3e-3 diverge: results, excluded from the choice
         ("lr=1,ratio=0.05", 3e-3, {"ext": 1, "cap": False, "edges": [], "lr": 0.002}),
     ],
@@ -519,10 +519,12 @@ def test_grid_extension(tmp_path, monkeypatch, opt, diverge, expect):
     assert summary.failed == 0
     tune = _tune(out, "paper/digits/cog-fc")
     assert tune["extensions"] == expect["ext"] and tune["cap_reached"] is expect["cap"]
-    assert [e for e in tune["edges"] if e != "ratio high"] == [
-        e for e in expect["edges"] if e != "ratio high"
-    ]
-    assert tune["at_edge"] is bool(tune["edges"])
+    bound = "ratio < 1 bound"  # 0.1 -> 1 would reach the bound: recorded, never crossed
+    assert [e for e in tune["edges"] if e != bound] == [e for e in expect["edges"] if e != bound]
+    assert (bound in tune["edges"]) is (bound in tune["bounds"]) is (tune["best"]["ratio"] == 0.1)
+    assert tune["at_edge"] is bool(set(tune["edges"]) - {bound})
+    if bound in expect["edges"]:  # the bound alone is not "at an edge" (tuning.csv too)
+        assert tune["edges"] == [bound] and not tune["at_edge"]
     if "lr" in expect:
         assert tune["best"]["lr"] == pytest.approx(expect["lr"])
     if "ratio" in expect:
