@@ -4,7 +4,7 @@
 >>> "quick" in list_suites()
 True
 >>> load_suite("quick").methods[:3]
-('ce', 'ls', 'ts')
+('ce', 'ts', 'ms')
 
 :func:`run_bench` plans the suite (:mod:`cogcal.bench.plan`), runs it on a local process
 pool or Ray (:mod:`cogcal.bench.executor`), writes ``results.csv``, ``runs.csv``,

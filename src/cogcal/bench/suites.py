@@ -9,8 +9,9 @@ A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
     datasets:                       # dataset name -> options
       mnist1d: {model: cnn1d}
       digits: {model: cnn, train: {batch_size: 64}}   # per-dataset TrainConfig fields
-    methods: [ce, ts, cog-fc]       # docs/method.md §6 names
-    seeds: 3                        # 3 -> seeds 0, 1, 2; or an explicit list [0, 4]
+      csv:data/wine.csv: {target: label}  # a csv: table names its label column
+    methods: [ce, ts, cog-fc]       # docs/method.md §6 names (any case)
+    seeds: 3                        # 3 -> seeds 0, 1, 2 (at most 1000); or a list [0, 4]
     protocols: [paper, fair]
     train: {batch_size: 256}        # TrainConfig fields shared by every run
     budget:                         # epochs, schedule and early stopping, stated per family
@@ -21,12 +22,16 @@ A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
         {epochs: 15, schedule: step, step_size: 5, patience: null, stage2_epochs: 8}
     tune:
       seed: 0                       # tuning runs use this seed only
-      lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # COG lambda_f, log-spaced
-      ratios: [0.01, 0.1]           # COG lambda_c / lambda_f, log-spaced, < 1
+      lrs: [1.0e-3, 3.0e-3, 1.0e-2]   # COG lambda_f: half-decade steps (or a constant factor)
+      ratios: [0.03, 0.1, 0.3]      # COG lambda_c / lambda_f, the same kind of axis, < 1
       baseline_lrs: [1.0e-3, 2.0e-3]  # lambda_f of the baselines that are tuned
       max_extensions: 2             # times a grid may grow outward from an edge choice
     reuse: true                     # train identical configurations once, copy the rest
     effect: true                    # the "where COG's effect comes from" runs (fair)
+
+A dataset named ``package.module:function`` is a plugin, code the bench would import and
+call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
+--allow-plugins``); checking a suite never imports or calls anything.
 
 Budgets
 -------
@@ -36,7 +41,8 @@ every ``step_size`` epochs; ``none``), ``patience`` (early stopping after that m
 without a better validation Brier score; ``null`` = off) and, for the baselines,
 ``stage2_epochs`` (the TST / V-TST head; required when the suite has ``tst`` or
 ``vtst``). The families are ``baselines`` (every method without a jointly trained
-calibrator) and ``cog``. ``epochs``, ``schedule`` and ``patience`` must be stated: a
+calibrator) and ``cog``; a suite states the budgets (and grids) of the families its
+methods belong to, and only those. ``epochs``, ``schedule`` and ``patience`` must be stated: a
 budget is never implied. These fields belong to ``budget`` only (``train`` and the
 datasets' ``train`` may not set them), so every run of a family in a protocol trains
 for the same budget.
@@ -60,10 +66,10 @@ Tuning (both protocols)
 COG methods tune ``lrs`` x ``ratios`` (lambda_c = lambda_f x ratio); tuned baselines tune
 ``baseline_lrs``. Every grid point is trained at ``tune.seed`` and chosen by validation
 cross-entropy (:class:`cogcal.train.tuning.GridSearch`, the rule of ``cogcal tune``);
-while the choice lies on an edge of the grid the grid grows outward by one log step, at
-most ``max_extensions`` times (a grid whose factor does not survive that many extensions
-at the search's 3-significant-digit rounding, e.g. a factor of 3, is refused on loading;
-factors 2 and 10 work). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
+while the choice lies on an edge of the grid the grid grows outward by one step (the next
+half-decade value, ``..., 0.03, 0.1, 0.3``, or the axis's constant factor), at most
+``max_extensions`` times; the ratio stays below 1 and lambda_f at or above 1e-8 (bounds
+recorded as such, :mod:`cogcal.train.tuning`). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
 cross-entropy network, so they use the group of ``ce`` (its learning rate chosen by
 validation cross-entropy before calibration, docs/method.md §2).
 
@@ -449,9 +455,9 @@ def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suit
 
     Examples
     --------
-    >>> s = load_suite("quick")
+    >>> s = load_suite("cpu")
     >>> s.name, s.protocols, s.budget("paper", "ce").schedule
-    ('quick', ('paper', 'fair'), 'none')
+    ('cpu', ('paper', 'fair'), 'none')
     """
     text, source, default_name = _read_suite_text(name_or_path)
     try:
