@@ -130,8 +130,8 @@ def test_tune_extension_stops_at_the_learning_rate_floor(tmp_path):
     out = tmp_path / "t"
     assert main(_tune(out, "1e-3,1e3")) == 0
     summary = json.loads((out / "tune.json").read_text())
-    assert summary["best"] == {"lr": 1e-3} and summary["edges"] == ["lr low"]
-    assert "below the 1e-08 learning-rate floor" in summary["bounds"]["lr low"]
+    assert summary["best"] == {"lr": 1e-3} and not summary["at_edge"]
+    assert summary["edges"] == summary["bounds"] == ["lr >= 1e-8 floor"]
     assert len(summary["table"]) == 2
 
 

@@ -13,7 +13,7 @@ from cogcal.cli import main
 from cogcal.train import TrainConfig
 from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.rundir import RunDir, RunRecord
-from cogcal.train.tuning import Grid, GridSearch, point_config
+from cogcal.train.tuning import LR_FLOOR_BOUND, RATIO_BOUND, Grid, GridSearch, point_config
 
 
 def _drive(search: GridSearch, nll) -> list[dict]:
@@ -61,11 +61,50 @@ def test_each_axis_of_a_cog_grid_extends_on_its_own():
     assert point_config(search.best) == {"lr": 1e-2, "calibrator_lr": 1e-5}
 
 
-def test_the_ratio_never_grows_to_one():
+def test_the_ratio_never_grows_to_one_and_names_its_bound():
     search = GridSearch(Grid(lrs=(1e-3,), ratios=(0.1, 0.3)), max_extensions=3)
     _drive(search, lambda p: -p["ratio"] + abs(math.log10(p["lr"]) + 3))
-    assert max(search.grid.ratios) < 1
-    assert "ratio high" in search.at_edge  # reported, not hidden
+    assert max(search.grid.ratios) == 0.3 and search.best == {"lr": 1e-3, "ratio": 0.3}
+    # the only edge left is the bound, named as such (reported, not hidden)
+    assert search.at_edge == [] and search.bounds == [RATIO_BOUND] == ["ratio < 1 bound"]
+    summary = search.summary([])
+    assert not summary["at_edge"] and summary["edges"] == summary["bounds"] == [RATIO_BOUND]
+    assert not summary["cap_reached"]
+
+
+def test_the_ratio_axis_is_a_half_decade_ladder_that_extends_like_the_lr_axis():
+    search = GridSearch(Grid(lrs=(1e-3, 3e-3, 1e-2), ratios=(0.03, 0.1, 0.3)), max_extensions=3)
+    assert search.grid.factors == pytest.approx((math.sqrt(10), math.sqrt(10)))
+    # optimum ratio 0.003: two half-decade steps below the grid
+    trained = _drive(
+        search, lambda p: abs(math.log10(p["lr"] / 3e-3)) + abs(math.log10(p["ratio"] / 3e-3))
+    )
+    assert search.grid.ratios == pytest.approx((1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3))
+    assert search.grid.lrs == pytest.approx((1e-3, 3e-3, 1e-2))  # interior: not extended
+    assert search.best == {"lr": 3e-3, "ratio": 3e-3} and search.at_edge == search.bounds == []
+    assert len(trained) == 18 and search.extensions == 3
+    # the lr axis steps the same way, both directions
+    lr_search = GridSearch(Grid(lrs=(1e-3, 3e-3)), max_extensions=4)
+    _drive(lr_search, lambda p: abs(math.log10(p["lr"] / 0.1)))
+    assert lr_search.grid.lrs == pytest.approx((1e-3, 3e-3, 1e-2, 0.03, 0.1, 0.3))
+    assert lr_search.best == {"lr": 0.1} and lr_search.at_edge == []
+
+
+def test_a_low_ratio_choice_extends_down_and_a_high_one_stops_below_one():
+    search = GridSearch(Grid(lrs=(1e-3, 3e-3, 1e-2), ratios=(0.01, 0.03)), max_extensions=5)
+    _drive(search, lambda p: abs(math.log10(p["lr"] / 3e-3)) - p["ratio"])
+    assert search.grid.ratios == pytest.approx((0.01, 0.03, 0.1, 0.3))  # 0.3 -> 1: stop
+    assert search.extensions == 2 and search.bounds == [RATIO_BOUND]
+    fast = Grid(lrs=(1e-3,), ratios=(0.1, 0.3), allow_fast_calibrator=True)
+    assert fast.can_extend("ratio high") and fast.extended(["ratio high"]).ratios[-1] == 1.0
+
+
+def test_an_extension_below_the_lr_floor_stops_and_is_recorded():
+    search = GridSearch(Grid(lrs=(1e-8, 3e-8, 1e-7)), max_extensions=2)
+    trained = _drive(search, lambda p: p["lr"])  # the smallest is always best
+    assert min(p["lr"] for p in trained) == 1e-8 and len(trained) == 3
+    assert search.at_edge == [] and search.bounds == [LR_FLOOR_BOUND]
+    assert search.summary([])["edges"] == ["lr >= 1e-8 floor"]
 
 
 def test_diverged_points_are_results_not_choices():
@@ -79,6 +118,9 @@ def test_diverged_points_are_results_not_choices():
 def test_grids_must_be_log_spaced_and_ratios_below_one():
     with pytest.raises(ValueError, match="log-spaced"):
         Grid(lrs=(1e-4, 1e-3, 3e-3))
+    with pytest.raises(ValueError, match="half-decade"):
+        Grid(lrs=(1e-3,), ratios=(0.01, 0.03, 0.3))  # a gap in the ladder
+    assert Grid(lrs=(1e-3,), ratios=(0.03, 0.1, 0.3)).ratios == (0.03, 0.1, 0.3)
     with pytest.raises(ValueError, match="breaks COG's hierarchy"):
         Grid(lrs=(1e-3,), ratios=(0.1, 1.0))
 
@@ -167,18 +209,33 @@ def test_tune_end_to_end_on_mnist1d(tmp_path):
     assert Path(tmp_path / "t" / "lr0.001_ratio0.1" / "metrics.json").is_file()
 
 
-@pytest.mark.parametrize("lrs", [(1e-3,), (1e-3, 3e-3), (3e-3, 1e-2)])
-def test_any_log_spaced_grid_extends_on_both_sides(lrs):
+@pytest.mark.parametrize(
+    ("lrs", "expect"),
+    [
+        ((1e-3,), (3e-5, 3e-2)),  # one value: half-decade steps
+        ((1e-3, 3e-3), (3e-5, 0.1)),
+        ((3e-3, 1e-2), (1e-4, 0.3)),
+        ((2e-3, 4e-3), (2.5e-4, 3.2e-2)),  # a constant factor other than 10**0.5: kept
+        ((1e-4, 1e-3), (1e-7, 1)),
+    ],
+)
+def test_any_log_spaced_grid_extends_on_both_sides(lrs, expect):
     grid = Grid(lrs=lrs)
     for _ in range(3):
         grid = grid.extended(["lr low", "lr high"])
-    steps = {round(math.log(b / a), 2) for a, b in zip(grid.lrs, grid.lrs[1:], strict=False)}
-    assert len(grid.lrs) == len(lrs) + 6 and len(steps) == 1  # still log-spaced
+    assert len(grid.lrs) == len(lrs) + 6
+    assert (grid.lrs[0], grid.lrs[-1]) == pytest.approx(expect)
     assert all(float(f"{v:.3g}") == v for v in grid.lrs)  # short, stable values
+    assert Grid(lrs=grid.lrs).lrs == grid.lrs  # still a valid (log-spaced) axis
+    steps = [math.log10(b / a) for a, b in zip(grid.lrs, grid.lrs[1:], strict=False)]
+    assert max(steps) - min(steps) < 0.1  # ladder steps are log10(3) and log10(10/3)
 
 
 def test_cap_reached_counts_only_edges_that_could_move():
     search = GridSearch(Grid(lrs=(1e-3,), ratios=(0.1, 0.3)), max_extensions=1)
     _drive(search, lambda p: -p["ratio"] + abs(math.log10(p["lr"]) + 3))
-    assert "ratio high" in search.at_edge and search.extendable_edges == []
+    assert search.bounds == [RATIO_BOUND] and search.extendable_edges == []
     assert not search.summary([])["cap_reached"]
+    capped = GridSearch(Grid(lrs=(1e-3, 3e-3)), max_extensions=1)
+    _drive(capped, lambda p: p["lr"])
+    assert capped.at_edge == ["lr low"] and capped.summary([])["cap_reached"]

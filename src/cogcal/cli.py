@@ -224,6 +224,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         executor=args.executor,
         address=args.address,
+        allow_plugins=args.allow_plugins,
     )
     if not args.quiet:
         print(f"wrote {out}/results.csv, {out}/report.md and {out}/report.html")
@@ -253,6 +254,10 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: suite's)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument(
+        "--allow-plugins", action="store_true",
+        help="let the suite import and call its package.module:function datasets (plugins)",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- predict

@@ -4,7 +4,7 @@
 >>> "quick" in list_suites()
 True
 >>> load_suite("quick").methods[:3]
-('ce', 'ls', 'ts')
+('ce', 'ts', 'ms')
 
 :func:`run_bench` plans the suite (:mod:`cogcal.bench.plan`), runs it on a local process
 pool or Ray (:mod:`cogcal.bench.executor`), writes ``results.csv``, ``runs.csv``,
@@ -147,7 +147,14 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
     info: dict[str, Any] = {}
     for entry in suite.datasets:
         try:
-            data = load_dataset(entry.name, root=data_root)
+            fields = {**suite.train, **entry.train}
+            data = load_dataset(
+                entry.name,
+                root=data_root,
+                target=fields.get("target"),
+                image_size=fields.get("image_size"),
+                normalization=fields.get("normalization", "auto"),
+            )
         except ArgumentError as err:
             raise ArgumentError(
                 f"suite {suite.name!r} needs the dataset {entry.name!r} under {str(data_root)!r} "
@@ -199,6 +206,9 @@ def budgets(suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
     for protocol in suite.protocols:
         out[protocol] = {}
         for fam in FAMILIES:
+            members = [m for m in suite.methods if family_of(m) == fam]
+            if not members:  # a suite states (and records) only its families' budgets
+                continue
             b = suite.budgets[protocol][fam]
             grid: dict[str, list[float]] | None = None
             if b.tuned:
@@ -210,7 +220,7 @@ def budgets(suite: Suite) -> dict[str, dict[str, dict[str, Any]]]:
             else:
                 lr_floor = b.lr
             out[protocol][fam] = {
-                "methods": [m for m in suite.methods if family_of(m) == fam],
+                "methods": members,
                 "epochs": b.epochs,
                 "schedule": b.schedule,
                 "step_size": b.step_size,
@@ -246,11 +256,11 @@ class SuiteError(ArgumentError):
     """A suite file or name that cannot be used (its message names the problem)."""
 
 
-def _load_suite(suite: str | Path) -> Suite:
+def _load_suite(suite: str | Path, *, allow_plugins: bool = False) -> Suite:
     """:func:`load_suite`, its ``ValueError`` s (a suite that cannot be used: the user's
     input) raised as :class:`SuiteError`."""
     try:
-        return load_suite(suite)
+        return load_suite(suite, allow_plugins=allow_plugins)
     except ArgumentError:
         raise
     except ValueError as err:
@@ -270,6 +280,7 @@ def run_bench(
     runner: str | None = None,
     executor: str = "local",
     address: str | None = None,
+    allow_plugins: bool = False,
 ) -> BenchSummary:
     """Run a benchmark suite into ``out`` and write the tables and the report.
 
@@ -298,6 +309,10 @@ def run_bench(
         Run the jobs on a local process pool (default) or as tasks on a Ray cluster.
     address : str, optional
         Ray cluster address for ``executor="ray"`` (default: start a local Ray).
+    allow_plugins : bool, default False
+        Let a suite given by name or path use ``package.module:function`` datasets
+        (plugins: code the bench imports and calls); without it such a suite is refused
+        before anything is imported (``cogcal bench --allow-plugins``).
 
     Returns
     -------
@@ -314,7 +329,7 @@ def run_bench(
         SIGTERM / SIGINT: re-raised after the workers were stopped, the running jobs
         recorded as interrupted, and the tables and the report written.
     """
-    loaded = suite if isinstance(suite, Suite) else _load_suite(suite)
+    loaded = suite if isinstance(suite, Suite) else _load_suite(suite, allow_plugins=allow_plugins)
     if protocols is not None:
         loaded = loaded.replace(protocols=protocols)
     if seeds is not None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal.bench.executor import Job
-from cogcal.bench.suites import DatasetEntry, Suite, family_of
+from cogcal.bench.suites import DatasetEntry, Suite, dataset_folder, family_of
 from cogcal.report.schema import EFFECT
 from cogcal.train.config import TrainConfig
 from cogcal.train.methods import get_method, list_methods
@@ -321,7 +321,11 @@ class Plan:
                 search=suite.tune.search(
                     family_of(method), allow_fast_calibrator=suite.allow_fast_calibrator
                 ),
-                folder=self.out / "tune" / protocol / entry.name / (folder_name or method),
+                folder=self.out
+                / "tune"
+                / protocol
+                / dataset_folder(entry.name)
+                / (folder_name or method),
                 seed=suite.tune.seed,
             )
             self._groups[key] = group
@@ -330,7 +334,7 @@ class Plan:
         return self._groups[key]
 
     def _seed_dir(self, protocol: str, dataset: str, name: str, seed: int) -> Path:
-        return self.out / "runs" / protocol / dataset / name / f"seed{seed}"
+        return self.out / "runs" / protocol / dataset_folder(dataset) / name / f"seed{seed}"
 
     def _build(self) -> None:
         suite = self.suite

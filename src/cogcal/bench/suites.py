@@ -9,8 +9,9 @@ A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
     datasets:                       # dataset name -> options
       mnist1d: {model: cnn1d}
       digits: {model: cnn, train: {batch_size: 64}}   # per-dataset TrainConfig fields
-    methods: [ce, ts, cog-fc]       # docs/method.md §6 names
-    seeds: 3                        # 3 -> seeds 0, 1, 2; or an explicit list [0, 4]
+      csv:data/wine.csv: {target: label}  # a csv: table names its label column
+    methods: [ce, ts, cog-fc]       # docs/method.md §6 names (any case)
+    seeds: 3                        # 3 -> seeds 0, 1, 2 (at most 1000); or a list [0, 4]
     protocols: [paper, fair]
     train: {batch_size: 256}        # TrainConfig fields shared by every run
     budget:                         # epochs, schedule and early stopping, stated per family
@@ -21,12 +22,16 @@ A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
         {epochs: 15, schedule: step, step_size: 5, patience: null, stage2_epochs: 8}
     tune:
       seed: 0                       # tuning runs use this seed only
-      lrs: [1.0e-3, 2.0e-3, 4.0e-3]   # COG lambda_f, log-spaced
-      ratios: [0.01, 0.1]           # COG lambda_c / lambda_f, log-spaced, < 1
+      lrs: [1.0e-3, 3.0e-3, 1.0e-2]   # COG lambda_f: half-decade steps (or a constant factor)
+      ratios: [0.03, 0.1, 0.3]      # COG lambda_c / lambda_f, the same kind of axis, < 1
       baseline_lrs: [1.0e-3, 2.0e-3]  # lambda_f of the baselines that are tuned
       max_extensions: 2             # times a grid may grow outward from an edge choice
     reuse: true                     # train identical configurations once, copy the rest
     effect: true                    # the "where COG's effect comes from" runs (fair)
+
+A dataset named ``package.module:function`` is a plugin, code the bench would import and
+call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
+--allow-plugins``); checking a suite never imports or calls anything.
 
 Budgets
 -------
@@ -36,7 +41,8 @@ every ``step_size`` epochs; ``none``), ``patience`` (early stopping after that m
 without a better validation Brier score; ``null`` = off) and, for the baselines,
 ``stage2_epochs`` (the TST / V-TST head; required when the suite has ``tst`` or
 ``vtst``). The families are ``baselines`` (every method without a jointly trained
-calibrator) and ``cog``. ``epochs``, ``schedule`` and ``patience`` must be stated: a
+calibrator) and ``cog``; a suite states the budgets (and grids) of the families its
+methods belong to, and only those. ``epochs``, ``schedule`` and ``patience`` must be stated: a
 budget is never implied. These fields belong to ``budget`` only (``train`` and the
 datasets' ``train`` may not set them), so every run of a family in a protocol trains
 for the same budget.
@@ -60,10 +66,10 @@ Tuning (both protocols)
 COG methods tune ``lrs`` x ``ratios`` (lambda_c = lambda_f x ratio); tuned baselines tune
 ``baseline_lrs``. Every grid point is trained at ``tune.seed`` and chosen by validation
 cross-entropy (:class:`cogcal.train.tuning.GridSearch`, the rule of ``cogcal tune``);
-while the choice lies on an edge of the grid the grid grows outward by one log step, at
-most ``max_extensions`` times (a grid whose factor does not survive that many extensions
-at the search's 3-significant-digit rounding, e.g. a factor of 3, is refused on loading;
-factors 2 and 10 work). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
+while the choice lies on an edge of the grid the grid grows outward by one step (the next
+half-decade value, ``..., 0.03, 0.1, 0.3``, or the axis's constant factor), at most
+``max_extensions`` times; the ratio stays below 1 and lambda_f at or above 1e-8 (bounds
+recorded as such, :mod:`cogcal.train.tuning`). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
 cross-entropy network, so they use the group of ``ce`` (its learning rate chosen by
 validation cross-entropy before calibration, docs/method.md §2).
 
@@ -76,6 +82,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib.resources
 import math
 from collections.abc import Mapping, Sequence
@@ -85,8 +92,9 @@ from typing import Any
 
 import yaml
 
+from cogcal.data import list_datasets
 from cogcal.report.schema import PROTOCOLS
-from cogcal.train.config import LR_FLOOR, SCHEDULES, TrainConfig
+from cogcal.train.config import LR_FLOOR, SCHEDULES, SEED_MAX, TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.tuning import Grid, GridSearch
 
@@ -97,6 +105,7 @@ __all__ = [
     "DatasetEntry",
     "Suite",
     "TuneSpec",
+    "dataset_folder",
     "family_of",
     "floor_epoch",
     "list_suites",
@@ -150,9 +159,14 @@ _TOP_KEYS = (
 )
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
-_DATASET_KEYS = ("model", "train")
+_DATASET_KEYS = ("model", "target", "train")
 _TUNE_KEYS = ("seed", "lrs", "ratios", "baseline_lrs", "max_extensions")
 _BUDGET_REQUIRED = ("epochs", "schedule", "patience")
+
+#: The most seeds a suite may list (each seed is one run per method and dataset).
+MAX_SEEDS = 1000
+#: The flag (and ``run_bench`` argument) that lets a suite import dataset plugins.
+PLUGIN_FLAG = "--allow-plugins"
 
 #: Keys of the earlier suite schema, with what replaced them.
 _MOVED = {
@@ -218,6 +232,25 @@ def floor_epoch(lr: float, schedule: str, step_size: int | None, epochs: int) ->
         decays += 1
     epoch = decays * step_size
     return epoch if epoch < epochs else None
+
+
+def dataset_folder(name: str) -> str:
+    """The folder name of a suite dataset under ``runs/<protocol>/`` and
+    ``tune/<protocol>/``: a registered name as it is; a ``folder:``/``csv:``/plugin name
+    (which holds a path or a colon) as a safe slug with a short hash of the full name, so
+    two tables called ``t.csv`` in different folders never share a folder.
+
+    >>> dataset_folder("mnist1d")
+    'mnist1d'
+    >>> dataset_folder("csv:/data/wine.csv")
+    'csv-wine.csv-d17847fa'
+    """
+    if ":" not in name and "/" not in name and "\\" not in name:
+        return name
+    kind, _, rest = name.partition(":")
+    stem = Path(rest.rstrip("/\\")).name or rest
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{kind}-{stem}")
+    return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -398,7 +431,7 @@ def suite_description(name: str) -> str:
     return load_suite(name).description
 
 
-def load_suite(name_or_path: str | Path) -> Suite:
+def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suite:
     """Load and validate a suite by shipped name or YAML path.
 
     Parameters
@@ -406,6 +439,8 @@ def load_suite(name_or_path: str | Path) -> Suite:
     name_or_path : str or Path
         A name from :func:`list_suites`, or the path of a YAML file (anything ending in
         ``.yaml``/``.yml`` or containing a path separator is treated as a path).
+    allow_plugins : bool, default False
+        Accept ``package.module:function`` datasets (see :func:`parse_suite`).
 
     Returns
     -------
@@ -420,16 +455,16 @@ def load_suite(name_or_path: str | Path) -> Suite:
 
     Examples
     --------
-    >>> s = load_suite("quick")
+    >>> s = load_suite("cpu")
     >>> s.name, s.protocols, s.budget("paper", "ce").schedule
-    ('quick', ('paper', 'fair'), 'none')
+    ('cpu', ('paper', 'fair'), 'none')
     """
     text, source, default_name = _read_suite_text(name_or_path)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"suite {source} is not valid YAML: {err}") from None
-    return parse_suite(raw, source=source, default_name=default_name)
+    return parse_suite(raw, source=source, default_name=default_name, allow_plugins=allow_plugins)
 
 
 def _read_suite_text(name_or_path: str | Path) -> tuple[str, str, str]:
@@ -488,22 +523,35 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 def _check_seeds(value: Any, where: str) -> tuple[int, ...]:
+    """A seed count (``3`` -> ``(0, 1, 2)``) or a list of distinct seeds, at most
+    :data:`MAX_SEEDS` of them, each in ``0 .. 2**32 - 1`` (numpy's seeding range)."""
+    usage = f"a count from 1 to {MAX_SEEDS} (e.g. 5) or a list of seeds such as [0, 4, 7]"
     if isinstance(value, bool):
-        raise ValueError(f"{where} must be a count (e.g. 3) or a list of seeds, got {value!r}.")
+        raise ValueError(f"{where} must be {usage}, got {value!r}.")
     if isinstance(value, int):
-        if value < 1:
-            raise ValueError(f"{where} must be at least 1, got {value}.")
+        if not 1 <= value <= MAX_SEEDS:
+            raise ValueError(
+                f"{where} must be {usage}, got {value}"
+                + (" (each seed is one run per method and dataset)." if value > 0 else ".")
+            )
         return tuple(range(value))
     if isinstance(value, Sequence) and not isinstance(value, str) and value:
+        if len(value) > MAX_SEEDS:
+            raise ValueError(
+                f"{where} lists {len(value)} seeds; the most a suite runs is {MAX_SEEDS}."
+            )
         seeds = []
         for s in value:
-            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ValueError(f"{where} must hold non-negative integers, got {value!r}.")
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= SEED_MAX:
+                raise ValueError(
+                    f"{where} must hold integers from 0 to {SEED_MAX} (numpy's seeding range), "
+                    f"got {s!r}."
+                )
             seeds.append(int(s))
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"{where} has repeated seeds: {value!r}.")
         return tuple(seeds)
-    raise ValueError(f"{where} must be a count (e.g. 3) or a list of seeds, got {value!r}.")
+    raise ValueError(f"{where} must be {usage}, got {value!r}.")
 
 
 def _check_protocols(value: Any, where: str) -> tuple[str, ...]:
@@ -652,17 +700,12 @@ def _check_budgets(value: Any, where: str) -> dict[str, dict[str, Budget]]:
             continue
         fams = _mapping(spec, f"{where}.{protocol}")
         _unknown_keys(fams, FAMILIES, f"{where}.{protocol}")
-        missing = [f for f in FAMILIES if f not in fams]
-        if missing:
-            raise ValueError(
-                f"{where}.{protocol} must state a budget for each method family "
-                f"({', '.join(FAMILIES)}); missing: {', '.join(missing)}."
-            )
         out[protocol] = {
             fam: _check_budget(
                 fams[fam], f"{where}.{protocol}.{fam}", protocol=protocol, family=fam
             )
             for fam in FAMILIES
+            if fam in fams
         }
     return out
 
@@ -674,20 +717,26 @@ def _check_budgets_cover(suite: Suite, where: str) -> None:
                 f"{where} has no budget for the {protocol} protocol; add budget.{protocol} "
                 f"or run the protocols it has ({', '.join(suite.budgets) or 'none'})."
             )
+    for protocol in suite.protocols:  # a budget for each family the suite has (only those)
+        for fam in FAMILIES:
+            members = [m for m in suite.methods if family_of(m) == fam]
+            if members and fam not in suite.budgets[protocol]:
+                raise ValueError(
+                    f"{where}: budget.{protocol} has no budget for the {fam} family "
+                    f"({', '.join(members)}); add budget.{protocol}.{fam}."
+                )
     two_stage = [m for m in suite.methods if get_method(m).stage2]
     for protocol in suite.protocols:
-        budget = suite.budgets[protocol]["baselines"]
-        if two_stage and budget.stage2_epochs is None:
+        budget = suite.budgets[protocol]["baselines"] if two_stage else None
+        if budget is not None and budget.stage2_epochs is None:
             raise ValueError(
                 f"{where}: budget.{protocol} must state stage2_epochs for "
                 f"{', '.join(two_stage)} (the TST / V-TST head's epochs)."
             )
     tuned = {
-        fam
-        for protocol in suite.protocols
-        for fam in FAMILIES
-        if suite.budgets[protocol][fam].tuned and any(family_of(m) == fam for m in suite.methods)
-    }
+        family_of(m) for protocol in suite.protocols for m in suite.methods
+        if suite.budget(protocol, m).tuned
+    }  # fmt: skip
     if "cog" in tuned and not (suite.tune.lrs and suite.tune.ratios):
         raise ValueError(f"{where}: COG methods are tuned, so tune.lrs and tune.ratios are needed.")
     if "baselines" in tuned and not suite.tune.baseline_lrs:
@@ -704,8 +753,8 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     d = _mapping(value, where)
     _unknown_keys(d, _TUNE_KEYS, where)
     seed = d.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"{where}.seed must be a non-negative integer, got {seed!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
     max_ext = d.get("max_extensions", 2)
     if isinstance(max_ext, bool) or not isinstance(max_ext, int) or max_ext < 0:
         raise ValueError(f"{where}.max_extensions must be an integer >= 0, got {max_ext!r}.")
@@ -731,7 +780,9 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     return spec
 
 
-def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom") -> Suite:
+def parse_suite(
+    raw: Any, *, source: str = "<dict>", default_name: str = "custom", allow_plugins: bool = False
+) -> Suite:
     """Validate a suite given as a mapping (the parsed YAML).
 
     Parameters
@@ -742,6 +793,10 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
         Where it came from, for messages.
     default_name : str
         Name used when ``raw`` has none.
+    allow_plugins : bool, default False
+        Accept datasets named ``package.module:function`` (plugins: code that runs when
+        the bench loads the data). Without it such a suite is refused before anything is
+        imported; checking a suite never imports or calls a plugin.
 
     Returns
     -------
@@ -750,7 +805,8 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
     Raises
     ------
     ValueError
-        For any invalid or unknown key, or a planned run with an invalid TrainConfig.
+        For any invalid or unknown key, a planned run with an invalid TrainConfig, or a
+        plugin dataset without ``allow_plugins``.
     """
     where = f"suite {source}"
     d = _mapping(raw, where)
@@ -770,17 +826,10 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
     datasets_raw = _mapping(d["datasets"], f"{where}: datasets")
     if not datasets_raw:
         raise ValueError(f"{where}: datasets is empty; name at least one dataset.")
-    datasets = []
-    for ds_name, opts in datasets_raw.items():
-        o = _mapping(opts, f"{where}: datasets.{ds_name}")
-        _unknown_keys(o, _DATASET_KEYS, f"{where}: datasets.{ds_name}")
-        model = o.get("model")
-        try:
-            TrainConfig(dataset=ds_name, model=model)
-        except ValueError as err:
-            raise ValueError(f"{where}: datasets.{ds_name}: {err}") from None
-        train = _check_train(o.get("train"), f"{where}: datasets.{ds_name}.train")
-        datasets.append(DatasetEntry(ds_name, model, train))
+    datasets = [
+        _check_dataset(str(ds_name), opts, f"{where}: datasets", allow_plugins=allow_plugins)
+        for ds_name, opts in datasets_raw.items()
+    ]
 
     methods_raw = d["methods"]
     if isinstance(methods_raw, str) or not isinstance(methods_raw, Sequence) or not methods_raw:
@@ -788,13 +837,14 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
     known = list_methods()
     methods: list[str] = []
     for m in methods_raw:
-        if m not in known:
-            close = difflib.get_close_matches(str(m), known, n=1, cutoff=0.5)
+        key = m.strip().lower() if isinstance(m, str) else m  # case-insensitive, as the CLI
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{where}: unknown method {m!r}.{hint} Known: {', '.join(known)}.")
-        if m in methods:
+        if key in methods:
             raise ValueError(f"{where}: method {m!r} is listed twice.")
-        methods.append(str(m))
+        methods.append(str(key))
 
     train = _check_train(d.get("train"), f"{where}: train")
     allow_fast = bool(train.get("allow_fast_calibrator", False))
@@ -822,6 +872,49 @@ def parse_suite(raw: Any, *, source: str = "<dict>", default_name: str = "custom
     _check_budgets_cover(suite, where)
     _check_configs(suite, where)
     return suite
+
+
+def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> DatasetEntry:
+    """One ``datasets`` entry: its name (a plugin only with ``allow_plugins``), model,
+    ``target`` (csv: datasets) and ``train`` fields. Nothing is imported or loaded."""
+    here = f"{where}.{name}"
+    o = _mapping(opts, here)
+    _unknown_keys(o, _DATASET_KEYS, here)
+    if _is_plugin(name) and not allow_plugins:
+        module, _, function = name.strip().partition(":")
+        raise ValueError(
+            f"{here}: {name!r} is a dataset plugin: running this suite would import the "
+            f"Python module {module!r} and call its function {function!r}. A suite runs no "
+            f"code unless you say so: if you trust this suite file, pass {PLUGIN_FLAG} "
+            "(run_bench(..., allow_plugins=True) in Python)."
+        )
+    train = _check_train(o.get("train"), f"{here}.train")
+    target = o.get("target")
+    if target is not None:
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"{here}.target must be a column name, got {target!r}.")
+        if "target" in train and train["target"] != target:
+            raise ValueError(f"{here}: target is given twice ({target!r} and train.target).")
+        train = {**train, "target": target}
+    model = o.get("model")
+    try:
+        TrainConfig(dataset=name, model=model, target=train.get("target"))
+    except ValueError as err:
+        hint = (
+            f" (give it on the entry: {name}: {{target: COLUMN}})"
+            if name.strip().lower().startswith("csv:") and not train.get("target")
+            else ""
+        )
+        raise ValueError(f"{here}: {err}{hint}") from None
+    return DatasetEntry(name, model, train)
+
+
+def _is_plugin(name: str) -> bool:
+    """Whether a dataset name is a ``package.module:function`` plugin (see
+    :func:`cogcal.data.load_dataset`): a colon, and not a registered, ``folder:`` or
+    ``csv:`` name."""
+    key = name.strip().lower()
+    return ":" in key and not key.startswith(("folder:", "csv:")) and key not in list_datasets()
 
 
 def _check_configs(suite: Suite, where: str) -> None:

@@ -1,13 +1,20 @@
 """Learning-rate search that cannot stop at an edge (docs/method.md §1, "protocols").
 
 A :class:`Grid` is log-spaced on each tuned axis: the network learning rate λ_f and, for
-COG methods, the ratio λ_c/λ_f. Points are chosen by the validation cross-entropy of the
-checkpoint each run keeps (for post-hoc methods: of the network *before* its calibrator is
-fitted, :attr:`cogcal.train.rundir.RunRecord.selection_nll`); the test split plays no
-part. When the chosen point lies on the edge of the grid on an axis, that axis is extended
-by one log step outward and the new points are trained, until the choice is interior or
-``max_extensions`` is reached; a choice still at an edge is reported as such (``at_edge``),
-never as a verdict. A diverged point counts as evaluated and worse than every finite one.
+COG methods, the ratio λ_c/λ_f. An axis is either consecutive steps of the half-decade
+ladder (``..., 1e-3, 3e-3, 1e-2, ...``; ratios ``..., 0.03, 0.1, 0.3``), the default, or
+values with a constant factor between neighbours (``1e-4, 1e-3``; ``2e-3, 4e-3``). Points
+are chosen by the validation cross-entropy of the checkpoint each run keeps (for post-hoc
+methods: of the network *before* its calibrator is fitted,
+:attr:`cogcal.train.rundir.RunRecord.selection_nll`); the test split plays no part. When
+the chosen point lies on the edge of the grid on an axis, that axis is extended by one
+step outward (the next half-decade value, or the axis's own factor) and the new points
+are trained, until the choice is interior or ``max_extensions`` is reached; a choice
+still at an edge is reported as such (``at_edge``), never as a verdict. Two edges are
+bounds, not grid problems: the ratio stays below 1 (COG's calibrator is the slower one;
+an extension that would reach 1 stops and is recorded as :data:`RATIO_BOUND`) and λ_f
+stays at or above the 1e-8 floor where training stops (:data:`LR_FLOOR_BOUND`). A
+diverged point counts as evaluated and worse than every finite one.
 
 :class:`GridSearch` holds that logic once, for ``cogcal tune`` (:func:`cogcal.train.tune`,
 which trains the points itself) and for ``cogcal bench`` (which trains them on its worker pool).
@@ -16,11 +23,15 @@ which trains the points itself) and for ``cogcal bench`` (which trains them on i
 >>> search.next_points()
 [{'lr': 0.001}, {'lr': 0.003}]
 >>> search.record({'lr': 0.001}, 0.50); search.record({'lr': 0.003}, 0.30)
->>> search.next_points()  # 3e-3 is the upper edge: extend by the grid's own factor
-[{'lr': 0.009}]
->>> search.record({'lr': 0.009}, 0.40)
+>>> search.next_points()  # 3e-3 is the upper edge: the next half-decade step
+[{'lr': 0.01}]
+>>> search.record({'lr': 0.01}, 0.40)
 >>> search.next_points(), search.best, search.at_edge
 ([], {'lr': 0.003}, [])
+>>> search = GridSearch(Grid(lrs=(1e-4, 1e-3, 1e-2), ratios=(0.1, 0.3)))
+>>> for p in search.next_points(): search.record(p, abs(math.log10(p["lr"]) + 3) - p["ratio"])
+>>> search.next_points(), search.best, search.at_edge, search.bounds  # 0.3 -> 1: stop
+([], {'lr': 0.001, 'ratio': 0.3}, [], ['ratio < 1 bound'])
 """
 
 from __future__ import annotations
@@ -40,6 +51,9 @@ from cogcal.train.config import LR_FLOOR
 __all__ = [
     "Grid",
     "GridSearch",
+    "HALF_DECADE",
+    "LR_FLOOR_BOUND",
+    "RATIO_BOUND",
     "SELECTION_RULE",
     "point_config",
     "point_label",
@@ -50,7 +64,32 @@ SELECTION_RULE = (
     "lowest validation NLL (cross-entropy) of the kept checkpoint; post-hoc methods: of the "
     "network before calibration; diverged points count as +inf"
 )
-_DEFAULT_FACTOR = math.sqrt(10.0)  # the log step of an axis given as a single value
+HALF_DECADE = math.sqrt(10.0)  # the default log step: the half-decade ladder 1, 3, 10, 30, ...
+_LADDER = (1.0, 3.0)  # mantissas of the half-decade ladder
+#: What stops an edge choice from moving outward although the search could extend it.
+RATIO_BOUND = "ratio < 1 bound"
+LR_FLOOR_BOUND = "lr >= 1e-8 floor"
+
+
+def _ladder_index(value: float) -> int | None:
+    """The position of ``value`` on the half-decade ladder ``..., 0.1, 0.3, 1, 3, 10, ...``
+    (``1e-3`` -> -6, ``3e-3`` -> -5), or None when it is not on it."""
+    exponent = math.floor(math.log10(value) + 1e-9)
+    for i, mantissa in enumerate(_LADDER):
+        if math.isclose(value, mantissa * 10.0**exponent, rel_tol=1e-6):
+            return 2 * exponent + i
+    return None
+
+
+def _ladder_value(index: int) -> float:
+    exponent, i = divmod(index, 2)
+    return _round(_LADDER[i] * 10.0**exponent)
+
+
+def _on_ladder(values: tuple[float, ...]) -> bool:
+    """Whether sorted ``values`` are consecutive steps of the half-decade ladder."""
+    idx = [_ladder_index(v) for v in values]
+    return None not in idx and all(b - a == 1 for a, b in zip(idx, idx[1:], strict=False))  # type: ignore[operator]
 
 
 def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
@@ -64,23 +103,32 @@ def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
             raise ArgumentError(f"`{name}` values must be positive finite numbers, got {v!r}.")
         out.append(float(v))
     out = sorted(set(out))
-    if len(out) > 2:
+    if len(out) > 2 and not _on_ladder(tuple(out)):
         steps = [math.log(b / a) for a, b in zip(out, out[1:], strict=False)]
         if max(steps) - min(steps) > 1e-2 * max(steps):  # values rounded to 3 digits pass
             raise ArgumentError(
-                f"`{name}` must be log-spaced (a constant factor between neighbours), got "
+                f"`{name}` must be log-spaced (a constant factor between neighbours, or "
+                "consecutive half-decade steps such as 0.03, 0.1, 0.3), got "
                 f"{', '.join(f'{v:g}' for v in out)}."
             )
     return tuple(out)
 
 
 def _factor(values: tuple[float, ...]) -> float:
-    return values[1] / values[0] if len(values) > 1 else _DEFAULT_FACTOR
+    """The log step of an axis: half-decade for a single value or consecutive half-decade
+    values, else the constant factor between neighbours."""
+    if len(values) == 1 or _on_ladder(values):
+        return HALF_DECADE
+    return values[1] / values[0]
 
 
 def _outward(values: tuple[float, ...], factor: float, side: str) -> float:
-    """The next grid value beyond the ``side`` end, on the geometric sequence through the
+    """The next grid value beyond the ``side`` end: the next half-decade step when the
+    axis is on that ladder, else the next value of the geometric sequence through the
     grid's values (computed from the sequence, so rounding never accumulates)."""
+    if math.isclose(factor, HALF_DECADE) and _on_ladder(values):
+        end = _ladder_index(values[-1] if side == "high" else values[0])
+        return _ladder_value(end + 1 if side == "high" else end - 1)  # type: ignore[operator]
     anchor = values[0]
     k = round(math.log(values[-1] / anchor) / math.log(factor)) + 1 if side == "high" else -1
     return _round(anchor * factor**k)
@@ -105,21 +153,17 @@ class Grid:
         for one-rate methods.
     allow_fast_calibrator : bool
         Allow ratios >= 1 (extension never crosses 1 otherwise).
-    fixed : tuple of str
-        Axes (``"lr"``, ``"ratio"``) held fixed: never an edge, never extended (a search
-        along one axis at a time, as the default path of ``cogcal train`` does).
     """
 
     lrs: tuple[float, ...]
     ratios: tuple[float, ...] | None = None
     allow_fast_calibrator: bool = False
     factors: tuple[float, float] | None = None  # (λ_f step, ratio step); from the values
-    fixed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lrs", _check_axis("lrs", self.lrs))
         if self.factors is None:
-            ratio_step = _factor(tuple(sorted(self.ratios))) if self.ratios else _DEFAULT_FACTOR
+            ratio_step = _factor(tuple(sorted(self.ratios))) if self.ratios else HALF_DECADE
             object.__setattr__(self, "factors", (_factor(self.lrs), ratio_step))
         if self.ratios is not None:
             ratios = _check_axis("ratios", self.ratios)
@@ -149,8 +193,6 @@ class Grid:
         """The edges ``point`` lies on: ``"lr low"``, ``"lr high"``, ``"ratio low"``, ..."""
         out = []
         for axis in self.axes:
-            if axis in self.fixed:
-                continue
             values = self.values(axis)
             if math.isclose(point[axis], values[0], rel_tol=1e-9):
                 out.append(f"{axis} low")
@@ -163,22 +205,22 @@ class Grid:
         factor = self.factors[0] if axis == "lr" else self.factors[1]
         return _outward(self.values(axis), factor, side)
 
-    def can_extend(self, edge: str) -> bool:
-        """Whether ``edge`` can move outward (:meth:`bound`: within the valid range)."""
-        return self.bound(edge) is None
-
     def bound(self, edge: str) -> str | None:
-        """Why ``edge`` cannot move outward (its next value leaves the valid range: a λ_f
-        below the 1e-8 floor where training stops at once, an overflowing value, a ratio
-        reaching 1 unless allowed), or None when it can."""
+        """What keeps ``edge`` from moving outward, or None when it can: the ratio stays
+        below 1 (:data:`RATIO_BOUND`, unless ``allow_fast_calibrator``) and λ_f at or above
+        the 1e-8 floor where training stops (:data:`LR_FLOOR_BOUND`)."""
         value = self._next(edge)
-        if not 0 < value < math.inf:
-            return f"the next {edge.split()[0]} value {value:g} is not a positive finite number"
-        if edge == "lr low" and value < LR_FLOOR:
-            return f"the next lr {value:g} would be below the {LR_FLOOR:g} learning-rate floor"
+        if not 0 < value < math.inf:  # e.g. a grid given with a huge factor
+            return f"{edge.split()[0]} finite bound"
         if edge == "ratio high" and not self.allow_fast_calibrator and value >= 1:
-            return f"the next ratio {value:g} would not keep the calibrator slower (>= 1)"
+            return RATIO_BOUND
+        if edge == "lr low" and value < LR_FLOOR:
+            return LR_FLOOR_BOUND
         return None
+
+    def can_extend(self, edge: str) -> bool:
+        """Whether ``edge`` can move outward (see :meth:`bound`)."""
+        return self.bound(edge) is None
 
     def extended(self, edges: Sequence[str]) -> Grid:
         """The grid with one more value outward on each of ``edges``."""
@@ -190,7 +232,6 @@ class Grid:
             tuple(ratios) if self.ratios is not None else None,
             self.allow_fast_calibrator,
             self.factors,
-            self.fixed,
         )
 
 
@@ -221,7 +262,6 @@ class GridSearch:
     results: dict[tuple[tuple[str, float], ...], float] = field(default_factory=dict)
     statuses: dict[tuple[tuple[str, float], ...], str] = field(default_factory=dict)
     extensions: int = 0
-    bounds: dict[str, str] = field(default_factory=dict)
     _issued: set[tuple[tuple[str, float], ...]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -259,10 +299,6 @@ class GridSearch:
         best = self.best
         if best is None or self.extensions >= self.max_extensions:
             return []
-        for edge in self.at_edge:  # recorded: the choice stays there, and why
-            reason = self.grid.bound(edge)
-            if reason is not None:
-                self.bounds[edge] = reason
         edges = self.extendable_edges
         if not edges:
             return []
@@ -288,19 +324,32 @@ class GridSearch:
 
     @property
     def at_edge(self) -> list[str]:
-        """The edges the final choice still lies on (empty: interior on every axis)."""
+        """The grid edges the final choice lies on that a bound does not explain (empty:
+        interior on every axis, or only at a bound such as :data:`RATIO_BOUND`)."""
         best = self.best
-        return [] if best is None else self.grid.edges(best)
+        if best is None:
+            return []
+        return [e for e in self.grid.edges(best) if self.grid.can_extend(e)]
+
+    @property
+    def bounds(self) -> list[str]:
+        """The bounds the final choice sits at (:data:`RATIO_BOUND`,
+        :data:`LR_FLOOR_BOUND`): edges no extension may cross, so not a grid problem."""
+        best = self.best
+        if best is None:
+            return []
+        return [b for e in self.grid.edges(best) if (b := self.grid.bound(e)) is not None]
 
     @property
     def extendable_edges(self) -> list[str]:
-        """The edges of the choice the grid could still grow past (the ratio never reaches 1)."""
-        return [e for e in self.at_edge if self.grid.can_extend(e)]
+        """The edges of the choice the grid could still grow past."""
+        return self.at_edge
 
     def summary(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """``tune.json``: every point, the selection rule, the choice and whether it is at
-        an edge (``cap_reached``: it could have moved on but the extension cap was reached;
-        otherwise a bound of the valid range stopped it: ``bounds`` says which and why)."""
+        an edge. ``edges`` names every edge of the choice, a bound by its name (``"ratio < 1
+        bound"``); ``at_edge`` is true only for an edge the search could have moved past
+        (``cap_reached``: the extension cap stopped it), not for a bound alone."""
         at = self.at_edge
         return {
             "selection": SELECTION_RULE,
@@ -309,11 +358,11 @@ class GridSearch:
             "best": self.best,
             "best_config": None if self.best is None else point_config(self.best),
             "at_edge": bool(at),
-            "edges": at,
+            "edges": at + self.bounds,
+            "bounds": self.bounds,
             "extensions": self.extensions,
             "max_extensions": self.max_extensions,
-            "cap_reached": bool(self.extendable_edges) and self.extensions >= self.max_extensions,
-            "bounds": {e: r for e, r in self.bounds.items() if e in at},
+            "cap_reached": bool(at) and self.extensions >= self.max_extensions,
             "table": rows,
         }
 

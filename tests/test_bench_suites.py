@@ -1,0 +1,239 @@
+"""Suite validation: plugins only with --allow-plugins, a sane seed maximum, csv: datasets,
+case-insensitive method names, budgets and grids only for the families a suite has."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from cogcal.bench import budgets, check_requirements, load_suite, run_bench
+from cogcal.bench.suites import MAX_SEEDS, parse_suite
+from cogcal.cli import main
+
+HERE = Path(__file__).resolve().parent
+
+BASELINES_ONLY = {
+    "datasets": {"digits": {"model": "cnn"}},
+    "methods": ["ce", "ts"],
+    "seeds": 2,
+    "protocols": ["paper", "fair"],
+    "train": {"batch_size": 64},
+    "budget": {
+        "paper": {
+            "baselines": {"lr": 1e-4, "epochs": 1, "schedule": "none", "patience": None},
+        },
+        "fair": {"epochs": 1, "schedule": "step", "step_size": 1, "patience": None},
+    },
+    "tune": {"baseline_lrs": [1e-3, 3e-3, 1e-2], "max_extensions": 1},
+    "effect": False,
+}
+
+
+def _suite(**changes) -> dict:
+    suite = json.loads(json.dumps(BASELINES_ONLY))
+    suite.update(changes)
+    return suite
+
+
+def _write(tmp_path: Path, suite: dict) -> Path:
+    path = tmp_path / f"suite-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
+# --------------------------------------------------------------------------- plugins
+
+PLUGIN = """
+from pathlib import Path
+import numpy as np
+
+Path({marker!r}).write_text("imported")
+
+def load():
+    Path({marker!r}).write_text("called")
+    rng = np.random.default_rng(0)
+    def pair(n):
+        return rng.normal(size=(n, 4)), np.arange(n) % 3
+    return {{"train": pair(30), "val": pair(12), "test": pair(12), "num_classes": 3}}
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A plugin module that leaves a marker file when it is imported or called."""
+    name = f"cogcal_suite_plugin_{uuid.uuid4().hex[:8]}"
+    marker = tmp_path / "marker.txt"
+    (tmp_path / f"{name}.py").write_text(PLUGIN.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name, marker
+
+
+def _plugin_suite(module: str) -> dict:
+    return _suite(datasets={f"{module}:load": {"model": "mlp"}})
+
+
+def test_a_plugin_suite_is_refused_without_the_flag_and_nothing_is_imported(tmp_path, plugin):
+    module, marker = plugin
+    path = _write(tmp_path, _plugin_suite(module))
+    with pytest.raises(ValueError, match=rf"import the Python module '{module}'.*--allow-plugins"):
+        load_suite(path)
+    with pytest.raises(ValueError, match="call its function 'load'"):
+        run_bench(path, out=tmp_path / "out", data_root=tmp_path / "data", progress=False)
+    assert not marker.exists() and module not in sys.modules
+    assert not (tmp_path / "out").exists()
+    # "os:abort" (issue repro): refused while checking, the process lives on
+    with pytest.raises(ValueError, match="module 'os'.*function 'abort'"):
+        parse_suite(_suite(datasets={"os:abort": {"model": "mlp"}}), source="test")
+
+
+def test_cli_names_the_flag_and_exits_2(tmp_path, plugin, capsys):
+    module, marker = plugin
+    path = _write(tmp_path, _plugin_suite(module))
+    out = tmp_path / "out"
+    assert main(["bench", "--suite", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--allow-plugins" in err and f"{module}" in err
+    assert not marker.exists() and not out.exists()
+
+
+def test_with_the_flag_checking_imports_nothing_and_the_bench_loads_the_plugin(tmp_path, plugin):
+    module, marker = plugin
+    suite = load_suite(_write(tmp_path, _plugin_suite(module)), allow_plugins=True)
+    assert not marker.exists() and module not in sys.modules  # checking ran no code
+    info = check_requirements(suite, tmp_path / "data")  # the bench's data check loads it
+    assert marker.read_text() == "called" and info[f"{module}:load"]["num_classes"] == 3
+
+
+def test_registered_folder_and_csv_names_are_not_plugins():
+    from cogcal.bench.suites import _is_plugin
+
+    assert _is_plugin("my_pkg.data:load") and _is_plugin("os:abort")
+    for name in ("mnist1d", "MNIST1D", "csv:x.csv", "CSV:x.csv", "folder:/a/b", "digits-mtl"):
+        assert not _is_plugin(name)
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+@pytest.mark.parametrize("seeds", [99999999999999999999, 30000000, MAX_SEEDS + 1])
+def test_huge_seed_counts_are_one_clear_error(seeds, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_suite()).replace("seeds: 2", f"seeds: {seeds}"))
+    with pytest.raises(ValueError, match=rf"seeds must be a count from 1 to {MAX_SEEDS}"):
+        load_suite(path)
+
+
+def test_seed_values_and_lists_have_limits(tmp_path, capsys):
+    assert parse_suite(_suite(seeds=MAX_SEEDS)).seeds[-1] == MAX_SEEDS - 1
+    with pytest.raises(ValueError, match="integers from 0 to 4294967295"):
+        parse_suite(_suite(seeds=[0, 2**32]))
+    with pytest.raises(ValueError, match=f"the most a suite runs is {MAX_SEEDS}"):
+        parse_suite(_suite(seeds=list(range(MAX_SEEDS + 1))))
+    with pytest.raises(ValueError, match="tune.seed must be an integer from 0 to"):
+        parse_suite(_suite(tune={**BASELINES_ONLY["tune"], "seed": 2**40}))
+    with pytest.raises(ValueError, match="from 1 to"):
+        parse_suite(_suite(seeds=0))
+    # the same limit for --seeds, one line, exit 2
+    path = _write(tmp_path, _suite())
+    argv = ["bench", "--suite", str(path), "--seeds", "30000000", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"from 1 to {MAX_SEEDS}" in err
+
+
+# --------------------------------------------------------------------------- csv: datasets
+
+
+def _table(path: Path, n: int = 90) -> Path:
+    rng = np.random.default_rng(0)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["a", "b", "c", "label"])
+        for i in range(n):
+            y = ["red", "green", "blue"][i % 3]
+            w.writerow([*(rng.normal(size=3) + i % 3).round(4), y])
+    return path
+
+
+def test_a_csv_dataset_with_its_target_runs_in_a_suite(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    table = _table(tmp_path / "table.csv")
+    name = f"csv:{table}"
+    suite_dict = _suite(datasets={name: {"target": "label"}}, protocols=["fair"], seeds=1)
+    suite = load_suite(_write(tmp_path, suite_dict))
+    assert suite.datasets[0].train == {"target": "label"}
+    info = check_requirements(suite, tmp_path / "data")
+    assert info[name]["num_classes"] == 3 and info[name]["model"] == "mlp"
+    summary = run_bench(
+        suite, out=tmp_path / "out", data_root=tmp_path / "data", progress=False,
+        report=False, runner="test_bench:fake_run", jobs=1,
+    )  # fmt: skip
+    assert summary.failed == 0
+    configs = list((tmp_path / "out" / "runs").glob("fair/*/ce/seed0/config.json"))
+    assert configs and json.loads(configs[0].read_text())["target"] == "label"
+
+
+def test_a_csv_dataset_without_a_target_says_where_to_put_it():
+    with pytest.raises(ValueError, match=r"needs .*target.*give it on the entry"):
+        parse_suite(_suite(datasets={"csv:t.csv": {"model": "mlp"}}), source="test")
+    with pytest.raises(ValueError, match="target must be a column name"):
+        parse_suite(_suite(datasets={"csv:t.csv": {"target": 3}}), source="test")
+    with pytest.raises(ValueError, match="target` applies to csv: datasets only"):
+        parse_suite(_suite(datasets={"digits": {"target": "label"}}), source="test")
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def test_method_names_are_case_insensitive_like_the_cli():
+    suite = parse_suite(_suite(methods=["CE", " Ts "]))
+    assert suite.methods == ("ce", "ts")
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_suite(_suite(methods=["ce", "CE"]))
+    with pytest.raises(ValueError, match="unknown method 'Cog-F'.*Did you mean 'cog-fc'"):
+        parse_suite(_suite(methods=["Cog-F"]))
+
+
+# --------------------------------------------------------------------------- families
+
+
+def test_a_baselines_only_suite_needs_no_cog_budget_or_grid():
+    suite = parse_suite(_suite(), source="test")
+    assert set(suite.budgets["paper"]) == {"baselines"} and not suite.tune.lrs
+    recorded = budgets(suite)
+    assert set(recorded["paper"]) == set(recorded["fair"]) == {"baselines"}
+    assert recorded["fair"]["baselines"]["methods"] == ["ce", "ts"]
+
+
+def test_a_cog_only_suite_needs_no_baseline_budget_or_grid():
+    suite = parse_suite(
+        _suite(
+            methods=["cog-fc"],
+            budget={
+                "paper": {"cog": {"epochs": 1, "schedule": "step", "step_size": 1, "patience": 1}}
+            },
+            protocols=["paper"],
+            tune={"lrs": [1e-3, 3e-3], "ratios": [0.1, 0.3]},
+        ),
+        source="test",
+    )
+    assert suite.tune.baseline_lrs == () and set(budgets(suite)["paper"]) == {"cog"}
+
+
+def test_a_family_the_suite_has_still_needs_its_budget_and_grid():
+    with pytest.raises(ValueError, match=r"budget.paper has no budget for the cog family \(cog-fc"):
+        parse_suite(_suite(methods=["ce", "cog-fc"]), source="test")
+    fams = {"baselines": BASELINES_ONLY["budget"]["paper"]["baselines"]}
+    fams["cog"] = {"epochs": 1, "schedule": "none", "patience": None}
+    with pytest.raises(ValueError, match="tune.lrs and tune.ratios are needed"):
+        parse_suite(
+            _suite(methods=["ce", "cog-fc"], budget={**BASELINES_ONLY["budget"], "paper": fams}),
+            source="test",
+        )
