@@ -29,8 +29,14 @@ import pandas as pd
 from cogcal import _io
 from cogcal.report import tables as T
 from cogcal.report._common import is_cog, slug
-from cogcal.report.aggregate import mean_std, pareto_front, summary_rank
-from cogcal.report.blocks import Figure, Paragraph, Section, Table
+from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table, Text
+from cogcal.report.claims import (
+    Checkpoints,
+    claims_section,
+    families,
+    judge_claims,
+    verdict_section,
+)
 from cogcal.report.effect import effect_section
 from cogcal.report.frame import (
     SeedPlan,
@@ -53,8 +59,8 @@ from cogcal.report.overview import (
 from cogcal.report.render import render_html, render_markdown
 from cogcal.report.robustness import robustness_section, unavailable_sets
 from cogcal.report.run_report import build_run_report, report_kind
-from cogcal.report.tuning import edge_notes, tuning_section
-from cogcal.report.verdict import verdict_section
+from cogcal.report.stats import mean_std, pareto_front, summary_rank
+from cogcal.report.tuning import edge_choices, edge_notes, tuning_section
 
 __all__ = [
     "SECTIONS",
@@ -127,6 +133,34 @@ class BenchContext:
             "effect.csv (where COG's effect comes from)": self.effect is not None,
         }
 
+    @cached_property
+    def checkpoints(self) -> Checkpoints:
+        """The checkpoint epoch of every finished run (from its record)."""
+        if self.runs is None:
+            return Checkpoints()
+        r = self.runs[(self.runs["status"] == "complete") & (self.runs["run_dir"] != "")]
+        keys = zip(r["dataset"], r["protocol"], r["method"], r["seed"], r["run_dir"], strict=True)
+        return Checkpoints.read([(d, p, m, int(s), self._path(f)) for d, p, m, s, f in keys])
+
+    @cached_property
+    def families(self) -> dict[str, dict[str, Any]]:
+        """The paired comparison families per protocol (:func:`~cogcal.report.claims.families`)."""
+        return {p: families(self.results, p, self.checkpoints) for p in self.protocols}
+
+    @cached_property
+    def claims(self) -> dict[str, Any]:
+        """The judged claims per protocol."""
+        info = (self.meta or {}).get("datasets")
+        info = info if isinstance(info, dict) else {}
+        classes = {
+            str(k): int(v.get("num_classes") or 0) for k, v in info.items() if isinstance(v, dict)
+        }
+        return {p: judge_claims(self.results, p, self.families[p], classes) for p in self.protocols}
+
+    def _path(self, run_dir: str) -> Path:
+        path = Path(run_dir)
+        return path if path.is_absolute() else self.root / path
+
     def run_dirs(self, **where: Any) -> list[tuple[int, Path]]:
         """``(seed, folder)`` of the complete runs of ``runs.csv`` matching ``where``
         (``dataset=``, ``protocol=``, ``method=``), sorted by seed."""
@@ -135,11 +169,7 @@ class BenchContext:
         r = self.runs[(self.runs["status"] == "complete") & (self.runs["run_dir"] != "")]
         for col, value in where.items():
             r = r[r[col] == value]
-        out = []
-        for seed, run_dir in zip(r["seed"], r["run_dir"], strict=True):
-            path = Path(run_dir)
-            out.append((int(seed), path if path.is_absolute() else self.root / path))
-        return sorted(out)
+        return sorted((int(s), self._path(d)) for s, d in zip(r["seed"], r["run_dir"], strict=True))
 
 
 def load_context(results_dir: str | Path) -> BenchContext:
@@ -216,36 +246,41 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
 
 def _reliability_figure(
     ctx: BenchContext, dataset: str, protocol: str, methods: list[str], path: Path, note: str
-) -> int | None:
-    """Side-by-side diagrams of ``methods`` at their lowest common seed (saved test logits
-    read through RunDir); the seed, or None when a method has no readable logits."""
+) -> list[int]:
+    """Side-by-side diagrams of ``methods``, each pooling the saved test logits (read
+    through RunDir) of every seed all of them have; the seeds pooled (empty: no figure)."""
     from cogcal.report.diagrams import plot_reliability
     from cogcal.train.rundir import RunDir, RunFolderError
 
     found = [dict(ctx.run_dirs(dataset=dataset, protocol=protocol, method=m)) for m in methods]
-    common = sorted(set.intersection(*(set(f) for f in found))) if found else []
-    for seed in common:
-        data = {}
+    data: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {m: [] for m in methods}
+    seeds = []
+    for seed in sorted(set.intersection(*(set(f) for f in found))) if found else []:
         try:
-            for m, runs in zip(methods, found, strict=True):
-                data[m] = RunDir(runs[seed]).read_logits("test")
+            got = {
+                m: RunDir(runs[seed]).read_logits("test")
+                for m, runs in zip(methods, found, strict=True)
+            }
         except RunFolderError:
             continue
-        if any(np.asarray(v[0]).ndim != 2 for v in data.values()):
-            return None
-        # Multi-label runs store (N, T) 0/1 labels: their diagrams pool every (sample, task).
-        kinds = {
-            "multilabel" if np.asarray(v[1]).ndim == 2 else "multiclass" for v in data.values()
-        }
-        if len(kinds) != 1:
-            return None
-        task = kinds.pop()
-        title = f"{dataset}, {protocol}, seed {seed}: {note}"
-        if task == "multilabel":
-            title += " (pooled over tasks)"
-        _save_figure(plot_reliability(data, None, n_bins=15, title=title, task=task), path)
-        return seed
-    return None
+        seeds.append(seed)
+        for m, (z, y) in got.items():
+            data[m].append((np.asarray(z), np.asarray(y)))
+    if not seeds or any(z.ndim != 2 for v in data.values() for z, _ in v):
+        return []
+    # Multi-label runs store (N, T) 0/1 labels: their diagrams pool every (sample, task).
+    kinds = {y.ndim for v in data.values() for _, y in v}
+    if len(kinds) != 1:
+        return []
+    task = "multilabel" if kinds.pop() == 2 else "multiclass"
+    pooled = {
+        m: (np.concatenate([z for z, _ in v]), np.concatenate([y for _, y in v]))
+        for m, v in data.items()
+    }
+    title = f"{dataset}, {protocol}, {len(seeds)} seed(s) pooled: {note}"
+    title += " (pooled over tasks)" if task == "multilabel" else ""
+    _save_figure(plot_reliability(pooled, None, n_bins=15, title=title, task=task), path)
+    return seeds
 
 
 # --------------------------------------------------------------------------- sections
@@ -261,27 +296,49 @@ def _add(blocks: list, table: Table | None) -> None:
 
 
 def section_verdict(ctx: BenchContext) -> Section:
-    """The verdict (:mod:`cogcal.report.verdict`)."""
+    """The verdict (:mod:`cogcal.report.claims`): per dataset whether COG helps, the
+    claims, then best methods, grid edges and coverage."""
+    details: list[Text] = []
+    edges = edge_choices(ctx.tuning)
+    if ctx.tuning is None:
+        details.append("No tuning.csv: whether a tuned choice sits at a grid edge is unknown.")
+    elif edges:
+        details.append(
+            [
+                f"{len(edges)} tuned choice(s) still sit at a grid edge (",
+                Link("listed", "tuning-edges"),
+                ").",
+            ]
+        )
+    else:
+        details.append(
+            ["Every tuned choice is interior to its grid (", Link("tuning", "tuning"), ")."]
+        )
+    short, failed = len(ctx.coverage), ctx.failed_runs
+    if short or failed:
+        details.append(
+            [f"{short} result cell(s) hold fewer seeds than planned, {failed} run(s) failed, "
+             "diverged or were interrupted (", Link("failures", "failures"), ")."]
+        )  # fmt: skip
     return verdict_section(
-        ctx.results,
-        ctx.tuning,
-        datasets=ctx.datasets,
-        protocols=ctx.protocols,
-        short_cells=len(ctx.coverage),
-        failed_runs=ctx.failed_runs,
-    )
+        ctx.results, ctx.families, ctx.claims, datasets=ctx.datasets, protocols=ctx.protocols,
+        details=details,
+    )  # fmt: skip
+
+
+def section_claims(ctx: BenchContext) -> Section | None:
+    """The paper's claims, the paired comparisons behind them, the checkpoint epochs."""
+    if ctx.results.empty:
+        return None
+    return claims_section(ctx.families, ctx.claims, ctx.checkpoints)
 
 
 def section_overview(ctx: BenchContext) -> Section:
     """Suite, budgets, run counts, datasets and protocols."""
     sec = overview_section(
-        ctx.results,
-        ctx.meta,
-        ctx.runs,
-        ctx.found,
-        short_cells=len(ctx.coverage),
+        ctx.results, ctx.meta, ctx.runs, ctx.found, short_cells=len(ctx.coverage),
         failed_runs=ctx.failed_runs,
-    )
+    )  # fmt: skip
     if ctx.results.empty:
         sec.blocks.append(Paragraph("results.csv holds no finished run yet."))
     return sec
@@ -313,16 +370,6 @@ def section_effect(ctx: BenchContext) -> Section | None:
     return effect_section(ctx.effect)
 
 
-def section_losses(ctx: BenchContext) -> Section | None:
-    """Every comparison where a COG variant's mean is worse than its counterpart's."""
-    table = T.losses_table(ctx.results)
-    if table is None:
-        return None
-    sec = Section("Where COG loses", key="losses-sec")
-    _add(sec.blocks, table)
-    return sec
-
-
 def section_pairwise(ctx: BenchContext) -> Section | None:
     """ECE, RMSCE and MCE over bin counts, COG vs counterpart (Tab. 9-11)."""
     sec = Section("Post-hoc calibration vs COG across bin counts", key="pairwise")
@@ -337,8 +384,8 @@ def section_pairwise(ctx: BenchContext) -> Section | None:
 
 
 def section_reliability(ctx: BenchContext) -> Section | None:
-    """Reliability diagrams: each post-hoc method vs its COG variant, and the top-ranked
-    method vs cog-fc (Fig. 3 style), from the runs' saved test logits."""
+    """Reliability diagrams, seeds pooled: each post-hoc method vs its COG variant, and the
+    top-ranked method vs cog-fc (Fig. 3 style), from the runs' saved test logits."""
     if ctx.results.empty:
         return None
     sec = Section("Reliability diagrams", key="reliability")
@@ -346,35 +393,20 @@ def section_reliability(ctx: BenchContext) -> Section | None:
         for ds in ctx.datasets:
             d = aggregate(ctx.results, split="test", dataset=ds, protocol=p)
             present = list(d["method"].unique())
-            for cog, base in T.present_pairs(present):
-                name = f"reliability_{slug(p)}_{slug(ds)}_{slug(base)}_vs_{slug(cog)}.png"
-                seed = _reliability_figure(
-                    ctx, ds, p, [base, cog], ctx.figdir / name, f"{base} vs {cog}"
-                )
-                if seed is not None:
-                    sec.blocks.append(
-                        Figure(
-                            f"figures/{name}",
-                            f"{ds}, {p}: {base} (left) vs {cog} (right), test split, seed "
-                            f"{seed}, 15 bins",
-                        )
-                    )
-            if d.empty or "cog-fc" not in present:
-                continue
-            ranks = summary_rank(d, split=None)
-            top = str(ranks.iloc[0]["method"]) if not ranks.empty else "cog-fc"
-            if top != "cog-fc":
-                name = f"reliability_{slug(p)}_{slug(ds)}_top_{slug(top)}_vs_cog-fc.png"
-                seed = _reliability_figure(
-                    ctx, ds, p, [top, "cog-fc"], ctx.figdir / name, f"top ranked {top} vs cog-fc"
-                )
-                if seed is not None:
-                    sec.blocks.append(
-                        Figure(
-                            f"figures/{name}",
-                            f"{ds}, {p}: top-ranked {top} vs cog-fc (Fig. 3 style), seed {seed}",
-                        )
-                    )
+            shown = [(base, cog, f"{base} vs {cog}") for cog, base in T.present_pairs(present)]
+            if "cog-fc" in present and not d.empty:
+                top = str(summary_rank(d, split=None).iloc[0]["method"])
+                if top != "cog-fc":
+                    shown.append((top, "cog-fc", f"top-ranked {top} vs cog-fc (Fig. 3 style)"))
+            for a, b, note in shown:
+                name = f"reliability_{slug(p)}_{slug(ds)}_{slug(a)}_vs_{slug(b)}.png"
+                seeds = _reliability_figure(ctx, ds, p, [a, b], ctx.figdir / name, note)
+                if seeds:
+                    sec.blocks.append(Figure(
+                        f"figures/{name}",
+                        f"{ds}, {p}: {note}; test split, 15 bins, the test logits of seeds "
+                        f"{', '.join(map(str, seeds))} pooled",
+                    ))  # fmt: skip
     if not sec.blocks:
         why = "no runs.csv" if ctx.runs is None else "no readable test logits in the run folders"
         sec.blocks.append(Paragraph(f"Reliability diagrams skipped: {why}."))
@@ -388,13 +420,8 @@ def section_pareto(ctx: BenchContext) -> Section | None:
         for ds in ctx.datasets:
             name = f"pareto_{slug(p)}_{slug(ds)}.png"
             if _pareto_figure(ctx.results, ds, p, ctx.figdir / name):
-                sec.blocks.append(
-                    Figure(
-                        f"figures/{name}",
-                        f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; "
-                        "dashed: Pareto front",
-                    )
-                )
+                caption = f"{ds}, {p}: test accuracy vs ECE-15, mean ± std over seeds; dashed: Pareto front"
+                sec.blocks.append(Figure(f"figures/{name}", caption))
     return sec if sec.blocks else None
 
 
@@ -437,8 +464,8 @@ SECTIONS: tuple[Callable[[BenchContext], Section | None], ...] = (
     section_overview,
     section_complexity,
     section_comparison,
+    section_claims,
     section_effect,
-    section_losses,
     section_pairwise,
     section_reliability,
     section_pareto,

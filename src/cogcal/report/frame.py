@@ -47,7 +47,9 @@ from cogcal.report.schema import (
 
 __all__ = [
     "AGGREGATE",
+    "MEASURES",
     "aggregate",
+    "seed_values",
     "ANY",
     "INDIVIDUAL",
     "PROTOCOLS",
@@ -86,42 +88,24 @@ AGGREGATE = _Selector("AGGREGATE")
 INDIVIDUAL = _Selector("INDIVIDUAL")
 
 
-#: ``attrs`` key set by :func:`normalise_results` (kept by pandas through selections): the
-#: text columns hold stripped strings, ``""`` for an empty cell, so no cell needs stripping.
-_NORMALISED = "cogcal_normalised"
-
-
 def blank(s: pd.Series) -> pd.Series:
     """Whether each cell is empty (NaN or whitespace only)."""
-    if _normalised_text(s):
-        return s.isna() | (s == "")
     return s.isna() | (s.astype(str).str.strip() == "")
-
-
-def _text(s: pd.Series) -> pd.Series:
-    """The cells as stripped strings."""
-    return s if _normalised_text(s) else s.astype(str).str.strip()
-
-
-def _normalised_text(s: pd.Series) -> bool:
-    return bool(s.attrs.get(_NORMALISED)) and pd.api.types.is_string_dtype(s)
 
 
 def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
     if want is ANY:
         return pd.Series(True, index=df.index)
     if column not in df.columns:
-        if want is AGGREGATE or (isinstance(want, str) and want == "") or want is None:
-            # an absent optional column is blank everywhere
-            return pd.Series(True, index=df.index)
+        if want is AGGREGATE or want is None or (isinstance(want, str) and want == ""):
+            return pd.Series(True, index=df.index)  # an absent optional column is blank
         raise ValueError(f"cannot select on {column!r}: the table has no such column.")
     col = df[column]
-    if column == "task" and want is AGGREGATE:
-        return blank(col) | (_text(col) == "mean")
-    if column == "task" and want is INDIVIDUAL:
-        return ~blank(col) & (_text(col) != "mean")
-    if isinstance(want, _Selector):
-        raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
+    if want is AGGREGATE or want is INDIVIDUAL:
+        if column != "task":
+            raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
+        agg = blank(col) | (col.astype(str).str.strip() == "mean")
+        return agg if want is AGGREGATE else ~agg
     if want is None or want == "":
         return blank(col)
     if isinstance(want, Collection) and not isinstance(want, str):
@@ -129,47 +113,16 @@ def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
     return col == want
 
 
-def rows(
-    df: pd.DataFrame,
-    *,
-    split: Any = ANY,
-    dataset: Any = ANY,
-    protocol: Any = ANY,
-    method: Any = ANY,
-    metric: Any = ANY,
-    task: Any = ANY,
-    condition: Any = ANY,
-    severity: Any = ANY,
-) -> pd.DataFrame:
-    """The rows of ``df`` matching every given selection.
+def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
+    """The rows of ``df`` matching every selection ``column=want``.
 
-    Each argument is :data:`ANY` (default: no selection), a value (equality), a
-    collection of values (membership) or ``""`` (the empty cell). ``task`` also takes
-    :data:`AGGREGATE` (empty or ``"mean"``) and :data:`INDIVIDUAL` (a task name).
-
-    Parameters
-    ----------
-    df : DataFrame
-        A tidy table (``results.csv`` or ``effect.csv`` rows).
-    split, dataset, protocol, method, metric, task, condition, severity
-        The selections.
-
-    Returns
-    -------
-    DataFrame
-        The matching rows (a selection of ``df``: copy it before assigning to it).
+    ``want`` is :data:`ANY` (no selection), a value (equality), a collection of values
+    (membership) or ``""`` (the empty cell); ``task`` also takes :data:`AGGREGATE` (empty
+    or ``"mean"``) and :data:`INDIVIDUAL` (a task name). The result is a selection of
+    ``df``: copy it before assigning to it.
     """
     keep = pd.Series(True, index=df.index)
-    for column, want in (
-        ("split", split),
-        ("dataset", dataset),
-        ("protocol", protocol),
-        ("method", method),
-        ("metric", metric),
-        ("task", task),
-        ("condition", condition),
-        ("severity", severity),
-    ):
+    for column, want in selection.items():
         keep &= _mask(df, column, want)
     return df[keep]
 
@@ -181,6 +134,42 @@ def aggregate(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
     selection.setdefault("condition", "")
     selection.setdefault("severity", "")
     return rows(df, **selection)
+
+
+#: The measures :func:`seed_values` reads, by name.
+MEASURES: tuple[str, ...] = ("test", "ood", "shift")
+_SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the individual ones
+
+
+def seed_values(df: pd.DataFrame, measure: str, **selection: Any) -> pd.DataFrame:
+    """One value per (method, metric, seed) of a measure, finite values only.
+
+    ``"test"``: the aggregate test rows. ``"ood"``: the ``pooled`` OOD condition (every
+    OOD set scored together), or, when no run wrote it, the mean over the OOD sets per
+    seed. ``"shift"``: per seed the unweighted mean over every individual (condition,
+    severity) recorded, or over the runner's ``mean`` condition when no individual one
+    is. ``selection`` narrows the rows first (:func:`rows`).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``method, metric, seed, value`` (and the other ``selection``-free keys
+        ``dataset``, ``protocol``).
+    """
+    keys = ["dataset", "protocol", "method", "metric", "seed"]
+    if measure == "test":
+        d = aggregate(df, split="test", **selection)
+    elif measure in ("ood", "shift"):
+        d = rows(df, split=measure, task=AGGREGATE, **selection)
+        cond = d["condition"].astype(str)
+        if measure == "ood":
+            d = d[cond == "pooled"] if (cond == "pooled").any() else d[~cond.isin(_SUMMARY)]
+        else:
+            d = d[~cond.isin(_SUMMARY)] if (~cond.isin(_SUMMARY)).any() else d[cond == "mean"]
+    else:
+        raise ValueError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}.")
+    d = d[np.isfinite(d["value"].astype(float))]
+    return d.groupby(keys, as_index=False)["value"].mean()
 
 
 def protocol_order(protocols: Collection[str]) -> list[str]:
@@ -344,9 +333,7 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
             "each (dataset, method, protocol, seed, split, metric, task, condition, severity) "
             "must appear once. Rebuild results.csv with `cogcal bench`."
         )
-    out = df.reset_index(drop=True)
-    out.attrs[_NORMALISED] = True
-    return out
+    return df.reset_index(drop=True)
 
 
 def load_results(folder: str | Path) -> pd.DataFrame:

@@ -16,18 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import check_results_frame, is_cog, slug
-from cogcal.report.aggregate import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
+from cogcal.report._common import is_cog, method_order, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
-from cogcal.report.tables import (
-    _LABELS,
-    _cell,
-    _method_order,
-    comparison_table,
-    seed_notes,
-    stat_text,
-)
+from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
+from cogcal.report.tables import LABELS, cell, comparison_table, stat_table, stats_of
 
 __all__ = [
     "MTL_METRICS",
@@ -43,12 +36,10 @@ __all__ = [
 
 #: Metrics of Tab. 6, in table order.
 MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
-_REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "task")
 
 
 def multitask_datasets(df: pd.DataFrame) -> list[str]:
     """Datasets with per-task rows, sorted."""
-    check_results_frame(df, _REQUIRED)
     return sorted(map(str, rows(df, task=INDIVIDUAL)["dataset"].unique()))
 
 
@@ -56,7 +47,6 @@ def per_task_rows(
     df: pd.DataFrame, dataset: str, protocol: str, *, split: str = "test"
 ) -> pd.DataFrame:
     """The per-task rows of one dataset, protocol and split (no shift / OOD rows)."""
-    check_results_frame(df, _REQUIRED)
     return rows(
         df, dataset=dataset, protocol=protocol, split=split, task=INDIVIDUAL, condition="",
         severity="",
@@ -124,7 +114,6 @@ def multitask_table(
     Mean ± sample std over seeds, best in bold, summary rank (acc, NLL, Brier; ties share
     the best rank), sorted by rank. ``None`` when the dataset has no per-task rows.
     """
-    check_results_frame(df, _REQUIRED)
     tasks = per_task_rows(df, dataset, protocol, split=split)
     if tasks.empty:
         return None
@@ -147,46 +136,26 @@ def multitask_table(
 def per_task_table(
     df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc", *, split: str = "test"
 ) -> Table | None:
-    """One metric per task (rows, hardest first) and method (columns), best of each row bold.
-
-    ``None`` when the dataset has no per-task rows of ``metric``.
-    """
-    d = per_task_rows(df, dataset, protocol, split=split)
-    d = rows(d, metric=metric)
+    """One metric per task (rows, hardest first) and method (columns), best of each row
+    bold; None without per-task rows of ``metric``."""
+    d = rows(per_task_rows(df, dataset, protocol, split=split), metric=metric)
     if d.empty:
         return None
     order = task_difficulty(df, dataset, protocol, split=split)
     order += sorted(set(map(str, d["task"])) - set(order))
-    stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method"))
-    cell = {(r.task, r.method): (r.mean, r.std, r.n) for r in stats.itertuples()}
-    most = int(stats["n"].max())
-    methods = _method_order(list(stats["method"].unique()))
-    hib = metric in HIGHER_IS_BETTER
-    table_rows = []
-    for task in order:
-        vals = [cell[(task, m)][0] for m in methods if (task, m) in cell]
-        vals = [v for v in vals if np.isfinite(v)]
-        best = (max if hib else min)(vals) if vals else None
-        row = [_cell(task)]
-        for m in methods:
-            mean, std, n = cell.get((task, m), (np.nan, np.nan, 0))
-            ok = np.isfinite(mean)
-            row.append(_cell(stat_text(mean, std, n, most), ok and np.isclose(mean, best)))
-        table_rows.append(row)
-    label = _LABELS.get(metric, metric)
-    return Table(
-        f"{dataset} — {protocol}: {label} per task ({split} split)",
-        ["Task (hardest first)", *methods],
-        table_rows,
-        seed_notes(
-            [
-                "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
-                "sample std over seeds; best of each task in bold."
-            ],
-            stats["n"],
-            most,
-        ),
+    methods = method_order(d["method"].unique())
+    return stat_table(
+        f"{dataset} — {protocol}: {LABELS.get(metric, metric)} per task ({split} split)",
         f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
+        ["Task (hardest first)"],
+        [(t, [t]) for t in order],
+        [(m, m, metric) for m in methods],
+        stats_of(d.assign(task=d["task"].astype(str)), ("task", "method")),
+        notes=[
+            "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
+            "sample std over seeds; best of each task in bold."
+        ],
+        group=lambda t: t,
     )
 
 
@@ -223,7 +192,7 @@ def per_task_figure(
     order = task_difficulty(df, dataset, protocol, split=split)
     pos = {t: i for i, t in enumerate(order)}
     stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method", "metric"))
-    methods = _method_order(list(stats["method"].unique()))
+    methods = method_order(list(stats["method"].unique()))
     cmap = colormaps["tab10" if len(methods) <= 10 else "tab20"]
     width = max(7.0, 0.32 * len(order) + 3.0)
     fig = MplFigure(figsize=(width, 3.3 * len(metrics) + 0.8), layout="constrained")
@@ -237,7 +206,7 @@ def per_task_figure(
                 [pos[t] for t in s["task"]], s["mean"], "o-" if cog else "s--",
                 color=cmap(i % cmap.N), label=me, lw=1.5 if cog else 1.0, ms=4,
             )  # fmt: skip
-        ax.set_ylabel(_LABELS.get(metric, metric))
+        ax.set_ylabel(LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     axes[-1].set_xticks(range(len(order)))
     axes[-1].set_xticklabels(order, rotation=60, ha="right", fontsize=8)
@@ -273,13 +242,13 @@ def wins_table(
     d = rows(d, metric=list(better_on))
     if d.empty:
         return None
-    methods = _method_order(list(d["method"].unique()))
+    methods = method_order(list(d["method"].unique()))
     cogs = [m for m in methods if is_cog(m)]
     bases = [m for m in methods if not is_cog(m)]
     if not cogs or not bases:
         return None
     table_rows, sentences = [], []
-    names = " and ".join(_LABELS.get(m, m) for m in better_on)
+    names = " and ".join(LABELS.get(m, m) for m in better_on)
     for cog in cogs:
         for base in bases:
             wins, total = pairwise_wins(d, cog, base, better_on)
@@ -288,12 +257,12 @@ def wins_table(
             share = f"{100 * wins / total:.0f}%" if total else "—"
             table_rows.append(
                 [
-                    _cell(cog),
-                    _cell(base),
-                    _cell(f"{wins} of {total}", wins > losses),
-                    _cell(share),
-                    _cell(f"{losses} of {total}", losses > wins),
-                    _cell(total - wins - losses),
+                    cell(cog),
+                    cell(base),
+                    cell(f"{wins} of {total}", wins > losses),
+                    cell(share),
+                    cell(f"{losses} of {total}", losses > wins),
+                    cell(total - wins - losses),
                 ]
             )
     header = ["COG", "Baseline", "COG better on all", "Share", "Baseline better on all", "Mixed"]
@@ -323,7 +292,6 @@ def multitask_section(
     figdir : Path
         Where the per-task figures are written (``root/figures``).
     """
-    check_results_frame(df, _REQUIRED)
     datasets = multitask_datasets(df)
     if not datasets:
         return None

@@ -22,7 +22,7 @@ import pandas as pd
 from cogcal.report._common import method_order
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text, plain
 from cogcal.report.frame import SeedPlan, aggregate, protocol_order, rows
-from cogcal.report.tables import _cell
+from cogcal.report.tables import cell as _cell
 
 __all__ = [
     "budget_table",

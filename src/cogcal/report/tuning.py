@@ -19,7 +19,7 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import protocol_order
-from cogcal.report.tables import _cell
+from cogcal.report.tables import cell as _cell
 
 __all__ = [
     "EdgeChoice",
@@ -234,11 +234,20 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
         return sec
     edges = edge_choices(tuning)
     if edges:
+        body = [
+            [_cell(e.protocol), _cell(e.dataset), _cell(e.group), _cell(", ".join(e.used_by))]
+            + [_cell(_g(e.lr)), _cell(_g(e.ratio)), _cell(e.edges or "grid", bold=True)]
+            + [_cell(e.extensions), _cell("yes" if e.cap_reached else "no")]
+            for e in edges
+        ]
+        header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio", "Edge"]
+        notes: list[Text] = [
+            "Choices still on a grid edge after the extensions: the methods using them may do "
+            "better with a wider grid; the ratio's upper edge below 1 is a bound of the method."
+        ]
+        title = f"{len(edges)} tuned choice(s) on a grid edge"
         sec.blocks.append(
-            Paragraph(
-                f"{len(edges)} tuned choice(s) still lie on a grid edge:",
-                items=[e.text() + "." for e in edges],
-            )
+            Table(title, [*header, "Extensions", "Cap reached"], body, notes, "tuning-edges")
         )
     else:
         sec.blocks.append(Paragraph("Every tuned choice is interior to its grid."))
