@@ -62,14 +62,7 @@ from cogcal.report.run_report import build_run_report, report_kind
 from cogcal.report.stats import mean_std, pareto_front, summary_rank
 from cogcal.report.tuning import edge_choices, edge_notes, tuning_section
 
-__all__ = [
-    "SECTIONS",
-    "BenchContext",
-    "build_any",
-    "build_report",
-    "load_context",
-    "load_results",
-]
+__all__ = ["SECTIONS", "BenchContext", "build_any", "build_report", "load_context", "load_results"]
 
 
 # --------------------------------------------------------------------------- context
