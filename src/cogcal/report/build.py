@@ -313,10 +313,7 @@ def section_verdict(ctx: BenchContext) -> Section:
             [f"{short} result cell(s) hold fewer seeds than planned, {failed} run(s) failed, "
              "diverged or were interrupted (", Link("failures", "failures"), ")."]
         )  # fmt: skip
-    return verdict_section(
-        ctx.results, ctx.families, ctx.claims, datasets=ctx.datasets, protocols=ctx.protocols,
-        details=details,
-    )  # fmt: skip
+    return verdict_section(ctx.results, ctx.families, ctx.claims, ctx.datasets, details)
 
 
 def section_claims(ctx: BenchContext) -> Section | None:

@@ -1,17 +1,17 @@
 """The verdict that opens a bench report, and "The paper's claims at this scale".
 
-Every statement rests on paired comparisons (:func:`cogcal.report.stats.paired`) corrected
-with Holm over their family (:data:`cogcal.report.stats.PAIRED_RULE`). The families, per
-protocol: each COG variant against its counterpart (:func:`cogcal.report._common.counterparts`)
-on test NLL, Brier, ECE-15 and accuracy over every dataset; cog-fc against the expressive
-COG variants; COG against its counterpart on OOD AUROC / FPR95 and on the shift averages;
-and, per dataset, the best method on each metric against every other method.
+Every statement rests on paired comparisons (:func:`cogcal.report.stats.paired`),
+Holm-corrected over their family (:data:`cogcal.report.stats.PAIRED_RULE`). The families,
+per protocol (:func:`families`): each COG variant against its counterpart
+(:func:`cogcal.report._common.counterparts`) on test NLL, Brier, ECE-15 and accuracy over
+every dataset; cog-fc against the expressive COG variants; COG against its counterpart on
+OOD AUROC / FPR95 and on the shift averages; and, per dataset, the best method on each
+metric against every other method.
 
-A comparison is **budget-bound** when its two methods' test accuracies differ by more than
-:data:`ACC_MARGIN`, or when one of them did not converge: in some seed its kept
-checkpoint (best validation Brier) is the last epoch of a stage that ran its whole budget,
-so the run was still improving (:class:`Checkpoints`). The verdict says so in the
-sentence that uses the comparison.
+A comparison is **budget-bound** when its methods' test accuracies differ by more than
+:data:`ACC_MARGIN`, or when one of them did not converge: in some seed its kept checkpoint
+(best validation Brier) is the last epoch of a stage that ran its whole budget, so it was
+still improving (:class:`Checkpoints`). The verdict says so in the sentence that uses it.
 """
 
 from __future__ import annotations
@@ -36,28 +36,17 @@ from cogcal.report.stats import (
 )
 from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
 
-__all__ = [
-    "ACC_MARGIN",
-    "CLAIMS",
-    "COG_METRICS",
-    "Checkpoints",
-    "Comparison",
-    "Judgement",
-    "compare_family",
-    "judge_claims",
-    "verdict_section",
-]
+__all__ = ["ACC_MARGIN", "CLAIMS", "Checkpoints", "Comparison", "families", "judge_claims"]
 
 #: Metrics of the COG-against-counterpart comparisons.
 COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
-#: Metrics of the best-method statements.
-BEST_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15")
 #: Test accuracies further apart than this make a comparison budget-bound.
 ACC_MARGIN = 0.02
 #: The expressive COG variants cog-fc is compared with.
 EXPRESSIVE: tuple[str, ...] = ("cog-ts", "cog-ms", "cog-vs", "cog-dir")
 #: Classes from which a dataset counts as "many classes".
 MANY_CLASSES = 100
+NOT_TESTED = "not tested in this suite"
 CLAIMS: tuple[str, ...] = (
     "COG variants match or beat their post-hoc counterparts",
     "COG-FC is as good as the expressive variants (cog-ts, cog-ms, ...)",
@@ -68,17 +57,14 @@ CLAIMS: tuple[str, ...] = (
 )
 
 
-# --------------------------------------------------------------------------- convergence
-
-
 @dataclass
 class Checkpoints:
-    """Per run, the epoch its checkpoint came from, read from the runs' records.
+    """Per run and stage, the epoch its kept checkpoint came from (the runs' records).
 
-    ``frame`` has one row per (dataset, protocol, method, seed, stage): ``budget`` (the
-    stage's epochs), ``ran`` (epochs run), ``best`` (0-based epoch of the kept
-    checkpoint), ``stopped`` (``""``, ``lr_floor`` or ``patience``) and ``last`` (the
-    checkpoint is the last epoch and the stage ran its whole budget: still improving).
+    ``frame`` columns: dataset, protocol, method, seed, stage, ``budget`` (the stage's
+    epochs), ``ran`` (epochs run), ``best`` (0-based epoch of the checkpoint), ``stopped``
+    (``""``, ``lr_floor`` or ``patience``) and ``last`` (the checkpoint is the last epoch
+    of a stage that ran its whole budget: still improving).
     """
 
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -89,88 +75,100 @@ class Checkpoints:
         from cogcal.train.rundir import RunDir, RunFolderError
 
         out = []
-        for dataset, protocol, method, seed, path in runs:
+        for *key, path in runs:
             try:
                 record = RunDir(path).read_record()
             except RunFolderError:
                 continue
-            if record is None:
-                continue
-            cfg = record.config
-            for stage, budget in (
-                ("stage1", cfg.get("epochs")),
-                ("stage2", cfg.get("stage2_epochs")),
-            ):
-                t = (record.timing or {}).get(stage)
+            for stage, budget in (("stage1", "epochs"), ("stage2", "stage2_epochs")):
+                t = (record.timing or {}).get(stage) if record is not None else None
                 if not isinstance(t, dict) or "best_epoch" not in t:
                     continue
-                ran, best = int(t.get("epochs_run", 0)), int(t["best_epoch"])
-                stopped = str(t.get("stopped") or "")
+                ran, best, stopped = (
+                    int(t.get("epochs_run", 0)),
+                    int(t["best_epoch"]),
+                    str(t.get("stopped") or ""),
+                )
+                budget = record.config.get(budget)  # type: ignore[union-attr]
                 budget = int(budget) if isinstance(budget, int | float) else ran
                 last = best == ran - 1 and ran >= budget and stopped != "patience"
-                out.append(
-                    (dataset, protocol, method, seed, stage, budget, ran, best, stopped, last)
-                )
-        cols = ["dataset", "protocol", "method", "seed", "stage", "budget", "ran", "best"]
-        return cls(pd.DataFrame(out, columns=[*cols, "stopped", "last"]))
+                out.append((*key, stage, budget, ran, best, stopped, last))
+        cols = [
+            "dataset",
+            "protocol",
+            "method",
+            "seed",
+            "stage",
+            "budget",
+            "ran",
+            "best",
+            "stopped",
+        ]
+        return cls(pd.DataFrame(out, columns=[*cols, "last"]))
 
-    def unconverged(self, dataset: str, protocol: str, method: str) -> str | None:
-        """``"ts: checkpoint at its last epoch in 3 of 5 seeds"``, or None."""
+    def late(self, dataset: str, protocol: str, method: str) -> tuple[int, int]:
+        """``(seeds whose checkpoint is a last epoch, seeds)`` of one method."""
         f = self.frame
         if f.empty:
-            return None
+            return 0, 0
         f = f[(f["dataset"] == dataset) & (f["protocol"] == protocol) & (f["method"] == method)]
-        if f.empty or not f["last"].any():
-            return None
         seeds = f.groupby("seed")["last"].any()
-        return (
-            f"{method}'s checkpoint is its last epoch in {int(seeds.sum())} of {len(seeds)} seeds"
-        )
+        return int(seeds.sum()), len(seeds)
 
     def table(self) -> Table | None:
-        """Per (protocol, dataset, method, stage): budget, checkpoint epochs, how many at
-        the last epoch."""
+        """Per protocol, dataset, method and stage: budget, checkpoint epoch per seed, how
+        many at the last epoch."""
         if self.frame.empty:
             return None
         body = []
-        f = self.frame
-        for (p, ds, m, st), g in f.groupby(["protocol", "dataset", "method", "stage"], sort=False):
+        for (p, ds, m, st), g in self.frame.groupby(["protocol", "dataset", "method", "stage"]):
             epochs = ", ".join(str(int(b) + 1) for b in g.sort_values("seed")["best"])
-            stopped = ", ".join(sorted(set(g["stopped"]) - {""})) or "budget"
             k = int(g["last"].sum())
             body.append(
-                [cell(p), cell(ds), cell(m), cell(st), cell(int(g["budget"].max()))]
-                + [cell(epochs), cell(stopped), cell(f"{k} of {len(g)}", bold=k > 0)]
+                [cell(p), cell(ds), cell(m), cell(st), cell(int(g["budget"].max())), cell(epochs)]
+                + [
+                    cell(", ".join(sorted(set(g["stopped"]) - {""})) or "budget"),
+                    cell(f"{k} of {len(g)}", k > 0),
+                ]
             )
         order = method_order([r[2].text for r in body])
         body.sort(key=lambda r: (r[0].text, r[1].text, order.index(r[2].text), r[3].text))
-        header = ["Protocol", "Dataset", "Method", "Stage", "Budget (epochs)"]
-        header += ["Checkpoint epoch per seed", "Stopped by", "At last epoch"]
-        notes: list[Text] = [
-            "Epochs count from 1. The kept checkpoint is the epoch of lowest validation Brier; "
-            "one at the last epoch of a stage that ran its whole budget (bold) means the run "
-            "was still improving: comparisons with that method are flagged budget-bound. "
-            "From each run's metrics.json (timing)."
+        header = [
+            "Protocol",
+            "Dataset",
+            "Method",
+            "Stage",
+            "Budget (epochs)",
+            "Checkpoint epoch per seed",
         ]
-        return Table("Checkpoint epochs and budgets", header, body, notes, "checkpoints")
-
-
-# --------------------------------------------------------------------------- comparisons
+        notes: list[Text] = [
+            "Epochs count from 1; the kept checkpoint is the epoch of lowest validation Brier. "
+            "One at the last epoch of a stage that ran its whole budget (bold) means the run was "
+            "still improving: comparisons with that method are budget-bound. From each run's "
+            "metrics.json (timing)."
+        ]
+        return Table(
+            "Checkpoint epochs and budgets",
+            [*header, "Stopped by", "At last epoch"],
+            body,
+            notes,
+            "checkpoints",
+        )
 
 
 @dataclass
 class Comparison:
-    """One paired comparison of method ``a`` with ``b`` (``a - b`` per seed)."""
+    """One paired comparison of method ``a`` with ``b`` (``a - b`` per seed), with its
+    budget caveats: ``late`` = ``{method: (seeds at the last epoch, seeds)}``, ``gap`` =
+    the test accuracy difference when larger than :data:`ACC_MARGIN`."""
 
-    measure: str
     dataset: str
-    protocol: str
     a: str
     b: str
     metric: str
     test: Paired
-    family: str = ""
-    caveats: list[str] = field(default_factory=list)
+    late: dict[str, tuple[int, int]] = field(default_factory=dict)
+    gap: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -178,9 +176,15 @@ class Comparison:
 
     def text(self) -> str:
         """``cog-ts vs ts, mnist1d NLL: Δ -0.012 [-0.020, -0.004], better``."""
-        return f"{self.a} vs {self.b}, {self.dataset} {NAMES.get(self.metric, self.metric)}: " + (
-            f"{self.test.text()}, {self.verdict}"
-        )
+        metric = NAMES.get(self.metric, self.metric)
+        return f"{self.a} vs {self.b}, {self.dataset} {metric}: {self.test.text()}, {self.verdict}"
+
+    def caveats(self) -> list[str]:
+        out = [
+            f"{m}'s checkpoint at its last epoch in {k} of {n} seeds"
+            for m, (k, n) in self.late.items()
+        ]
+        return out + ([f"test accuracies {self.gap:.3f} apart"] if self.gap is not None else [])
 
 
 def compare_family(
@@ -189,65 +193,96 @@ def compare_family(
     protocol: str,
     pairs: Sequence[tuple[str, str, str]],
     metrics: Sequence[str],
-    family: str,
     checkpoints: Checkpoints | None = None,
 ) -> list[Comparison]:
     """Paired comparisons ``(dataset, a, b)`` x ``metrics`` of ``measure``
-    (:func:`~cogcal.report.frame.seed_values`), Holm-corrected together as ``family``,
-    with their budget caveats."""
-    values = seed_values(df, measure, protocol=protocol)
-    test_acc = seed_values(df, "test", protocol=protocol, metric="acc")
+    (:func:`~cogcal.report.frame.seed_values`), Holm-corrected together, with caveats."""
+    values = seed_values(df, measure, protocol=protocol).set_index("seed")
+    acc = seed_values(df, "test", protocol=protocol, metric="acc")
     found = []
-    for dataset, a, b in pairs:
-        d = values[values["dataset"] == dataset]
+    for ds, a, b in pairs:
+        v = values[values["dataset"] == ds]
         for metric in metrics:
-            s = [d[(d["method"] == m) & (d["metric"] == metric)].set_index("seed")["value"]
-                 for m in (a, b)]  # fmt: skip
+            s = [v[(v["method"] == m) & (v["metric"] == metric)]["value"] for m in (a, b)]
             t = paired(s[0], s[1], higher_is_better=metric in HIGHER_IS_BETTER)
-            if t is not None:
-                found.append(Comparison(measure, dataset, protocol, a, b, metric, t, family))
+            if t is None:
+                continue
+            c = Comparison(ds, a, b, metric, t)
+            means = [
+                acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean()
+                for m in (a, b)
+            ]
+            if all(math.isfinite(x) for x in means) and abs(means[0] - means[1]) > ACC_MARGIN:
+                c.gap = abs(means[0] - means[1])
+            for m in (a, b):
+                k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
+                if k:
+                    c.late[m] = (k, n)
+            found.append(c)
     for c, t in zip(found, holm([c.test for c in found]), strict=True):
         c.test = t  # type: ignore[assignment]
-        c.caveats = _caveats(test_acc, c, checkpoints)
     return found
 
 
-def _caveats(acc: pd.DataFrame, c: Comparison, checkpoints: Checkpoints | None) -> list[str]:
-    out = []
-    d = acc[acc["dataset"] == c.dataset]
-    means = [d.loc[d["method"] == m, "value"].mean() for m in (c.a, c.b)]
-    if all(math.isfinite(m) for m in means) and abs(means[0] - means[1]) > ACC_MARGIN:
-        out.append(f"test accuracies differ by {abs(means[0] - means[1]):.3f} > {ACC_MARGIN}")
-    for m in (c.a, c.b):
-        why = checkpoints.unconverged(c.dataset, c.protocol, m) if checkpoints else None
-        if why:
-            out.append(why)
+def families(
+    df: pd.DataFrame, protocol: str, checkpoints: Checkpoints | None
+) -> dict[str, list[Comparison]]:
+    """The comparison families of ``protocol``: ``cog`` (each COG variant vs its
+    counterpart, test), ``fc`` (cog-fc vs the expressive variants, test), ``ood`` and
+    ``shift`` (COG vs counterpart on OOD AUROC / FPR95 and on the shift averages)."""
+    d = aggregate(df, split="test", protocol=protocol)
+    pairs, fc = [], []
+    for ds in sorted(set(d["dataset"])):
+        present = set(rows(d, dataset=ds)["method"])
+        pairs += [(ds, c, b) for c, b in present_pairs(list(present))]
+        fc += [(ds, "cog-fc", e) for e in EXPRESSIVE if e in present and "cog-fc" in present]
+    out = {
+        "cog": compare_family(df, "test", protocol, pairs, COG_METRICS, checkpoints),
+        "fc": compare_family(df, "test", protocol, fc, COG_METRICS, checkpoints),
+    }
+    for measure, metrics in (("ood", ("auroc", "fpr95")), ("shift", COG_METRICS)):
+        if (df["split"] == measure).any():
+            out[measure] = compare_family(df, measure, protocol, pairs, metrics, checkpoints)
     return out
 
 
+#: Title and anchor of each family's table.
+FAMILY_TABLES = {
+    "cog": ("COG variant vs post-hoc counterpart, test", "paired"),
+    "fc": ("cog-fc vs the expressive COG variants, test", "paired-fc"),
+    "ood": ("COG vs counterpart, OOD detection (pooled sets)", "paired-ood"),
+    "shift": (
+        "COG vs counterpart, covariate shift (mean over conditions and severities)",
+        "paired-shift",
+    ),
+}
+
+
 def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | None:
-    """Every comparison of ``found``: means, Δ with its 95% interval, Holm p, verdict,
-    budget caveats (one row each)."""
+    """One row per comparison: per-seed differences, Δ with its 95% interval, Holm p,
+    verdict, budget caveats."""
     if not found:
         return None
-    body = []
-    for c in found:
-        v = c.verdict
-        body.append(
-            [cell(c.dataset), cell(f"{c.a} vs {c.b}"), cell(LABELS.get(c.metric, c.metric))]
-            + [cell(c.test.text()), cell(c.test.n), cell(fmt(c.test.p_adj, None, 3))]
-            + [cell(v, bold=v != "undecided"), cell("; ".join(c.caveats) or "—")]
-        )
+    body = [
+        [cell(c.dataset), cell(f"{c.a} vs {c.b}"), cell(LABELS.get(c.metric, c.metric))]
+        + [
+            cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)),
+            cell(c.test.text()),
+            cell(fmt(c.test.p_adj)),
+        ]
+        + [cell(c.verdict, bold=c.verdict != "undecided"), cell("; ".join(c.caveats()) or "—")]
+        for c in found
+    ]
     m = sum(math.isfinite(c.test.p) for c in found)
     notes: list[Text] = [
-        f"Δ = mean over seeds of the per-seed difference (first − second method) with its 95% "
-        f"Student-t interval; p: paired t-test, Holm-adjusted over the {m} comparisons of this "
-        "table. better / worse (bold): decided for the first method; otherwise undecided. "
-        f"Budget caveat: accuracies more than {ACC_MARGIN} apart, or a checkpoint at the last "
-        "epoch of its budget (still improving)."
+        "Per seed: first − second method (seeds in order). Δ: their mean with its 95% "
+        f"Student-t interval; p: paired t-test, Holm-adjusted over the {m} comparisons of "
+        "this table; better / worse (bold): decided for the first method. Budget caveat: "
+        f"accuracies more than {ACC_MARGIN} apart, or a checkpoint at the last epoch of its "
+        "budget (still improving)."
     ]
-    header = ["Dataset", "Comparison", "Metric", "Δ [95% CI]", "Seeds", "p (Holm)", "Verdict"]
-    return Table(title, [*header, "Budget caveat"], body, notes, key)
+    header = ["Dataset", "Comparison", "Metric", "Per-seed differences", "Δ [95% CI]", "p (Holm)"]
+    return Table(title, [*header, "Verdict", "Budget caveat"], body, notes, key)
 
 
 def _tally(found: Sequence[Comparison]) -> dict[str, int]:
@@ -257,313 +292,235 @@ def _tally(found: Sequence[Comparison]) -> dict[str, int]:
     return out
 
 
-def _join(words: Sequence[str], last: str = "and") -> str:
+def _join(words: Sequence[str]) -> str:
     words = list(words)
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" {last} " + words[-1]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _bound(found: Sequence[Comparison]) -> str:
-    """``; budget-bound: ...`` naming the methods still improving at their last epoch and
-    the pairs whose accuracies differ by more than :data:`ACC_MARGIN`."""
-    why = list(dict.fromkeys(w for c in found for w in c.caveats))
-    if not why:
-        return ""
-    late = [w.split("'s checkpoint is its last epoch in ") for w in why if "last epoch" in w]
-    gaps = [f"{c.a} vs {c.b}" for c in found if any("accuracies" in w for w in c.caveats)]
-    parts = []
-    if late:
-        parts.append(
+    """``; budget-bound — ...`` naming the methods still improving at their last epoch and
+    the pairs whose accuracies are more than :data:`ACC_MARGIN` apart ("" without any)."""
+    late = {m: kn for c in found for m, kn in c.late.items()}
+    gaps = list(dict.fromkeys(f"{c.a} vs {c.b}" for c in found if c.gap is not None))
+    parts = (
+        [
             "still improving at the last epoch: "
-            + ", ".join(f"{m} ({k.replace(' seeds', '')})" for m, k in late)
-        )
-    if gaps:
-        parts.append(f"accuracies more than {ACC_MARGIN} apart: {_join(list(dict.fromkeys(gaps)))}")
-    return "; budget-bound — " + "; ".join(parts)
-
-
-# --------------------------------------------------------------------------- claims
+            + ", ".join(f"{m} ({k} of {n} seeds)" for m, (k, n) in late.items())
+        ]
+        if late
+        else []
+    )
+    parts += [f"accuracies more than {ACC_MARGIN} apart: {_join(gaps)}"] if gaps else []
+    return "; budget-bound — " + "; ".join(parts) if parts else ""
 
 
 @dataclass
 class Judgement:
-    """One claim: ``holds``, ``does not hold``, ``undecided`` or ``not tested in this
-    suite``, with its evidence (linking to the table it comes from)."""
+    """One claim judged ``holds``, ``does not hold``, ``undecided`` or ``not tested in
+    this suite``, with the numbers behind it and the anchor of their table."""
 
     claim: str
     judgement: str
-    evidence: Text
-    short: str = ""
+    evidence: str
+    key: str = ""
 
 
-def _direction(found: Sequence[Comparison], *, claim: str, key: str, want: str) -> Judgement:
-    """A claim that ``a`` is not worse than ``b`` (``want="not worse"``) or better
-    (``want="better"``) over ``found``."""
+def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: bool) -> Judgement:
+    """A claim that the first methods are not worse (``not_worse``) or better than the
+    second ones over ``found``: "does not hold" with a decided loss, "holds" with decided
+    results and none against, "undecided" without any decided result."""
     t = _tally(found)
-    decidable = [c for c in found if c.test.n >= 2]
     losses = [c.text() for c in found if c.verdict == "worse"]
-    if not decidable or not (t["better"] or t["worse"]):
+    if not (t["better"] or t["worse"]):
         judgement = "undecided"
-    elif want == "not worse":
-        judgement = "does not hold" if losses else "holds"
-    elif t["better"] and not losses:
-        judgement = "holds"
     elif losses:
         judgement = "does not hold"
     else:
-        judgement = "undecided"
-    text = (
-        f"{t['better']} decided better, {t['worse']} decided worse, {t['undecided']} undecided "
-        f"of {len(found)} paired comparisons (Holm)"
+        judgement = "holds" if not_worse or t["better"] else "undecided"
+    text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
+    text += (
+        (": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else ""))
+        if losses
+        else ""
     )
-    if losses:
-        text += ": worse in " + "; ".join(losses[:4]) + (" …" if len(losses) > 4 else "")
-    short = f"{t['better']} better, {t['worse']} worse of {len(found)}, Holm{_bound(found)}"
-    return Judgement(
-        claim, judgement, [text + _bound(found) + " (", Link("table", key), ")."], short
-    )
-
-
-def judge_claims(
-    df: pd.DataFrame,
-    protocol: str,
-    families: dict[str, list[Comparison]],
-    classes: dict[str, int],
-) -> list[Judgement]:
-    """Judge :data:`CLAIMS` under ``protocol`` from the comparison ``families`` (keys
-    ``cog``, ``fc``, ``ood``) and the results (ranks, per-task rows); ``classes`` maps a
-    dataset to its number of classes (``bench.json``)."""
-    p = slug(protocol)
-    out = []
-    cog = families.get("cog", [])
-    if cog:
-        out.append(_direction(cog, claim=CLAIMS[0], key=f"paired-{p}", want="not worse"))
-    else:
-        out.append(
-            Judgement(
-                CLAIMS[0], "not tested in this suite", "no COG variant next to its counterpart."
-            )
-        )
-    fc = families.get("fc", [])
-    if fc:
-        out.append(_direction(fc, claim=CLAIMS[1], key=f"paired-fc-{p}", want="not worse"))
-    else:
-        out.append(
-            Judgement(
-                CLAIMS[1],
-                "not tested in this suite",
-                "cog-fc and an expressive COG variant are not both in it.",
-            )
-        )
-    out.append(_rank_claim(df, protocol))
-    ood = [c for c in families.get("ood", []) if c.metric == "auroc"]
-    if ood:
-        out.append(_direction(ood, claim=CLAIMS[3], key=f"paired-ood-{p}", want="better"))
-    else:
-        out.append(
-            Judgement(CLAIMS[3], "not tested in this suite", "no OOD results next to a COG pair.")
-        )
-    out.append(_mtl_claim(df, protocol))
-    many = [c for c in cog if c.a == "cog-ms" and classes.get(c.dataset, 0) >= MANY_CLASSES]
-    if many:
-        j = _direction(many, claim=CLAIMS[5], key=f"paired-{p}", want="better")
-        out.append(j)
-    else:
-        out.append(
-            Judgement(
-                CLAIMS[5],
-                "not tested in this suite",
-                f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it.",
-            )
-        )
-    return out
+    return Judgement(claim, judgement, text + _bound(found), key)
 
 
 def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
     d = aggregate(df, split="test", protocol=protocol)
-    if "cog-fc" not in set(d["method"]):
-        return Judgement(CLAIMS[2], "not tested in this suite", "cog-fc is not in it.")
-    places, links = [], []
+    places = []
     for ds in sorted(set(d["dataset"])):
         r = summary_rank(rows(d, dataset=ds), split=None).dropna(subset=["rank"])
-        if "cog-fc" not in set(r["method"]):
-            continue
-        place = int((r["rank"] < float(r.loc[r["method"] == "cog-fc", "rank"].iloc[0])).sum()) + 1
-        places.append((ds, place, len(r)))
-        links += [Link(ds, comparison_key(ds, protocol)), ", "]
+        if "cog-fc" in set(r["method"]):
+            places.append(
+                (
+                    ds,
+                    int((r["rank"] < r.loc[r["method"] == "cog-fc", "rank"].iloc[0]).sum()) + 1,
+                    len(r),
+                )
+            )
     if not places:
-        return Judgement(CLAIMS[2], "undecided", "cog-fc has no summary rank.")
+        return Judgement(CLAIMS[2], NOT_TESTED, "cog-fc has no summary rank here.")
     judgement = "holds" if all(pl <= 3 for _, pl, _ in places) else "does not hold"
     text = "; ".join(f"{ds}: place {pl} of {n}" for ds, pl, n in places)
-    rule = " by summary rank on test Acc, NLL, Brier (holds: top 3 on every dataset; means"
-    evidence = [text + rule + ", no test) (", *links[:-1], ")."]
-    return Judgement(CLAIMS[2], judgement, evidence, text)
+    text += " by summary rank on test Acc, NLL and Brier (means; holds: top 3 on every dataset)"
+    return Judgement(CLAIMS[2], judgement, text, comparison_key(places[0][0], protocol))
 
 
 def _mtl_claim(df: pd.DataFrame, protocol: str) -> Judgement:
     d = rows(df, split="test", protocol=protocol, condition="", severity="")
     d = d[~d["task"].isin(["", "mean"])]
     if d.empty or not {"cog-fc", "ts"} <= set(d["method"]):
-        why = "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it."
-        return Judgement(CLAIMS[4], "not tested in this suite", why)
-    parts, ok = [], []
-    for ds in sorted(set(d["dataset"])):
-        wins, total = pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts")
-        ok.append(total > 0 and wins > total / 2)
-        parts += [
-            f"{ds}: better on both accuracy and Brier on {wins} of {total} tasks (",
-            Link("wins", f"mtl-wins-{slug(protocol)}-{slug(ds)}"),
-            "); ",
-        ]
-    return Judgement(CLAIMS[4], "holds" if all(ok) else "does not hold", [*parts[:-1], ")."])
+        return Judgement(
+            CLAIMS[4],
+            NOT_TESTED,
+            "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it.",
+        )
+    counts = {
+        ds: pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts") for ds in sorted(set(d["dataset"]))
+    }
+    ok = all(total and wins > total / 2 for wins, total in counts.values())
+    text = "; ".join(
+        f"{ds}: cog-fc better on both accuracy and Brier on {w} of {n} tasks"
+        for ds, (w, n) in counts.items()
+    )
+    return Judgement(
+        CLAIMS[4],
+        "holds" if ok else "does not hold",
+        text + " (means over seeds)",
+        f"mtl-wins-{slug(protocol)}-{slug(next(iter(counts)))}",
+    )
 
 
-# --------------------------------------------------------------------------- verdict
+def judge_claims(
+    df: pd.DataFrame, protocol: str, fams: dict[str, list[Comparison]], classes: dict[str, int]
+) -> list[Judgement]:
+    """:data:`CLAIMS` judged under ``protocol`` from the comparison families
+    (:func:`families`) and the results; ``classes`` maps a dataset to its class count."""
+    p = slug(protocol)
+    cog, fc = fams.get("cog", []), fams.get("fc", [])
+    ood = [c for c in fams.get("ood", []) if c.metric == "auroc"]
+    many = [c for c in cog if c.a == "cog-ms" and classes.get(c.dataset, 0) >= MANY_CLASSES]
+    return [
+        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True)
+        if cog
+        else Judgement(CLAIMS[0], NOT_TESTED, "no COG variant next to its counterpart."),
+        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True)
+        if fc
+        else Judgement(
+            CLAIMS[1], NOT_TESTED, "cog-fc and an expressive COG variant are not both in it."
+        ),
+        _rank_claim(df, protocol),
+        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False)
+        if ood
+        else Judgement(
+            CLAIMS[3], NOT_TESTED, "no OOD results of a COG variant and its counterpart."
+        ),
+        _mtl_claim(df, protocol),
+        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False)
+        if many
+        else Judgement(
+            CLAIMS[5],
+            NOT_TESTED,
+            f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it.",
+        ),
+    ]
 
 
 def _cog_sentence(
-    dataset: str,
-    protocols: Sequence[str],
-    fams: dict[str, dict[str, list[Comparison]]],
-    df: pd.DataFrame,
+    df: pd.DataFrame, dataset: str, fams: dict[str, dict[str, list[Comparison]]]
 ) -> Text:
     """Does COG help on ``dataset``? One sentence, one clause per protocol."""
     clauses: list[str | Link] = []
-    for p in protocols:
-        found = [c for c in fams[p].get("cog", []) if c.dataset == dataset]
+    for p, fam in fams.items():
+        found = [c for c in fam.get("cog", []) if c.dataset == dataset]
         if not found:
             continue
         t = _tally(found)
-        answer = "undecided"
-        if t["better"] and not t["worse"]:
-            answer = "yes"
-        elif t["worse"] and not t["better"]:
-            answer = "no"
-        elif t["better"]:
-            answer = "mixed"
-        if answer != "undecided" and _bound(found):
-            answer += ", budget-bound"
-        ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")
-        over = f"; ce test ECE-15 {ce['value'].mean():.3f}" if not ce.empty else ""
-        pairs = _join(sorted({f"{c.a} vs {c.b}" for c in found}))
-        clauses += [
-            f"{p} protocol: {answer} — against its post-hoc counterpart ({pairs}) COG is "
-            f"better in {t['better']}, worse in {t['worse']} and undecided in {t['undecided']} "
-            f"of {len(found)} paired comparisons (Holm over {len(fams[p].get('cog', []))})"
-            f"{over}{_bound(found)} (",
-            Link("paired", f"paired-{slug(p)}"),
-            "); ",
+        answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get(
+            (t["better"] > 0, t["worse"] > 0), "undecided"
+        )
+        ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")[
+            "value"
         ]
+        clauses += [
+            f"{p} protocol: {answer} — against its post-hoc counterpart ({_join(sorted({f'{c.a} vs {c.b}' for c in found}))}) "
+            f"COG is better in {t['better']}, worse in {t['worse']} and undecided in {t['undecided']} of {len(found)} "
+            f"paired comparisons (Holm over {len(fam['cog'])})"
+            + (f"; ce's test ECE-15 is {ce.mean():.3f}" if len(ce) else "") + _bound(found) + " (",
+            Link("table", f"paired-{slug(p)}"),
+            "); ",
+        ]  # fmt: skip
     if not clauses:
         return f"{dataset}: no COG variant next to its counterpart."
     return [f"Does COG help on {dataset}? ", *clauses[:-1], ")."]
 
 
 def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None:
-    """Per metric, the method with the best test mean and the methods it beats (decided,
-    Holm over the dataset's best-method comparisons)."""
-    d = seed_values(df, "test", dataset=dataset, protocol=protocol)
-    methods = method_order(d["method"].unique())
-    tops, pairs = {}, []
-    for metric in BEST_METRICS:
+    """Per metric, the method with the lowest test mean and how many others it beats
+    (decided, Holm over the dataset's best-method comparisons)."""
+    d = seed_values(df, "test", dataset=dataset, protocol=protocol).set_index("seed")
+    pairs = []
+    for metric in ("nll", "brier", "ece_15"):
         means = d[d["metric"] == metric].groupby("method")["value"].mean()
-        if means.empty:
-            continue
-        tops[metric] = str(means.idxmin())
-        pairs += [(metric, tops[metric], m) for m in methods if m != tops[metric]]
-    if not tops:
+        if not means.empty:
+            pairs += [
+                (metric, str(means.idxmin()), m)
+                for m in method_order(means.index)
+                if m != means.idxmin()
+            ]
+    if not pairs:
         return None
-    found = []
-    for metric, a, b in pairs:
-        s = [
-            d[(d["method"] == m) & (d["metric"] == metric)].set_index("seed")["value"]
-            for m in (a, b)
+    tests = holm(
+        [
+            paired(
+                *[d[(d["method"] == m) & (d["metric"] == x)]["value"] for m in (a, b)],
+                higher_is_better=False,
+            )
+            for x, a, b in pairs
         ]
-        found.append(paired(s[0], s[1], higher_is_better=False))
-    tests = holm(found)
+    )
     clauses = []
-    for metric, top in tops.items():
+    for metric in dict.fromkeys(x for x, _, _ in pairs):
         mine = [
-            (b, t)
-            for (m, _, b), t in zip(pairs, tests, strict=True)
-            if m == metric and t is not None
+            (a, b, t)
+            for (x, a, b), t in zip(pairs, tests, strict=True)
+            if x == metric and t is not None
         ]
-        beaten = [b for b, t in mine if t.verdict == "better"]
-        open_ = [b for b, t in mine if t.verdict != "better"]
-        mean = d[(d["method"] == top) & (d["metric"] == metric)]["value"].mean()
-        text = f"lowest {NAMES[metric]} {top} ({mean:.3f})"
-        text += f", decided better than {len(beaten)} of {len(mine)} others"
-        if open_:
-            text += f", not separated from {_join(open_)}"
-        clauses.append(text)
+        top = mine[0][0]
+        open_ = [b for _, b, t in mine if t.verdict != "better"]
+        text = f"lowest {NAMES[metric]} {top} ({d[(d['method'] == top) & (d['metric'] == metric)]['value'].mean():.3f}), decided better than {len(mine) - len(open_)} of {len(mine)} others"
+        clauses.append(text + (f", not separated from {_join(open_)}" if open_ else ""))
     m = sum(t is not None and math.isfinite(t.p) for t in tests)
-    return [
-        f"Best methods on {dataset}, {protocol} protocol: "
-        + "; ".join(clauses)
-        + f" (Holm over {m}; ",
-        Link("table", comparison_key(dataset, protocol)),
-        ").",
-    ]
-
-
-def families(
-    df: pd.DataFrame, protocol: str, checkpoints: Checkpoints | None
-) -> dict[str, list[Comparison]]:
-    """The comparison families of ``protocol``: ``cog`` (each COG variant vs its
-    counterpart, test), ``fc`` (cog-fc vs the expressive variants), ``ood`` and
-    ``shift`` (COG vs counterpart on OOD AUROC/FPR95 and the shift averages)."""
-    d = aggregate(df, split="test", protocol=protocol)
-    pairs, fc = [], []
-    for ds in sorted(set(d["dataset"])):
-        present = set(rows(d, dataset=ds)["method"])
-        pairs += [(ds, c, b) for c, b in present_pairs(list(present))]
-        if "cog-fc" in present:
-            fc += [(ds, "cog-fc", e) for e in EXPRESSIVE if e in present]
-    out = {
-        "cog": compare_family(df, "test", protocol, pairs, COG_METRICS, "cog", checkpoints),
-        "fc": compare_family(df, "test", protocol, fc, COG_METRICS, "fc", checkpoints),
-    }
-    if (df["split"] == "ood").any():
-        out["ood"] = compare_family(
-            df, "ood", protocol, pairs, ("auroc", "fpr95"), "ood", checkpoints
-        )
-    if (df["split"] == "shift").any():
-        out["shift"] = compare_family(
-            df, "shift", protocol, pairs, COG_METRICS, "shift", checkpoints
-        )
-    return out
+    head = f"Best on {dataset}, {protocol} protocol: " + "; ".join(clauses) + f" (Holm over {m}; "
+    return [head, Link("table", comparison_key(dataset, protocol)), ")."]
 
 
 def verdict_section(
     df: pd.DataFrame,
     fams: dict[str, dict[str, list[Comparison]]],
     claims: dict[str, list[Judgement]],
-    *,
     datasets: Sequence[str],
-    protocols: Sequence[str],
     details: Sequence[Text] = (),
 ) -> Section:
-    """The verdict: one answer per dataset to "does COG help here?", the claims in one
-    line each, then the details (best methods, grid edges, coverage) and the rule."""
-    answers = [_cog_sentence(ds, protocols, fams, df) for ds in datasets]
-    items: list[Text] = []
-    for p in protocols:
-        for j in claims.get(p, []):
-            links = (
-                [x for x in j.evidence if isinstance(x, Link)]
-                if isinstance(j.evidence, list)
-                else []
-            )
-            key = links[0].key if links else f"claims-{slug(p)}"
-            short = f": {j.short}" if j.short else ""
-            items.append([f"{p}: “{j.claim}” — {j.judgement}{short} (", Link("table", key), ")."])
-    best = [s for p in protocols for ds in datasets if (s := _best_sentence(df, ds, p)) is not None]
-    blocks = [
-        Paragraph(items=answers or ["There are no test results to compare yet."]),
+    """The verdict: per dataset one answer to "does COG help here?", each claim in one
+    line, then the details (best methods, grid edges, coverage) and the rule."""
+    items: list[Text] = [
+        [
+            f"{p}: “{j.claim}” — {j.judgement}: {j.evidence} (",
+            Link("table", j.key or f"claims-{slug(p)}"),
+            ").",
+        ]
+        for p, judged in claims.items()
+        for j in judged
+    ]
+    best = [s for p in fams for ds in datasets if (s := _best_sentence(df, ds, p)) is not None]
+    return Section("Verdict", [
+        Paragraph(items=[_cog_sentence(df, ds, fams) for ds in datasets] or ["There are no test results yet."]),
         Paragraph("The paper's claims at this scale:", items=items),
         Paragraph("Details:", items=[*best, *details]),
         Paragraph("Rule: " + PAIRED_RULE),
-    ]
-    return Section("Verdict", blocks, key="verdict")
+    ], key="verdict")  # fmt: skip
 
 
 def claims_section(
@@ -571,43 +528,20 @@ def claims_section(
     claims: dict[str, list[Judgement]],
     checkpoints: Checkpoints | None,
 ) -> Section:
-    """The claims tables, the paired comparisons behind them and the checkpoint epochs."""
+    """Per protocol the claims table and the paired comparisons behind it, then the
+    checkpoint epochs."""
     sec = Section("The paper's claims at this scale", key="claims")
     sec.blocks.append(Paragraph(
-        "“Holds” for a match-or-beat claim means that no comparison is decided against it "
-        "(with few seeds an undetected difference remains possible); for a “helps” or "
-        "“beats” claim it means a decided improvement and no decided loss. " + PAIRED_RULE
+        "“Holds” for a match-or-beat claim means that decided comparisons exist and none is "
+        "against it (with few seeds an undetected difference remains possible); for a "
+        "“helps” or “beats” claim, a decided improvement and no decided loss. " + PAIRED_RULE
     ))  # fmt: skip
-    titles = {
-        "cog": ("COG variant vs post-hoc counterpart, test", "paired"),
-        "fc": ("cog-fc vs the expressive COG variants, test", "paired-fc"),
-        "ood": ("COG vs counterpart, OOD detection (pooled sets)", "paired-ood"),
-        "shift": (
-            "COG vs counterpart, covariate shift (mean over conditions, severities)",
-            "paired-shift",
-        ),
-    }
     for p, judged in claims.items():
-        body = [
-            [cell(j.claim), cell(j.judgement, bold=True), cell(_plain(j.evidence))] for j in judged
-        ]
+        body = [[cell(j.claim), cell(j.judgement, bold=True), cell(j.evidence)] for j in judged]
         links = [
-            x
-            for j in judged
-            if not isinstance(j.evidence, str)
-            for x in j.evidence
-            if isinstance(x, Link)
+            x for j in dict.fromkeys(j.key for j in judged if j.key) for x in (Link(j, j), " ")
         ]
-        notes: list[Text] = [
-            [
-                "Evidence: ",
-                *[
-                    y
-                    for x in dict.fromkeys((x.text, x.key) for x in links)
-                    for y in (Link(x[1], x[1]), " ")
-                ],
-            ]
-        ]
+        notes: list[Text] = [["Tables: ", *links]] if links else []
         sec.blocks.append(
             Table(
                 f"Claims, {p} protocol",
@@ -617,19 +551,9 @@ def claims_section(
                 f"claims-{slug(p)}",
             )
         )
-        for name, (title, key) in titles.items():
+        for name, (title, key) in FAMILY_TABLES.items():
             t = paired_table(fams[p].get(name, []), f"{title} — {p} protocol", f"{key}-{slug(p)}")
-            if t is not None:
-                sec.blocks.append(t)
+            sec.blocks += [t] if t is not None else []
     table = checkpoints.table() if checkpoints is not None else None
-    if table is not None:
-        sec.blocks.append(table)
+    sec.blocks += [table] if table is not None else []
     return sec
-
-
-def _plain(text: Text) -> str:
-    return (
-        text
-        if isinstance(text, str)
-        else "".join(p.text if isinstance(p, Link) else p for p in text)
-    )

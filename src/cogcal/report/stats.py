@@ -91,6 +91,7 @@ class Paired:
     n: int
     higher_is_better: bool = False
     p_adj: float = math.nan
+    diffs: tuple[float, ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -129,15 +130,16 @@ def paired(a: pd.Series, b: pd.Series, *, higher_is_better: bool) -> Paired | No
     n = int(d.size)
     if n == 0:
         return None
-    mean = float(d.mean())
+    mean, diffs = float(d.mean()), tuple(map(float, d))
     if n < 2:
-        return Paired(mean, math.nan, math.nan, math.nan, n, higher_is_better)
+        return Paired(mean, math.nan, math.nan, math.nan, n, higher_is_better, diffs=diffs)
     se = float(d.std(ddof=1)) / math.sqrt(n)
     if se == 0:
-        return Paired(mean, mean, mean, 1.0 if mean == 0 else 0.0, n, higher_is_better)
+        p = 1.0 if mean == 0 else 0.0
+        return Paired(mean, mean, mean, p, n, higher_is_better, diffs=diffs)
     half = float(student_t.ppf(1 - ALPHA / 2, n - 1)) * se
     p = float(2 * student_t.sf(abs(mean) / se, n - 1))
-    return Paired(mean, mean - half, mean + half, p, n, higher_is_better)
+    return Paired(mean, mean - half, mean + half, p, n, higher_is_better, diffs=diffs)
 
 
 def holm(tests: Sequence[Paired | None]) -> list[Paired | None]:
