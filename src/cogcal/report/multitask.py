@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, slug
+from cogcal.report._common import is_cog, method_order, save_png, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
@@ -111,12 +111,8 @@ def per_task_figure(
 ) -> Path | None:
     """Fig. 6: each task's accuracy and Brier score (means over seeds), tasks hardest
     first, one line per method (COG solid with circles). None without every metric."""
-    import io
-
     from matplotlib import colormaps
     from matplotlib.figure import Figure as MplFigure
-
-    from cogcal import _io
 
     d = rows(per_task_rows(df, dataset, protocol), metric=list(metrics))
     if d.empty or set(d["metric"]) != set(metrics):
@@ -149,9 +145,7 @@ def per_task_figure(
     axes[-1].set_xlabel("task, hardest (lowest mean accuracy over methods) first")
     axes[0].legend(fontsize=8, loc="best", ncols=2)
     fig.suptitle(f"{dataset}, {protocol} protocol: per-task test metrics (solid: COG)")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return _io.write_bytes(Path(path), buf.getvalue())
+    return save_png(fig, path)
 
 
 def wins_table(

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, slug
+from cogcal.report._common import is_cog, method_order, save_png, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.stats import summary_rank
@@ -181,12 +181,8 @@ def severity_figure(
     """Accuracy and ECE-15 against shift severity (0 = the clean test split), one line per
     method (COG solid with circles), mean over conditions, mean ± std over seeds. The PNG,
     or None with fewer than two severities or a metric missing."""
-    import io
-
     from matplotlib import colormaps
     from matplotlib.figure import Figure as MplFigure
-
-    from cogcal import _io
 
     d, _ = _shift(df, dataset, protocol)
     d = _by_severity(rows(d, metric=list(metrics)))
@@ -213,9 +209,7 @@ def severity_figure(
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}, {protocol} protocol: covariate shift (solid: COG)")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return _io.write_bytes(Path(path), buf.getvalue())
+    return save_png(fig, path)
 
 
 def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:
