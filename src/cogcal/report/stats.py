@@ -181,6 +181,9 @@ def mean_std(
     [{'dataset': 'd', 'method': 'ce', 'protocol': 'paper', 'split': 'test', 'metric': 'acc', 'mean': 0.92, 'std': 0.02, 'n': 3}]
     """
     by = list(by)
+    missing = [c for c in [*by, "value"] if c not in df.columns]
+    if missing:
+        raise ValueError(f"the results table lacks the column(s) {missing}; pass results.csv rows.")
     if "seed" in df.columns:
         dup = df.duplicated([*by, "seed"], keep=False)
         if dup.any():
