@@ -98,7 +98,7 @@ def per_task_table(
         [(m, m, metric) for m in method_order(d["method"].unique())],
         stats_of(d, ("task", "method")),
         notes=["Mean ± sample std over seeds; best of each task in bold."],
-        group=lambda t: t,
+        across=True,
     )
 
 

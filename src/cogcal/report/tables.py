@@ -109,6 +109,7 @@ def stat_table(
     expected: Callable[[Hashable], int | None] | None = None,
     rank: Mapping[Hashable, float] | None = None,
     group: Callable[[Hashable], Hashable] | None = None,
+    across: bool = False,
 ) -> Table:
     """The report's one mean ± std table.
 
@@ -132,16 +133,23 @@ def stat_table(
         ``{row key: rank}``: adds a ``Rank ↓`` column, the best rank in bold.
     group : callable, optional
         Rows with the same ``group(row key)`` compete for bold (default: all rows).
+    across : bool
+        The columns of each row compete for bold instead (a row per task, a column per
+        method).
     """
     most = max((s.n for s in stats.values()), default=0)
     grouping = group or (lambda _: None)
+
+    def where(rk: Hashable, ck: Hashable) -> tuple[Hashable, Hashable]:
+        return (rk, None) if across else (grouping(rk), ck)
+
     best: dict[tuple[Hashable, Hashable], float] = {}
     for ck, _, metric in columns:
         for rk, _ in rows:
             s = stats.get((rk, ck))
             if s is None or not np.isfinite(s.mean):
                 continue
-            g = (grouping(rk), ck)
+            g = where(rk, ck)
             pick = max if metric in HIGHER_IS_BETTER else min
             best[g] = pick(best.get(g, s.mean), s.mean)
     finite = [r for r in (rank or {}).values() if not pd.isna(r)]
@@ -156,7 +164,7 @@ def stat_table(
                 row.append(cell("—"))
                 continue
             short |= s.n < want
-            b = best.get((grouping(rk), ck))
+            b = best.get(where(rk, ck))
             bold = b is not None and np.isfinite(s.mean) and bool(np.isclose(s.mean, b))
             row.append(cell(stat_text(s.mean, s.std, s.n, want), bold))
         if rank is not None:
