@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from cogcal.report.build import SECTIONS, build_report, load_context
+from cogcal.report.claims import families
 from cogcal.report.frame import load_results
 from cogcal.report.schema import (
     EFFECT_COLUMNS,
@@ -29,7 +30,6 @@ from cogcal.report.schema import (
     RUN_COLUMNS,
     TUNING_COLUMNS,
 )
-from cogcal.report.claims import families
 from cogcal.report.tables import comparison_table, pairwise_calibration_table
 from cogcal.train.rundir import RunDir, RunRecord
 
@@ -168,8 +168,10 @@ def make_bench_dir(out: Path, *, logits: bool = True) -> Path:
                     "paper": {"cog": {"epochs": 20, "schedule": "step", "step_size": 5}},
                     "fair": {"post-hoc": {"epochs": 20, "schedule": "step", "floor_epoch": 40}},
                 },
-                "datasets": {
-                    "mnist1d": {"task": "multiclass", "num_classes": 10, "feature_dim": 64}
+                "datasets": {  # three sizes: the complexity table is wider than the page
+                    "mnist1d": {"task": "multiclass", "num_classes": 10, "feature_dim": 64},
+                    "digits": {"task": "multiclass", "num_classes": 10, "feature_dim": 128},
+                    "cifar100": {"task": "multiclass", "num_classes": 100, "feature_dim": 640},
                 },
                 "sessions": [
                     {"wall_seconds": 12.0, "counts": {"trained": 36, "copied": 0, "failed": 1}}
@@ -338,16 +340,39 @@ def test_markdown_escapes_names(tmp_path):
     assert '<td class="t">a|b</td>' in page
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed")
-def test_report_renders_in_headless_chromium(tmp_path):
-    out = make_bench_dir(tmp_path / "b")
-    build_report(out)
+def test_every_table_sits_in_a_scrolling_box(tmp_path):
+    out = make_bench_dir(tmp_path / "b", logits=False)
+    page = build_report(out).read_text()
+    assert re.search(r"\.tablewrap\{overflow-x:auto\}", page)
+    tables = re.findall(r"(.{0,40})<table", page)
+    assert len(tables) >= 14
+    assert all(before.endswith('<div class="tablewrap">') for before in tables)
+    assert page.count('<div class="tablewrap">') == page.count("</table></div>") == len(tables)
+
+
+def _render_check(out: Path) -> dict:
     res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "report_render_check.py"), str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
-    assert res.returncode == 0, res.stdout + res.stderr
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None,
+    reason="Chromium is not installed (apt-get install -y chromium): the rendered report's "
+    "tables cannot be checked for clipping at 1280 px; the structural test still runs",
+)
+def test_report_renders_in_headless_chromium_without_clipped_tables(tmp_path):
+    out = make_bench_dir(tmp_path / "b")
+    build_report(out)
+    summary = _render_check(out)
     assert summary["ok"] and summary["images_rendered"] == summary["images"] >= 8
+    assert summary["tables_clipped"] == [] and summary["page_width"] <= 1280
+    # the check can fail: without the scrolling boxes the wide tables are clipped
+    page = (out / "report.html").read_text()
+    (out / "report.html").write_text(page.replace(".tablewrap{overflow-x:auto}", ""))
+    broken = _render_check(out)
+    assert not broken["ok"] and "complexity-table" in broken["tables_clipped"]

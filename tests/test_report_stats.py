@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from scipy import stats as sps
 
 from cogcal.report.stats import (
@@ -232,7 +231,10 @@ def test_paired_aligns_seeds_and_edge_cases():
     one = paired(pd.Series([0.5]), pd.Series([0.1]), higher_is_better=True)
     assert one.n == 1 and math.isnan(one.p) and one.verdict == "undecided"
     assert "n = 1" in one.text()
-    assert paired(pd.Series([0.5], index=[0]), pd.Series([0.1], index=[1]), higher_is_better=True) is None
+    assert (
+        paired(pd.Series([0.5], index=[0]), pd.Series([0.1], index=[1]), higher_is_better=True)
+        is None
+    )
     same = paired(pd.Series([0.5, 0.75]), pd.Series([0.25, 0.5]), higher_is_better=False)
     assert same.p == 0.0 and same.low == same.high == 0.25  # identical differences
     zero = paired(pd.Series([0.3, 0.4]), pd.Series([0.3, 0.4]), higher_is_better=False)

@@ -105,8 +105,11 @@ def test_verdict_opens_with_an_answer_per_dataset_and_flags_budget_bound():
     assert claims_text[0].startswith(
         "paper: “COG variants match or beat their post-hoc counterparts” — does not hold"
     )
-    assert "budget-bound" in claims_text[0] and "(table)" in claims_text[0]
-    assert "worse in cog-" in claims_text[0]
+    assert claims_text[0].endswith("undecided of 12 (Holm); budget-bound (table).")
+    assert (
+        "worse in cog-" in claims["paper"][0].evidence
+        and "ts (5 of 5 seeds)" in claims["paper"][0].evidence
+    )
     assert "“COG-FC ranks near the top” — holds: d1: place 1 of 6" in claims_text[2]
     assert "not tested in this suite: needs multi-task results" in claims_text[4]
     assert "the paper-cifar100 suite tests it" in claims_text[5]

@@ -323,6 +323,7 @@ class Judgement:
     judgement: str
     evidence: str
     key: str = ""
+    short: str = ""
 
 
 def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: bool) -> Judgement:
@@ -343,7 +344,9 @@ def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: 
         if losses
         else ""
     )
-    return Judgement(claim, judgement, text + _bound(found), key)
+    short = f"{t['better']} better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} (Holm)"
+    short += "; budget-bound" if _bound(found) else ""
+    return Judgement(claim, judgement, text + _bound(found), key, short)
 
 
 def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
@@ -507,7 +510,7 @@ def verdict_section(
     line, then the details (best methods, grid edges, coverage) and the rule."""
     items: list[Text] = [
         [
-            f"{p}: “{j.claim}” — {j.judgement}: {j.evidence} (",
+            f"{p}: “{j.claim}” — {j.judgement}: {j.short or j.evidence} (",
             Link("table", j.key or f"claims-{slug(p)}"),
             ").",
         ]
