@@ -18,8 +18,6 @@ from cogcal import _io
 from cogcal.train.methods import COG_PAIRS, METHODS
 from cogcal.train.methods import is_cog as _registry_is_cog
 
-__all__ = ["counterparts", "is_cog", "method_order", "save_png", "slug"]
-
 
 def is_cog(method: str) -> bool:
     """Whether ``method`` is a registered COG variant (unknown names are not).

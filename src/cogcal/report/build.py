@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from cogcal import _io
+from cogcal.report import frame as F
 from cogcal.report import tables as T
 from cogcal.report._common import is_cog, save_png, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table, Text
@@ -34,17 +35,6 @@ from cogcal.report.claims import (
     verdict_section,
 )
 from cogcal.report.effect import effect_section
-from cogcal.report.frame import (
-    SeedPlan,
-    aggregate,
-    load_effect,
-    load_results,
-    load_runs,
-    load_tuning,
-    protocol_order,
-    read_bench_json,
-    rows,
-)
 from cogcal.report.multitask import multitask_section
 from cogcal.report.overview import (
     FAILED_STATUSES,
@@ -58,7 +48,7 @@ from cogcal.report.run_report import build_run_report, report_kind
 from cogcal.report.stats import mean_std, pareto_front, summary_rank
 from cogcal.report.tuning import edge_choices, tuning_section
 
-__all__ = ["SECTIONS", "BenchContext", "build_any", "build_report", "load_context", "load_results"]
+__all__ = ["SECTIONS", "BenchContext", "build_any", "build_report", "load_context"]
 
 
 @dataclass
@@ -73,7 +63,7 @@ class BenchContext:
     tuning: pd.DataFrame | None = None
     effect: pd.DataFrame | None = None
     meta: dict[str, Any] | None = None
-    plan: SeedPlan = field(default_factory=lambda: SeedPlan({}))
+    plan: F.SeedPlan = field(default_factory=lambda: F.SeedPlan({}))
 
     @property
     def figdir(self) -> Path:
@@ -85,7 +75,7 @@ class BenchContext:
 
     @cached_property
     def protocols(self) -> list[str]:
-        return protocol_order(set(self.results["protocol"]))
+        return F.protocol_order(set(self.results["protocol"]))
 
     @cached_property
     def coverage(self) -> list[tuple[str, str, str, list[int], int]]:
@@ -151,22 +141,22 @@ def load_context(results_dir: str | Path) -> BenchContext:
     """Load and check every file of a bench folder; ``ValueError`` naming the file and
     line when ``results.csv`` is missing or a file is malformed."""
     root = Path(results_dir)
-    runs, meta = load_runs(root), read_bench_json(root)
+    runs, meta = F.load_runs(root), F.read_bench_json(root)
     return BenchContext(
         root,
-        load_results(root),
+        F.load_results(root),
         runs,
-        load_tuning(root),
-        load_effect(root),
+        F.load_tuning(root),
+        F.load_effect(root),
         meta,
-        SeedPlan.from_bench(runs, meta),
+        F.SeedPlan.from_bench(runs, meta),
     )
 
 
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
     from matplotlib.figure import Figure as MplFigure
 
-    d = aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
+    d = F.aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:
         return None
     wide = mean_std(d, by=("method", "metric")).pivot(
@@ -217,7 +207,7 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
 def _add(blocks: list, table: Table | None) -> None:
     if table is None:
         return
-    if not table.rows:  # a table without rows renders badly: say it in words
+    if not table.rows:  # a table without F.rows renders badly: say it in words
         blocks.append(Paragraph(f"{table.title}: " + " ".join(map(str, table.notes))))
         return
     blocks.append(table)
@@ -348,7 +338,7 @@ def section_reliability(ctx: BenchContext) -> Section | None:
     sec = Section("Reliability diagrams", key="reliability")
     for p in ctx.protocols:
         for ds in ctx.datasets:
-            d = aggregate(ctx.results, split="test", dataset=ds, protocol=p)
+            d = F.aggregate(ctx.results, split="test", dataset=ds, protocol=p)
             present = list(d["method"].unique())
             shown = [(base, cog, f"{base} vs {cog}") for cog, base in T.present_pairs(present)]
             top = (
@@ -387,7 +377,7 @@ def section_pareto(ctx: BenchContext) -> Section | None:
 def section_robustness(ctx: BenchContext) -> Section | None:
     """OOD detection and covariate shift (:mod:`cogcal.report.robustness`)."""
     df = ctx.results
-    datasets = sorted(set(rows(df, split=["ood", "shift"])["dataset"]))
+    datasets = sorted(set(F.rows(df, split=["ood", "shift"])["dataset"]))
     # the sets a run could not evaluate depend on the data: 50 runs per dataset suffice
     unavailable = {
         ds: unavailable_sets([p for _, p in ctx.run_dirs(dataset=ds)][:50]) for ds in datasets

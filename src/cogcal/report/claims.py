@@ -36,8 +36,6 @@ from cogcal.report.stats import (
 )
 from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
 
-__all__ = ["ACC_MARGIN", "CLAIMS", "Checkpoints", "Comparison", "families", "judge_claims"]
-
 #: Metrics of the COG-against-counterpart comparisons.
 COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
 #: Test accuracies further apart than this make a comparison budget-bound.

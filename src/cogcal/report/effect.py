@@ -23,16 +23,6 @@ from cogcal.report.frame import effect_ratio, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, Stat, holm, paired
 from cogcal.report.tables import LABELS, NAMES, stat_table
 
-__all__ = [
-    "EFFECT_METRICS",
-    "effect_key",
-    "effect_section",
-    "effect_sentence",
-    "effect_stats",
-    "effect_table",
-    "effect_variants",
-]
-
 #: The metrics of the effect table and sentence, in order.
 EFFECT_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
 NO_SCHEDULE = "ce (no schedule)"

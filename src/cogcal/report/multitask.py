@@ -21,8 +21,6 @@ from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
 from cogcal.report.tables import LABELS, cell, comparison_table, stat_table, stats_of
 
-__all__ = ["multitask_section", "multitask_table", "per_task_table", "task_difficulty"]
-
 #: Metrics of Tab. 6, in table order.
 MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
 

@@ -21,8 +21,6 @@ from cogcal.report.blocks import Link, Paragraph, Section, Table, Text, plain
 from cogcal.report.frame import SeedPlan, aggregate, protocol_order, rows
 from cogcal.report.tables import cell
 
-__all__ = ["budget_table", "count_text", "coverage_rows", "failures_section", "overview_section"]
-
 PROTOCOL_TEXT = {
     "paper": "baselines at lr 1e-4 without a schedule as in the paper, COG learning rates "
     "tuned by validation cross-entropy",

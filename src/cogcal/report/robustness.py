@@ -25,17 +25,6 @@ from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.stats import summary_rank
 from cogcal.report.tables import LABELS, stat_table, stats_of
 
-__all__ = [
-    "OOD_METRICS",
-    "SHIFT_METRICS",
-    "ood_table",
-    "robustness_section",
-    "severity_figure",
-    "shift_severity_table",
-    "shift_table",
-    "unavailable_sets",
-]
-
 #: OOD-detection metrics (docs/method.md §3), in table order.
 OOD_METRICS: tuple[str, ...] = ("auroc", "fpr95")
 #: Covariate-shift metrics of Tab. 4, in table order.

@@ -113,11 +113,10 @@ class Paired:
 
 
 def paired(a: pd.Series, b: pd.Series, *, higher_is_better: bool) -> Paired | None:
-    """Paired comparison of two per-seed series (indexed by seed; NaN values dropped).
-
-    Returns None when no seed has a finite value on both sides. The interval is
-    ``mean ± t(0.975, n-1) · sd / √n`` of the differences; with identical differences
-    (sd = 0) it collapses to the mean and the p-value is 0 (or 1 when the mean is 0).
+    """Paired comparison of two per-seed series (indexed by seed; NaN dropped): the mean
+    of the differences ``a - b`` with ``mean ± t(0.975, n-1) · sd / √n``; None without a
+    common seed. Identical differences (sd = 0) give a point interval and p = 0 (1 when
+    the mean is 0).
 
     >>> r = paired(pd.Series([0.3, 0.4, 0.5]), pd.Series([0.2, 0.2, 0.4]), higher_is_better=True)
     >>> round(r.diff, 4), round(r.low, 4), round(r.high, 4), round(r.p, 4)
@@ -166,13 +165,8 @@ def mean_std(
     by: Sequence[str] = ("dataset", "method", "protocol", "split", "metric"),
 ) -> pd.DataFrame:
     """Mean, sample standard deviation (``ddof=1``; 0.0 for one seed) and count ``n`` of
-    ``value`` over seeds, one row per ``by`` cell.
-
-    Raises
-    ------
-    ValueError
-        When a cell holds the same seed twice (``by`` mixes per-task, per-condition or
-        per-severity rows): add those columns to ``by`` or filter the table first.
+    ``value`` over seeds, one row per ``by`` cell; ``ValueError`` when a column is missing
+    or a cell holds a seed twice (``by`` mixes per-task, per-condition or per-severity rows).
 
     >>> df = pd.DataFrame({"dataset": "d", "method": "ce", "protocol": "paper",
     ...                    "split": "test", "metric": "acc", "seed": [0, 1, 2],

@@ -23,23 +23,6 @@ from cogcal.report.frame import SeedPlan, seed_values
 from cogcal.report.schema import METRIC_LABELS as LABELS
 from cogcal.report.stats import HIGHER_IS_BETTER, Stat, summary_rank
 
-__all__ = [
-    "BINS",
-    "LABELS",
-    "NAMES",
-    "cell",
-    "comparison_key",
-    "comparison_table",
-    "complexity_table",
-    "fmt",
-    "pairwise_calibration_table",
-    "present_pairs",
-    "runtime_table",
-    "stat_table",
-    "stat_text",
-    "stats_of",
-]
-
 #: Bin counts of the calibration-error sweep (docs/method.md §3).
 BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
 #: Metric names in sentences.
@@ -111,31 +94,15 @@ def stat_table(
     group: Callable[[Hashable], Hashable] | None = None,
     across: bool = False,
 ) -> Table:
-    """The report's one mean ± std table.
+    """The report's one mean ± std table, titled ``title`` with anchor ``key``.
 
-    Parameters
-    ----------
-    title, key : str
-        Caption and anchor.
-    head : sequence of str
-        Headers of the leading label columns.
-    rows : sequence of (row key, labels)
-        One table row per entry, its label cells first.
-    columns : sequence of (column key, header, metric)
-        One value column per entry; ``metric`` orients "best" (:data:`HIGHER_IS_BETTER`).
-    stats : mapping
-        ``{(row key, column key): Stat}``; a missing cell shows ``—``.
-    notes : sequence of text
-        Notes under the table (the fewer-seeds note is added when a cell needs it).
-    expected : callable, optional
-        Planned seeds of a row (default: the largest count in the table).
-    rank : mapping, optional
-        ``{row key: rank}``: adds a ``Rank ↓`` column, the best rank in bold.
-    group : callable, optional
-        Rows with the same ``group(row key)`` compete for bold (default: all rows).
-    across : bool
-        The columns of each row compete for bold instead (a row per task, a column per
-        method).
+    ``head`` names the leading label columns; ``rows`` is ``(row key, labels)`` per row and
+    ``columns`` ``(column key, header, metric)`` per value column (the metric orients
+    "best"); ``stats[(row key, column key)]`` is a :class:`Stat` (missing: ``—``). The best
+    mean of each column is bold, among the rows of one ``group(row key)`` when given, or
+    among the columns of each row with ``across``. ``expected(row key)`` is the planned
+    seed count (default: the table's largest); ``rank`` (``{row key: rank}``) adds a
+    ``Rank ↓`` column with the best in bold. The fewer-seeds note is added when needed.
     """
     most = max((s.n for s in stats.values()), default=0)
     grouping = group or (lambda _: None)

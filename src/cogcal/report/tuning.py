@@ -21,8 +21,6 @@ from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import protocol_order
 from cogcal.report.tables import cell
 
-__all__ = ["EdgeChoice", "edge_choices", "edge_notes", "grid_table", "tuning_section"]
-
 
 def _g(x: Any, spec: str = "g") -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
