@@ -159,46 +159,22 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
     d = F.aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:
         return None
-    wide = mean_std(d, by=("method", "metric")).pivot(
-        index="method", columns="metric", values=["mean", "std"]
-    )
+    stats = mean_std(d, by=("method", "metric"))
+    wide = stats.pivot(index="method", columns="metric", values=["mean", "std"]).dropna()
     front = pareto_front(d, x="ece_15", y="acc", split=None)
     fig = MplFigure(figsize=(6.4, 4.6), layout="constrained")
     ax = fig.subplots()
-    for method, r in wide.dropna().iterrows():
-        x, y, color = (
-            r[("mean", "ece_15")],
-            r[("mean", "acc")],
-            "tab:red" if is_cog(str(method)) else "tab:blue",
-        )
-        ax.errorbar(
-            x,
-            y,
-            xerr=r[("std", "ece_15")],
-            yerr=r[("std", "acc")],
-            fmt="o",
-            color=color,
-            ms=6,
-            capsize=2,
-            lw=0.8,
-        )
+    for method, r in wide.iterrows():
+        x, y, c = r[("mean", "ece_15")], r[("mean", "acc")], "red" if is_cog(method) else "blue"
+        ax.errorbar(x, y, xerr=r[("std", "ece_15")], yerr=r[("std", "acc")], fmt="o",
+                    color=f"tab:{c}", ms=6, capsize=2, lw=0.8)  # fmt: skip
         ax.annotate(str(method), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.plot(
-        front["ece_15"],
-        front["acc"],
-        "o--",
-        color="0.4",
-        mfc="none",
-        ms=13,
-        lw=1,
-        label="Pareto front",
-    )
+    ax.plot(front["ece_15"], front["acc"], "o--", color="0.4", mfc="none", ms=13, lw=1,
+            label="Pareto front")  # fmt: skip
     ax.plot([], [], "o", color="tab:red", label="COG")
     ax.plot([], [], "o", color="tab:blue", label="other")
-    ax.set(
-        xlabel="ECE (15 bins), test — lower is better", ylabel="accuracy, test — higher is better"
-    )
-    ax.set_title(f"{dataset}, {protocol} protocol: accuracy vs calibration")
+    ax.set(xlabel="ECE (15 bins), test — lower is better", ylabel="accuracy, test — higher is better",
+           title=f"{dataset}, {protocol} protocol: accuracy vs calibration")  # fmt: skip
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return save_png(fig, path)

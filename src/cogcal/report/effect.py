@@ -20,8 +20,8 @@ import pandas as pd
 from cogcal.report._common import slug
 from cogcal.report.blocks import Paragraph, Section, Table
 from cogcal.report.frame import effect_ratio, rows
-from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, Stat, holm, paired
-from cogcal.report.tables import LABELS, NAMES, stat_table
+from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, holm, paired
+from cogcal.report.tables import LABELS, NAMES, stat_table, stats_of
 
 #: The metrics of the effect table and sentence, in order.
 EFFECT_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
@@ -43,17 +43,6 @@ def effect_variants(effect: pd.DataFrame, dataset: str) -> list[str]:
     return [v for v in (NO_SCHEDULE, STEP) if v in present] + ratios
 
 
-def effect_stats(
-    effect: pd.DataFrame, dataset: str, *, split: str = "test"
-) -> dict[str, dict[str, Stat]]:
-    """``{variant: {metric: Stat}}`` of ``dataset`` over seeds (NaN values are not seeds)."""
-    d = rows(effect, dataset=dataset, split=split)
-    out: dict[str, dict[str, Stat]] = {}
-    for (variant, metric), grp in d.groupby(["variant", "metric"]):
-        out.setdefault(str(variant), {})[str(metric)] = Stat.of(list(grp["value"]))
-    return out
-
-
 def _rates(effect: pd.DataFrame, dataset: str, variant: str, column: str) -> str:
     vals = rows(effect, dataset=dataset)
     vals = vals.loc[vals["variant"] == variant, column].dropna().unique()
@@ -63,8 +52,8 @@ def _rates(effect: pd.DataFrame, dataset: str, variant: str, column: str) -> str
 def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> Table | None:
     """Rows ce (no schedule), ce (step schedule), cog-fc at each ratio; columns NLL, Brier,
     ECE-15 and accuracy as mean ± std over seeds (best mean in bold)."""
-    stats = effect_stats(effect, dataset, split=split)
-    variants = [v for v in effect_variants(effect, dataset) if v in stats]
+    stats = stats_of(rows(effect, dataset=dataset, split=split), ("variant", "metric"))
+    variants = [v for v in effect_variants(effect, dataset) if any(k[0] == v for k in stats)]
     if not variants:
         return None
     d = rows(effect, dataset=dataset)
@@ -79,7 +68,7 @@ def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> 
         ["Variant", "Schedule", "λ_f (lr)", "λ_c"],
         [(v, labels[v]) for v in variants],
         [(m, LABELS[m], m) for m in EFFECT_METRICS],
-        {(v, m): s for v in variants for m, s in stats[v].items()},
+        stats,
         notes=[
             f"{split} split, mean ± sample std over seeds; best mean in bold. Schedule effect = "
             "ce (step schedule) against ce (no schedule); calibrator-rate effect = cog-fc at "
