@@ -20,7 +20,6 @@ from cogcal.report.multitask import (
     multitask_section,
     multitask_table,
     per_task_figure,
-    per_task_table,
     task_difficulty,
     wins_table,
 )
@@ -110,14 +109,8 @@ def test_pairwise_wins_against_hand_count():
     assert single.judgement == "not tested in this suite" and "mtl-quick" in single.evidence
 
 
-def test_per_task_table_and_figure(tmp_path):
+def test_per_task_figure(tmp_path):
     df = make_df()
-    t = per_task_table(df, "mt", "paper", "acc")
-    assert [r[0].text for r in t.rows] == ["hard", "noisy", "mid", "easy"]
-    hard = t.rows[0]
-    assert [t.header[j] for j, c in enumerate(hard) if c.bold] == ["cog-fc"]
-    easy = t.rows[-1]
-    assert sum(c.bold for c in easy) == 3  # a three-way tie: all bold
     path = per_task_figure(df, "mt", "paper", tmp_path / "figs" / "pt.png")
     assert path.is_file() and path.stat().st_size > 5000
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

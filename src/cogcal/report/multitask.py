@@ -19,7 +19,7 @@ from cogcal.report._common import is_cog, method_order, save_png, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
-from cogcal.report.tables import LABELS, cell, comparison_table, stat_table, stats_of
+from cogcal.report.tables import LABELS, cell, comparison_table
 
 #: Metrics of Tab. 6, in table order.
 MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
@@ -76,28 +76,6 @@ def multitask_table(
     t.notes.insert(0, f"Every metric is the unweighted mean over the {n} binary tasks, per seed.")
     t.key = f"mtl-{slug(protocol)}-{slug(dataset)}"
     return t
-
-
-def per_task_table(
-    df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc"
-) -> Table | None:
-    """One metric per task (rows, hardest first) and method (columns), best of each row
-    bold; None without per-task rows of ``metric``."""
-    d = rows(per_task_rows(df, dataset, protocol), metric=metric)
-    if d.empty:
-        return None
-    order = task_difficulty(df, dataset, protocol)
-    order += sorted(set(d["task"]) - set(order))
-    return stat_table(
-        f"{dataset} — {protocol}: {LABELS.get(metric, metric)} per task (test split)",
-        f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
-        ["Task (hardest first)"],
-        [(t, [t]) for t in order],
-        [(m, m, metric) for m in method_order(d["method"].unique())],
-        stats_of(d, ("task", "method")),
-        notes=["Mean ± sample std over seeds; best of each task in bold."],
-        across=True,
-    )
 
 
 def per_task_figure(
@@ -210,8 +188,5 @@ def multitask_section(
             wins = wins_table(df, dataset, protocol)
             if wins is not None:
                 sub.blocks += [wins[0], Paragraph(items=wins[1])]
-            sub.blocks += [
-                t for m in ("acc", "brier") if (t := per_task_table(df, dataset, protocol, m))
-            ]
             sec.blocks.append(sub)
     return sec

@@ -133,33 +133,6 @@ def _sev_key(s: str) -> tuple[float, str]:
         return np.inf, s
 
 
-def shift_severity_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
-    """Tab. 4 per severity: the shift metrics averaged over conditions, rows (severity,
-    method), the best of each severity in bold. None without severities."""
-    d, conds = _shift(df, dataset, protocol)
-    d = _by_severity(d)
-    if d.empty:
-        return None
-    methods = method_order(d["method"].unique())
-    sevs = sorted(d["severity"].unique(), key=_sev_key)
-    return stat_table(
-        f"{dataset} — {protocol}: covariate shift per severity",
-        f"shift-severity-{slug(protocol)}-{slug(dataset)}",
-        ["Severity", "Method"],
-        [((s, m), [s, m]) for s in sevs for m in methods],
-        [(m, LABELS[m], m) for m in SHIFT_METRICS if m in set(d["metric"])],
-        {
-            ((s, me), m): st
-            for (me, s, m), st in stats_of(d, ("method", "severity", "metric")).items()
-        },
-        notes=[
-            f"Per severity: mean over the condition(s) {', '.join(conds)} per seed, then mean "
-            "± sample std over seeds; best of each severity in bold."
-        ],
-        group=lambda rk: rk[0],
-    )
-
-
 def severity_figure(
     df: pd.DataFrame,
     dataset: str,
@@ -237,7 +210,7 @@ def robustness_section(
     ood.blocks += [t for p, ds in _pairs(df, "ood") if (t := ood_table(df, ds, p)) is not None]
     shift = Section("Covariate shift (Tab. 4 style)", key="covariate-shift")
     for p, ds in _pairs(df, "shift"):
-        shift.blocks += [t for t in (shift_table(df, ds, p), shift_severity_table(df, ds, p)) if t]
+        shift.blocks += [t for t in [shift_table(df, ds, p)] if t is not None]
         name = f"shift_severity_{slug(p)}_{slug(ds)}.png"
         if severity_figure(df, ds, p, Path(figdir) / name):
             shift.blocks.append(Figure(

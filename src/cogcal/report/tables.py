@@ -92,31 +92,25 @@ def stat_table(
     expected: Callable[[Hashable], int | None] | None = None,
     rank: Mapping[Hashable, float] | None = None,
     group: Callable[[Hashable], Hashable] | None = None,
-    across: bool = False,
 ) -> Table:
     """The report's one mean ± std table, titled ``title`` with anchor ``key``.
 
     ``head`` names the leading label columns; ``rows`` is ``(row key, labels)`` per row and
     ``columns`` ``(column key, header, metric)`` per value column (the metric orients
     "best"); ``stats[(row key, column key)]`` is a :class:`Stat` (missing: ``—``). The best
-    mean of each column is bold, among the rows of one ``group(row key)`` when given, or
-    among the columns of each row with ``across``. ``expected(row key)`` is the planned
+    mean of each column is bold, among the rows of one ``group(row key)`` when given. ``expected(row key)`` is the planned
     seed count (default: the table's largest); ``rank`` (``{row key: rank}``) adds a
     ``Rank ↓`` column with the best in bold. The fewer-seeds note is added when needed.
     """
     most = max((s.n for s in stats.values()), default=0)
     grouping = group or (lambda _: None)
-
-    def where(rk: Hashable, ck: Hashable) -> tuple[Hashable, Hashable]:
-        return (rk, None) if across else (grouping(rk), ck)
-
     best: dict[tuple[Hashable, Hashable], float] = {}
     for ck, _, metric in columns:
         for rk, _ in rows:
             s = stats.get((rk, ck))
             if s is None or not np.isfinite(s.mean):
                 continue
-            g = where(rk, ck)
+            g = (grouping(rk), ck)
             pick = max if metric in HIGHER_IS_BETTER else min
             best[g] = pick(best.get(g, s.mean), s.mean)
     finite = [r for r in (rank or {}).values() if not pd.isna(r)]
@@ -131,7 +125,7 @@ def stat_table(
                 row.append(cell("—"))
                 continue
             short |= s.n < want
-            b = best.get(where(rk, ck))
+            b = best.get((grouping(rk), ck))
             bold = b is not None and np.isfinite(s.mean) and bool(np.isclose(s.mean, b))
             row.append(cell(stat_text(s.mean, s.std, s.n, want), bold))
         if rank is not None:
