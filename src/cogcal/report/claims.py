@@ -131,27 +131,15 @@ class Checkpoints:
             )
         order = method_order([r[2].text for r in body])
         body.sort(key=lambda r: (r[0].text, r[1].text, order.index(r[2].text), r[3].text))
-        header = [
-            "Protocol",
-            "Dataset",
-            "Method",
-            "Stage",
-            "Budget (epochs)",
-            "Checkpoint epoch per seed",
-        ]
+        header = ["Protocol", "Dataset", "Method", "Stage", "Budget (epochs)",
+                  "Checkpoint epoch per seed", "Stopped by", "At last epoch"]  # fmt: skip
         notes: list[Text] = [
             "Epochs count from 1; the kept checkpoint is the epoch of lowest validation Brier. "
             "One at the last epoch of a stage that ran its whole budget (bold) means the run was "
             "still improving: comparisons with that method are budget-bound. From each run's "
             "metrics.json (timing)."
         ]
-        return Table(
-            "Checkpoint epochs and budgets",
-            [*header, "Stopped by", "At last epoch"],
-            body,
-            notes,
-            "checkpoints",
-        )
+        return Table("Checkpoint epochs and budgets", header, body, notes, "checkpoints")
 
 
 @dataclass
@@ -178,10 +166,7 @@ class Comparison:
         return f"{self.a} vs {self.b}, {self.dataset} {metric}: {self.test.text()}, {self.verdict}"
 
     def caveats(self) -> list[str]:
-        out = [
-            f"{m}'s checkpoint at its last epoch in {k} of {n} seeds"
-            for m, (k, n) in self.late.items()
-        ]
+        out = [f"{m}'s checkpoint at its last epoch in {k} of {n} seeds" for m, (k, n) in self.late.items()]  # fmt: skip
         return out + ([f"test accuracies {self.gap:.3f} apart"] if self.gap is not None else [])
 
 
@@ -206,10 +191,7 @@ def compare_family(
             if t is None:
                 continue
             c = Comparison(ds, a, b, metric, t)
-            means = [
-                acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean()
-                for m in (a, b)
-            ]
+            means = [acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean() for m in (a, b)]  # fmt: skip
             if all(math.isfinite(x) for x in means) and abs(means[0] - means[1]) > ACC_MARGIN:
                 c.gap = abs(means[0] - means[1])
             for m in (a, b):
@@ -250,9 +232,9 @@ FAMILY_TABLES = {
     "fc": ("cog-fc vs the expressive COG variants, test", "paired-fc"),
     "ood": ("COG vs counterpart, OOD detection (pooled sets)", "paired-ood"),
     "shift": (
-        "COG vs counterpart, covariate shift (mean over conditions and severities)",
+        "COG vs counterpart, covariate shift (mean over conditions, severities)",
         "paired-shift",
-    ),
+    ),  # fmt: skip
 }
 
 
@@ -267,7 +249,7 @@ def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | N
             cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)),
             cell(c.test.text()),
             cell(fmt(c.test.p_adj)),
-        ]
+        ]  # fmt: skip
         + [cell(c.verdict, bold=c.verdict != "undecided"), cell("; ".join(c.caveats()) or "—")]
         for c in found
     ]
@@ -300,14 +282,8 @@ def _bound(found: Sequence[Comparison]) -> str:
     the pairs whose accuracies are more than :data:`ACC_MARGIN` apart ("" without any)."""
     late = {m: kn for c in found for m, kn in c.late.items()}
     gaps = list(dict.fromkeys(f"{c.a} vs {c.b}" for c in found if c.gap is not None))
-    parts = (
-        [
-            "still improving at the last epoch: "
-            + ", ".join(f"{m} ({k} of {n} seeds)" for m, (k, n) in late.items())
-        ]
-        if late
-        else []
-    )
+    late_text = ", ".join(f"{m} ({k} of {n} seeds)" for m, (k, n) in late.items())
+    parts = [f"still improving at the last epoch: {late_text}"] if late else []
     parts += [f"accuracies more than {ACC_MARGIN} apart: {_join(gaps)}"] if gaps else []
     return "; budget-bound — " + "; ".join(parts) if parts else ""
 
@@ -337,11 +313,8 @@ def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: 
     else:
         judgement = "holds" if not_worse or t["better"] else "undecided"
     text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
-    text += (
-        (": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else ""))
-        if losses
-        else ""
-    )
+    if losses:
+        text += ": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else "")
     short = f"{t['better']} better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} (Holm)"
     short += "; budget-bound" if _bound(found) else ""
     return Judgement(claim, judgement, text + _bound(found), key, short)
@@ -353,13 +326,8 @@ def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
     for ds in sorted(set(d["dataset"])):
         r = summary_rank(rows(d, dataset=ds), split=None).dropna(subset=["rank"])
         if "cog-fc" in set(r["method"]):
-            places.append(
-                (
-                    ds,
-                    int((r["rank"] < r.loc[r["method"] == "cog-fc", "rank"].iloc[0]).sum()) + 1,
-                    len(r),
-                )
-            )
+            mine = r.loc[r["method"] == "cog-fc", "rank"].iloc[0]
+            places.append((ds, int((r["rank"] < mine).sum()) + 1, len(r)))
     if not places:
         return Judgement(CLAIMS[2], NOT_TESTED, "cog-fc has no summary rank here.")
     judgement = "holds" if all(pl <= 3 for _, pl, _ in places) else "does not hold"
@@ -372,25 +340,13 @@ def _mtl_claim(df: pd.DataFrame, protocol: str) -> Judgement:
     d = rows(df, split="test", protocol=protocol, condition="", severity="")
     d = d[~d["task"].isin(["", "mean"])]
     if d.empty or not {"cog-fc", "ts"} <= set(d["method"]):
-        return Judgement(
-            CLAIMS[4],
-            NOT_TESTED,
-            "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it.",
-        )
-    counts = {
-        ds: pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts") for ds in sorted(set(d["dataset"]))
-    }
+        why = "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it."
+        return Judgement(CLAIMS[4], NOT_TESTED, why)
+    counts = {ds: pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts") for ds in sorted(set(d["dataset"]))}  # fmt: skip
     ok = all(total and wins > total / 2 for wins, total in counts.values())
-    text = "; ".join(
-        f"{ds}: cog-fc better on both accuracy and Brier on {w} of {n} tasks"
-        for ds, (w, n) in counts.items()
-    )
-    return Judgement(
-        CLAIMS[4],
-        "holds" if ok else "does not hold",
-        text + " (means over seeds)",
-        f"mtl-wins-{slug(protocol)}-{slug(next(iter(counts)))}",
-    )
+    text = "; ".join(f"{ds}: cog-fc better on both accuracy and Brier on {w} of {n} tasks" for ds, (w, n) in counts.items())  # fmt: skip
+    key = f"mtl-wins-{slug(protocol)}-{slug(next(iter(counts)))}"
+    return Judgement(CLAIMS[4], "holds" if ok else "does not hold", text + " (means over seeds)", key)  # fmt: skip
 
 
 def judge_claims(
@@ -402,30 +358,22 @@ def judge_claims(
     cog, fc = fams.get("cog", []), fams.get("fc", [])
     ood = [c for c in fams.get("ood", []) if c.metric == "auroc"]
     many = [c for c in cog if c.a == "cog-ms" and classes.get(c.dataset, 0) >= MANY_CLASSES]
+
+    def untested(i: int, why: str) -> Judgement:
+        return Judgement(CLAIMS[i], NOT_TESTED, why)
+
     return [
-        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True)
-        if cog
-        else Judgement(CLAIMS[0], NOT_TESTED, "no COG variant next to its counterpart."),
-        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True)
-        if fc
-        else Judgement(
-            CLAIMS[1], NOT_TESTED, "cog-fc and an expressive COG variant are not both in it."
-        ),
+        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True) if cog
+        else untested(0, "no COG variant next to its counterpart."),
+        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True) if fc
+        else untested(1, "cog-fc and an expressive COG variant are not both in it."),
         _rank_claim(df, protocol),
-        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False)
-        if ood
-        else Judgement(
-            CLAIMS[3], NOT_TESTED, "no OOD results of a COG variant and its counterpart."
-        ),
+        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False) if ood
+        else untested(3, "no OOD results of a COG variant and its counterpart."),
         _mtl_claim(df, protocol),
-        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False)
-        if many
-        else Judgement(
-            CLAIMS[5],
-            NOT_TESTED,
-            f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it.",
-        ),
-    ]
+        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False) if many
+        else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it."),
+    ]  # fmt: skip
 
 
 def _cog_sentence(
@@ -438,12 +386,8 @@ def _cog_sentence(
         if not found:
             continue
         t = _tally(found)
-        answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get(
-            (t["better"] > 0, t["worse"] > 0), "undecided"
-        )
-        ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")[
-            "value"
-        ]
+        answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
+        ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")["value"]  # fmt: skip
         clauses += [
             f"{p} protocol: {answer} — against its post-hoc counterpart ({_join(sorted({f'{c.a} vs {c.b}' for c in found}))}) "
             f"COG is better in {t['better']}, worse in {t['worse']} and undecided in {t['undecided']} of {len(found)} "
@@ -465,29 +409,18 @@ def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None
     for metric in ("nll", "brier", "ece_15"):
         means = d[d["metric"] == metric].groupby("method")["value"].mean()
         if not means.empty:
-            pairs += [
-                (metric, str(means.idxmin()), m)
-                for m in method_order(means.index)
-                if m != means.idxmin()
-            ]
+            pairs += [(metric, str(means.idxmin()), m) for m in method_order(means.index) if m != means.idxmin()]  # fmt: skip
     if not pairs:
         return None
+    values = {
+        k: g.set_index("seed")["value"] for k, g in d.reset_index().groupby(["metric", "method"])
+    }
     tests = holm(
-        [
-            paired(
-                *[d[(d["method"] == m) & (d["metric"] == x)]["value"] for m in (a, b)],
-                higher_is_better=False,
-            )
-            for x, a, b in pairs
-        ]
+        [paired(values[(x, a)], values[(x, b)], higher_is_better=False) for x, a, b in pairs]
     )
     clauses = []
     for metric in dict.fromkeys(x for x, _, _ in pairs):
-        mine = [
-            (a, b, t)
-            for (x, a, b), t in zip(pairs, tests, strict=True)
-            if x == metric and t is not None
-        ]
+        mine = [(a, b, t) for (x, a, b), t in zip(pairs, tests, strict=True) if x == metric and t is not None]  # fmt: skip
         top = mine[0][0]
         open_ = [b for _, b, t in mine if t.verdict != "better"]
         text = f"lowest {NAMES[metric]} {top} ({d[(d['method'] == top) & (d['metric'] == metric)]['value'].mean():.3f}), decided better than {len(mine) - len(open_)} of {len(mine)} others"
@@ -511,7 +444,7 @@ def verdict_section(
             f"{p}: “{j.claim}” — {j.judgement}: {j.short or j.evidence} (",
             Link("table", j.key or f"claims-{slug(p)}"),
             ").",
-        ]
+        ]  # fmt: skip
         for p, judged in claims.items()
         for j in judged
     ]
@@ -539,19 +472,10 @@ def claims_section(
     ))  # fmt: skip
     for p, judged in claims.items():
         body = [[cell(j.claim), cell(j.judgement, bold=True), cell(j.evidence)] for j in judged]
-        links = [
-            x for j in dict.fromkeys(j.key for j in judged if j.key) for x in (Link(j, j), " ")
-        ]
+        links = [x for k in dict.fromkeys(j.key for j in judged if j.key) for x in (Link(k, k), " ")]  # fmt: skip
         notes: list[Text] = [["Tables: ", *links]] if links else []
-        sec.blocks.append(
-            Table(
-                f"Claims, {p} protocol",
-                ["Claim", "Judgement", "Evidence"],
-                body,
-                notes,
-                f"claims-{slug(p)}",
-            )
-        )
+        header = ["Claim", "Judgement", "Evidence"]
+        sec.blocks.append(Table(f"Claims, {p} protocol", header, body, notes, f"claims-{slug(p)}"))
         for name, (title, key) in FAMILY_TABLES.items():
             t = paired_table(fams[p].get(name, []), f"{title} — {p} protocol", f"{key}-{slug(p)}")
             sec.blocks += [t] if t is not None else []
