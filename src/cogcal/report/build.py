@@ -183,7 +183,7 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
 def _add(blocks: list, table: Table | None) -> None:
     if table is None:
         return
-    if not table.rows:  # a table without F.rows renders badly: say it in words
+    if not table.rows:  # a table without rows renders badly: say it in words
         blocks.append(Paragraph(f"{table.title}: " + " ".join(map(str, table.notes))))
         return
     blocks.append(table)
@@ -197,35 +197,19 @@ def section_verdict(ctx: BenchContext) -> Section:
     if ctx.tuning is None:
         details.append("No tuning.csv: whether a tuned choice sits at a grid edge is unknown.")
     elif edges:
-        details.append(
-            [
-                f"{len(edges)} tuned choice(s) still sit at a grid edge (",
-                Link("listed", "tuning-edges"),
-                ").",
-            ]
-        )
+        details.append([f"{len(edges)} tuned choice(s) still sit at a grid edge (", Link("listed", "tuning-edges"), ")."])  # fmt: skip
     else:
-        details.append(
-            ["Every tuned choice is interior to its grid (", Link("tuning", "tuning"), ")."]
-        )
+        details.append(["Every tuned choice is interior to its grid (", Link("tuning", "tuning"), ")."])  # fmt: skip
     if ctx.coverage or ctx.failed_runs:
         text = f"{len(ctx.coverage)} result cell(s) hold fewer seeds than planned, {ctx.failed_runs} run(s) failed, "
-        details.append(
-            [text + "diverged or were interrupted (", Link("failures", "failures"), ")."]
-        )
+        details.append([text + "diverged or were interrupted (", Link("failures", "failures"), ")."])  # fmt: skip
     return verdict_section(ctx.results, ctx.families, ctx.claims, ctx.datasets, details)
 
 
 def section_overview(ctx: BenchContext) -> Section:
     """Suite, budgets, run counts, datasets and protocols."""
-    sec = overview_section(
-        ctx.results,
-        ctx.meta,
-        ctx.runs,
-        ctx.found,
-        short_cells=len(ctx.coverage),
-        failed_runs=ctx.failed_runs,
-    )
+    sec = overview_section(ctx.results, ctx.meta, ctx.runs, ctx.found, short_cells=len(ctx.coverage),
+                           failed_runs=ctx.failed_runs)  # fmt: skip
     sec.blocks += [Paragraph("results.csv holds no finished run yet.")] if ctx.results.empty else []
     return sec
 
@@ -234,17 +218,10 @@ def section_complexity(ctx: BenchContext) -> Section | None:
     """Extra parameters, calibration data, stages (Tab. 1/7)."""
     if ctx.results.empty:
         return None
-    methods = list(
-        dict.fromkeys(
-            [*ctx.results["method"], *(ctx.runs["method"] if ctx.runs is not None else [])]
-        )
-    )
+    methods = [*ctx.results["method"], *(ctx.runs["method"] if ctx.runs is not None else [])]
     info = (ctx.meta or {}).get("datasets")
-    return Section(
-        "Complexity",
-        [T.complexity_table(methods, info if isinstance(info, dict) else {})],
-        "complexity",
-    )
+    table = T.complexity_table(list(dict.fromkeys(methods)), info if isinstance(info, dict) else {})
+    return Section("Complexity", [table], "complexity")
 
 
 def section_comparison(ctx: BenchContext) -> Section | None:
@@ -267,10 +244,7 @@ def section_pairwise(ctx: BenchContext) -> Section | None:
     for family in ("ece", "rmsce", "mce"):
         for p in ctx.protocols:
             for ds in ctx.datasets:
-                _add(
-                    sec.blocks,
-                    T.pairwise_calibration_table(ctx.results, ds, p, family, plan=ctx.plan),
-                )
+                _add(sec.blocks, T.pairwise_calibration_table(ctx.results, ds, p, family, plan=ctx.plan))  # fmt: skip
     return sec if sec.blocks else None
 
 
@@ -299,9 +273,8 @@ def _reliability_figure(
         return []
     task = "multilabel" if kinds.pop() == 2 else "multiclass"
     pooled = {m: tuple(np.concatenate(a) for a in zip(*v, strict=True)) for m, v in data.items()}
-    title = f"{dataset}, {protocol}, {len(seeds)} seed(s) pooled: {note}" + (
-        " (pooled over tasks)" if task == "multilabel" else ""
-    )
+    title = f"{dataset}, {protocol}, {len(seeds)} seed(s) pooled: {note}"
+    title += " (pooled over tasks)" if task == "multilabel" else ""
     save_png(plot_reliability(pooled, None, n_bins=15, title=title, task=task), path)
     return seeds
 
@@ -317,16 +290,9 @@ def section_reliability(ctx: BenchContext) -> Section | None:
             d = F.aggregate(ctx.results, split="test", dataset=ds, protocol=p)
             present = list(d["method"].unique())
             shown = [(base, cog, f"{base} vs {cog}") for cog, base in T.present_pairs(present)]
-            top = (
-                str(summary_rank(d, split=None).iloc[0]["method"])
-                if "cog-fc" in present
-                else "cog-fc"
-            )
-            shown += (
-                [(top, "cog-fc", f"top-ranked {top} vs cog-fc (Fig. 3 style)")]
-                if top != "cog-fc"
-                else []
-            )
+            top = str(summary_rank(d, split=None).iloc[0]["method"]) if "cog-fc" in present else "cog-fc"  # fmt: skip
+            if top != "cog-fc":
+                shown.append((top, "cog-fc", f"top-ranked {top} vs cog-fc (Fig. 3 style)"))
             for a, b, note in shown:
                 name = f"reliability_{slug(p)}_{slug(ds)}_{slug(a)}_vs_{slug(b)}.png"
                 seeds = _reliability_figure(ctx, ds, p, [a, b], ctx.figdir / name, note)
@@ -355,9 +321,7 @@ def section_robustness(ctx: BenchContext) -> Section | None:
     df = ctx.results
     datasets = sorted(set(F.rows(df, split=["ood", "shift"])["dataset"]))
     # the sets a run could not evaluate depend on the data: 50 runs per dataset suffice
-    unavailable = {
-        ds: unavailable_sets([p for _, p in ctx.run_dirs(dataset=ds)][:50]) for ds in datasets
-    }
+    unavailable = {ds: unavailable_sets([p for _, p in ctx.run_dirs(dataset=ds)][:50]) for ds in datasets}  # fmt: skip
     return robustness_section(df, ctx.figdir, unavailable) if datasets else None
 
 
@@ -400,21 +364,14 @@ def annotate_edges(blocks: list[Any], ctx: BenchContext) -> None:
         if not isinstance(block, Table):
             continue
         methods = {row[0].text for row in block.rows}
-        hit = [
-            e
-            for e in edges
-            if any(block.key == f"{k}-{slug(e.protocol)}-{slug(e.dataset)}" for k in EDGE_TABLES)
-            and methods & set(e.used_by)
+        keys = [
+            (f"{k}-{slug(e.protocol)}-{slug(e.dataset)}", e) for e in edges for k in EDGE_TABLES
         ]
+        hit = [e for k, e in keys if k == block.key and methods & set(e.used_by)]
         if hit:
             used = ", ".join(dict.fromkeys(m for e in hit for m in e.used_by if m in methods))
-            block.notes.append(
-                [
-                    f"{len(hit)} tuned choice(s) used by {used} sit at a grid edge (",
-                    Link("grid edges", "tuning-edges"),
-                    ").",
-                ]
-            )
+            block.notes.append([f"{len(hit)} tuned choice(s) used by {used} sit at a grid edge (",
+                                Link("grid edges", "tuning-edges"), ")."])  # fmt: skip
 
 
 def build_report(results_dir: str | Path) -> Path:
