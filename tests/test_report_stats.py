@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from cogcal.report.schema import RESULT_COLUMNS
 from cogcal.report.stats import (
     Paired,
     format_wins,
@@ -23,18 +24,7 @@ from cogcal.report.stats import (
     summary_rank,
 )
 
-COLS = [
-    "dataset",
-    "method",
-    "protocol",
-    "seed",
-    "split",
-    "metric",
-    "value",
-    "task",
-    "condition",
-    "severity",
-]
+COLS = list(RESULT_COLUMNS)
 
 
 def _rows(rows):

@@ -27,26 +27,23 @@ __all__ = ["build_run_report", "report_kind"]
 
 _METRICS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
 _LABELS = METRIC_LABELS
-#: Configuration keys shown first, in this order.
-_FIRST = tuple(
-    [
-        "method",
-        "dataset",
-        "model",
-        "task",
-        "seed",
-        "epochs",
-        "stage2_epochs",
-        "batch_size",
-        "lr",
-        "calibrator_lr",
-        "schedule",
-        "step_size",
-        "patience",
-        "precision",
-        "accelerator",
-        "devices",
-    ]
+_FIRST = (
+    "method",
+    "dataset",
+    "model",
+    "task",
+    "seed",
+    "epochs",
+    "stage2_epochs",
+    "batch_size",
+    "lr",
+    "calibrator_lr",
+    "schedule",
+    "step_size",
+    "patience",
+    "precision",
+    "accelerator",
+    "devices",
 )
 _BIN_KEY = re.compile(r"^(ece|rmsce|mce)_(\d+)$")
 

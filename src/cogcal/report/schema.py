@@ -35,68 +35,70 @@ EFFECT = "effect"
 #: Protocols a ``tuning.csv`` row may name.
 TUNING_PROTOCOLS: tuple[str, ...] = (*PROTOCOLS, EFFECT)
 
-RESULT_COLUMNS: tuple[str, ...] = tuple(
-    [
-        "dataset",
-        "method",
-        "protocol",
-        "seed",
-        "split",
-        "metric",
-        "value",
-        "task",
-        "condition",
-        "severity",
-    ]
+RESULT_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "method",
+    "protocol",
+    "seed",
+    "split",
+    "metric",
+    "value",
+    "task",
+    "condition",
+    "severity",
 )
 SPLITS: tuple[str, ...] = ("val", "test", "shift", "ood")
 
 RUN_STATUSES: tuple[str, ...] = ("complete", "diverged", "failed", "interrupted")
-RUN_COLUMNS: tuple[str, ...] = tuple(
-    [
-        "dataset",
-        "method",
-        "protocol",
-        "seed",
-        "status",
-        "model",
-        "epochs",
-        "schedule",
-        "lr",
-        "calibrator_lr",
-        "train_seconds",
-        "total_seconds",
-        "copied_from",
-        "run_dir",
-        "log",
-    ]
+RUN_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "method",
+    "protocol",
+    "seed",
+    "status",
+    "model",
+    "epochs",
+    "schedule",
+    "lr",
+    "calibrator_lr",
+    "train_seconds",
+    "total_seconds",
+    "copied_from",
+    "run_dir",
+    "log",
 )
 
-TUNING_COLUMNS: tuple[str, ...] = tuple(
-    [
-        "protocol",
-        "dataset",
-        "group",
-        "used_by",
-        "lr",
-        "ratio",
-        "calibrator_lr",
-        "schedule",
-        "val_nll",
-        "val_brier",
-        "val_acc",
-        "status",
-        "chosen",
-        "at_edge",
-        "edges",
-        "extensions",
-        "cap_reached",
-    ]
+TUNING_COLUMNS: tuple[str, ...] = (
+    "protocol",
+    "dataset",
+    "group",
+    "used_by",
+    "lr",
+    "ratio",
+    "calibrator_lr",
+    "schedule",
+    "val_nll",
+    "val_brier",
+    "val_acc",
+    "status",
+    "chosen",
+    "at_edge",
+    "edges",
+    "extensions",
+    "cap_reached",
 )
 
 EFFECT_VARIANTS: tuple[str, ...] = ("ce (no schedule)", "ce (step schedule)", "cog-fc (ratio R)")
-EFFECT_COLUMNS: tuple[str, ...] = tuple(
-    ["dataset", "variant", "schedule", "lr", "calibrator_lr", "seed", "split", "metric", "value"]
+EFFECT_COLUMNS: tuple[str, ...] = (
+    "dataset",
+    "variant",
+    "schedule",
+    "lr",
+    "calibrator_lr",
+    "seed",
+    "split",
+    "metric",
+    "value",
 )
 
 #: Column labels of the metrics, with the direction that is better.
