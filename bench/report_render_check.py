@@ -5,10 +5,12 @@
 
 Needs the Debian package ``chromium`` (``apt-get install -y chromium``). Chromium runs
 with networking disabled (every host resolves to nothing), so a report that needed the
-network would show broken images. The check loads a copy of ``report.html`` with a small
-probe script appended (the report itself has no scripts), dumps the DOM, and reads back:
-the number of tables and their rows, the number of images and how many decoded to a
-non-zero size. It also takes a screenshot and checks that it is not blank.
+network would show broken images. The check loads a copy of ``report.html`` at 1280 px
+with a small probe script appended (the report itself has no scripts), dumps the DOM, and
+reads back: the number of tables and their rows, the tables that are clipped (wider than
+their box while the box does not scroll, or a box running off the page), the number of
+images and how many decoded to a non-zero size. It also takes a screenshot and checks
+that it is not blank.
 
 Prints one JSON line (``"ok": true`` on success) and exits 0, or 1 on failure.
 """
@@ -35,10 +37,20 @@ window.addEventListener('load', function () {
   var tables = Array.from(document.querySelectorAll('table'));
   var rows = tables.map(function (t) { return t.tBodies.length ? t.tBodies[0].rows.length : 0; });
   var visible = tables.filter(function (t) { return t.getBoundingClientRect().height > 0; }).length;
+  // a table is clipped when its columns run past its box and the box does not scroll, or
+  // when the box itself runs off the right edge of the page
+  var page = document.documentElement.clientWidth;
+  var clipped = tables.filter(function (t) {
+    var box = t.parentElement;
+    var scrolls = ['auto', 'scroll'].indexOf(getComputedStyle(box).overflowX) >= 0;
+    var overflows = t.getBoundingClientRect().width > box.clientWidth + 1;
+    return (overflows && !scrolls) || box.getBoundingClientRect().right > page + 1;
+  }).map(function (t) { return t.id; });
   var pre = document.createElement('pre');
   pre.id = 'render-check';
   pre.textContent = JSON.stringify({images: imgs.length, images_rendered: ok,
-    tables: tables.length, tables_visible: visible, table_rows: rows,
+    tables: tables.length, tables_visible: visible, table_rows: rows, tables_clipped: clipped,
+    page_width: page,
     height: document.body.scrollHeight});
   document.body.appendChild(pre);
 });
@@ -55,6 +67,7 @@ FLAGS = [
     "--disable-extensions",
     "--host-resolver-rules=MAP * ~NOTFOUND",
     "--virtual-time-budget=10000",
+    "--window-size=1280,2400",  # as a reader opens it: 1280 px wide
 ]
 
 
@@ -111,7 +124,7 @@ def check(results_dir: Path, screenshot: Path | None = None) -> dict:
 
         found = json.loads(html.unescape(match.group(1)))
         shot = screenshot or Path(tmp) / "shot.png"
-        _run([f"--screenshot={shot}", "--window-size=1280,2400", report.as_uri()])
+        _run([f"--screenshot={shot}", report.as_uri()])
         blank = not shot.is_file() or _blank(shot)
     found["external_urls"] = len(external)
     found["screenshot_blank"] = blank
@@ -119,6 +132,7 @@ def check(results_dir: Path, screenshot: Path | None = None) -> dict:
         found["tables"] > 0
         and found["tables_visible"] == found["tables"]
         and all(r > 0 for r in found["table_rows"])
+        and not found["tables_clipped"]
         and found["images"] > 0
         and found["images_rendered"] == found["images"]
         and not external

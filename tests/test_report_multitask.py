@@ -15,12 +15,11 @@ import pandas as pd
 import pytest
 
 from cogcal.report.build import build_report
+from cogcal.report.claims import judge_claims
 from cogcal.report.multitask import (
-    multitask_datasets,
     multitask_section,
     multitask_table,
     per_task_figure,
-    per_task_table,
     task_difficulty,
     wins_table,
 )
@@ -66,7 +65,6 @@ def make_df(*, with_mean: bool = True) -> pd.DataFrame:
 
 def test_difficulty_order_and_datasets():
     df = make_df()
-    assert multitask_datasets(df) == ["mt"]
     assert task_difficulty(df, "mt", "paper") == ["hard", "noisy", "mid", "easy"]
     # Brier is an error: the hardest task (largest mean Brier) comes first
     assert task_difficulty(df, "mt", "paper", metric="brier")[0] == "hard"
@@ -103,16 +101,16 @@ def test_pairwise_wins_against_hand_count():
     assert rows[("cog-fc", "ce")][4].text == "1 of 4"
     assert "cog-fc beats ts on both accuracy and Brier on 2 of 4 tasks (50%)." in sentences
     assert wins_table(make_df().query("method != 'cog-fc'"), "mt", "paper") is None
+    # the paper's claim needs more than half of the tasks: 2 of 4 is not most
+    claim = judge_claims(make_df(), "paper", {}, {})[4]
+    assert claim.judgement == "does not hold" and "on 2 of 4 tasks" in claim.evidence
+    assert claim.key == "mtl-wins-paper-mt"
+    single = judge_claims(make_df().query("dataset == 'single'"), "paper", {}, {})[4]
+    assert single.judgement == "not tested in this suite" and "mtl-quick" in single.evidence
 
 
-def test_per_task_table_and_figure(tmp_path):
+def test_per_task_figure(tmp_path):
     df = make_df()
-    t = per_task_table(df, "mt", "paper", "acc")
-    assert [r[0].text for r in t.rows] == ["hard", "noisy", "mid", "easy"]
-    hard = t.rows[0]
-    assert [t.header[j] for j, c in enumerate(hard) if c.bold] == ["cog-fc"]
-    easy = t.rows[-1]
-    assert sum(c.bold for c in easy) == 3  # a three-way tie: all bold
     path = per_task_figure(df, "mt", "paper", tmp_path / "figs" / "pt.png")
     assert path.is_file() and path.stat().st_size > 5000
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -124,8 +122,7 @@ def test_section_absent_without_tasks(tmp_path):
     assert multitask_section(df[df["dataset"] == "single"], tmp_path) is None
     sec = multitask_section(df, tmp_path)
     assert sec is not None and sec.title == "Multi-task learning"
-    with pytest.raises(ValueError, match="lacks the column"):
-        multitask_section(df.drop(columns=["task"]), tmp_path)
+    assert [b.title for b in sec.blocks[1:]] == ["mt — paper protocol"]
 
 
 def _write(out: Path, df: pd.DataFrame) -> Path:

@@ -16,37 +16,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "build_any",
-    "build_report",
-    "build_run_report",
-    "format_wins",
-    "load_results",
-    "mean_std",
-    "pairwise_wins",
-    "pareto_front",
-    "plot_reliability",
-    "plot_reliability_per_task",
-    "reliability_diagram",
-    "report_kind",
-    "summary_rank",
-]
-
+#: Public name -> the submodule that defines it.
 _WHERE = {
-    "build_any": "build",
-    "build_report": "build",
-    "report_kind": "run_report",
-    "build_run_report": "run_report",
-    "load_results": "frame",
-    "format_wins": "aggregate",
-    "mean_std": "aggregate",
-    "pairwise_wins": "aggregate",
-    "pareto_front": "aggregate",
-    "summary_rank": "aggregate",
-    "plot_reliability": "diagrams",
-    "plot_reliability_per_task": "diagrams",
-    "reliability_diagram": "diagrams",
+    name: module
+    for module, names in {
+        "build": "build_any build_report",
+        "run_report": "report_kind build_run_report",
+        "frame": "load_results",
+        "stats": "format_wins mean_std pairwise_wins pareto_front summary_rank",
+        "diagrams": "plot_reliability plot_reliability_per_task reliability_diagram",
+    }.items()
+    for name in names.split()
 }
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:

@@ -8,15 +8,15 @@ they count as non-COG and have no counterpart.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-import pandas as pd
-
+from cogcal import _io
 from cogcal.train.methods import COG_PAIRS, METHODS
 from cogcal.train.methods import is_cog as _registry_is_cog
-
-__all__ = ["check_results_frame", "counterparts", "is_cog", "method_order", "slug"]
 
 
 def is_cog(method: str) -> bool:
@@ -70,13 +70,8 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
 
 
-def check_results_frame(df: pd.DataFrame, required: Sequence[str]) -> None:
-    """Raise ``ValueError`` unless ``df`` is a results.csv table with ``required`` columns."""
-    if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"expected the tidy results.csv DataFrame, got {type(df).__name__}.")
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"the results table lacks the column(s) {missing}; pass the tidy results.csv "
-            f"table (columns {list(required)} at least; docs/method.md §6)."
-        )
+def save_png(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """Write a matplotlib figure as PNG, atomically (the report's figures)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return _io.write_bytes(Path(path), buf.getvalue())

@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Cell", "Figure", "Link", "Paragraph", "Section", "Table", "Text", "plain"]
-
 
 @dataclass
 class Link:

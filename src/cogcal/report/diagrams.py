@@ -137,33 +137,14 @@ def reliability_diagram(
 ) -> Figure:
     """Draw one reliability diagram: per-bin accuracy against confidence, counts beneath.
 
-    Parameters
-    ----------
-    bins_or_results : dict or (logits, labels)
-        The output of :func:`cogcal.metrics.reliability_bins`, or a pair
-        ``(logits, labels)`` binned here with ``n_bins`` equal-width bins. Multi-label
-        input (bins of shape (T, B)) is pooled over tasks, every (sample, task) pair
-        counting once, so its legend ECE is that of the pooled bins, not the mean of the
-        per-task ECEs; :func:`plot_reliability_per_task` draws one panel per task.
-    ax : matplotlib Axes, optional
-        Axes for the diagram. By default a new figure with the diagram above a bin-count
-        panel is created.
-    count_ax : matplotlib Axes, optional
-        Axes for the bin counts; with ``ax`` given and no ``count_ax``, counts are omitted.
-    title, label : str, optional
-        Axes title, and a method name for the legend.
-    n_bins, task
-        Binning of a ``(logits, labels)`` pair (see :func:`cogcal.metrics.reliability_bins`).
-    color : str
-        Colour of the accuracy bars.
+    ``bins_or_results`` is the output of :func:`cogcal.metrics.reliability_bins` or a
+    ``(logits, labels)`` pair binned here (``n_bins``, ``task``); multi-label input is
+    pooled over tasks, every (sample, task) pair counting once (its legend ECE is that of
+    the pooled bins; :func:`plot_reliability_per_task` draws one panel per task). Without
+    ``ax`` a new figure holds the diagram above a bin-count panel; with ``ax`` and no
+    ``count_ax`` the counts are omitted. ``title`` and ``label`` (a method name for the
+    legend) are optional; ``color`` colours the accuracy bars. Returns the figure.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-        The figure holding the diagram (``fig.savefig(path)`` to write it).
-
-    Examples
-    --------
     >>> import torch
     >>> fig = reliability_diagram((torch.randn(200, 3), torch.randint(0, 3, (200,))), n_bins=10)
     >>> len(fig.axes)
@@ -198,29 +179,10 @@ def plot_reliability(
     title: str | None = None,
     dpi: int = 150,
 ) -> Figure:
-    """Reliability diagrams of several methods side by side, written to PNG/SVG/PDF.
+    """Reliability diagrams of several methods side by side (``{name: bins dict or
+    (logits, labels)}``, as in :func:`reliability_diagram`), written to ``path`` when
+    given (``.png``, ``.svg`` or ``.pdf``, parent folders created); returns the figure.
 
-    Parameters
-    ----------
-    methods : dict of str to bins dict or (logits, labels)
-        One diagram per entry, in order; values as in :func:`reliability_diagram`
-        (multi-label results are pooled over tasks).
-    path : str or Path, optional
-        Where to write the figure; the format follows the suffix (``.png``, ``.svg`` or
-        ``.pdf``). Parent folders are created. ``None`` only returns the figure.
-    n_bins, task
-        Binning of ``(logits, labels)`` pairs.
-    title : str, optional
-        Figure title.
-    dpi : int
-        Resolution of raster output.
-
-    Returns
-    -------
-    matplotlib.figure.Figure
-
-    Examples
-    --------
     >>> import torch
     >>> y = torch.randint(0, 3, (100,))
     >>> fig = plot_reliability({"ce": (torch.randn(100, 3), y), "cog-fc": (torch.randn(100, 3), y)})
@@ -262,32 +224,12 @@ def plot_reliability_per_task(
     title: str | None = None,
     dpi: int = 150,
 ) -> Figure:
-    """One small reliability diagram per task of a multi-label model, in a grid.
+    """One small reliability diagram per task of a multi-label model, ``ncols`` per row.
 
-    Parameters
-    ----------
-    results : (logits, labels) or bins dict
-        Multi-label ``(logits, labels)`` of shape (N, T), or the output of
-        ``reliability_bins(..., task="multilabel")`` (arrays of shape (T, B)).
-    path : str or Path, optional
-        Output file (``.png``, ``.svg`` or ``.pdf``); ``None`` only returns the figure.
-    n_bins : int
-        Bins per task, for a ``(logits, labels)`` pair.
-    task_names : sequence of str, optional
-        Panel titles; default ``t0 ... t{T-1}``.
-    ncols : int
-        Panels per row.
-    title : str, optional
-        Figure title.
-    dpi : int
-        Resolution of raster output.
+    ``results`` is a multi-label ``(logits, labels)`` pair of shape (N, T) or the output of
+    ``reliability_bins(..., task="multilabel")``; ``task_names`` titles the panels
+    (default ``t0 ... t{T-1}``). Written to ``path`` when given; returns the figure.
 
-    Returns
-    -------
-    matplotlib.figure.Figure
-
-    Examples
-    --------
     >>> import torch
     >>> fig = plot_reliability_per_task((torch.randn(80, 3), torch.randint(0, 2, (80, 3))), ncols=2)
     >>> len(fig.axes)

@@ -33,36 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cogcal.report.schema import (
-    EFFECT_COLUMNS,
-    EFFECT_VARIANTS,
-    PROTOCOLS,
-    RESULT_COLUMNS,
-    RUN_COLUMNS,
-    RUN_STATUSES,
-    SPLITS,
-    TUNING_COLUMNS,
-    TUNING_PROTOCOLS,
-)
-
-__all__ = [
-    "AGGREGATE",
-    "aggregate",
-    "ANY",
-    "INDIVIDUAL",
-    "PROTOCOLS",
-    "SeedPlan",
-    "blank",
-    "effect_ratio",
-    "load_effect",
-    "load_results",
-    "load_runs",
-    "load_tuning",
-    "normalise_results",
-    "protocol_order",
-    "read_bench_json",
-    "rows",
-]
+from cogcal.report import schema as S
 
 _SHOWN = 5  # bad rows quoted in one error message
 _NAN_TEXT = frozenset({"nan", "NaN", "NAN", "inf", "-inf", "Infinity", "-Infinity"})
@@ -86,42 +57,24 @@ AGGREGATE = _Selector("AGGREGATE")
 INDIVIDUAL = _Selector("INDIVIDUAL")
 
 
-#: ``attrs`` key set by :func:`normalise_results` (kept by pandas through selections): the
-#: text columns hold stripped strings, ``""`` for an empty cell, so no cell needs stripping.
-_NORMALISED = "cogcal_normalised"
-
-
 def blank(s: pd.Series) -> pd.Series:
     """Whether each cell is empty (NaN or whitespace only)."""
-    if _normalised_text(s):
-        return s.isna() | (s == "")
     return s.isna() | (s.astype(str).str.strip() == "")
-
-
-def _text(s: pd.Series) -> pd.Series:
-    """The cells as stripped strings."""
-    return s if _normalised_text(s) else s.astype(str).str.strip()
-
-
-def _normalised_text(s: pd.Series) -> bool:
-    return bool(s.attrs.get(_NORMALISED)) and pd.api.types.is_string_dtype(s)
 
 
 def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
     if want is ANY:
         return pd.Series(True, index=df.index)
     if column not in df.columns:
-        if want is AGGREGATE or (isinstance(want, str) and want == "") or want is None:
-            # an absent optional column is blank everywhere
-            return pd.Series(True, index=df.index)
+        if want is AGGREGATE or want is None or (isinstance(want, str) and want == ""):
+            return pd.Series(True, index=df.index)  # an absent optional column is blank
         raise ValueError(f"cannot select on {column!r}: the table has no such column.")
     col = df[column]
-    if column == "task" and want is AGGREGATE:
-        return blank(col) | (_text(col) == "mean")
-    if column == "task" and want is INDIVIDUAL:
-        return ~blank(col) & (_text(col) != "mean")
-    if isinstance(want, _Selector):
-        raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
+    if want is AGGREGATE or want is INDIVIDUAL:
+        if column != "task":
+            raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
+        agg = blank(col) | (col.astype(str).str.strip() == "mean")
+        return agg if want is AGGREGATE else ~agg
     if want is None or want == "":
         return blank(col)
     if isinstance(want, Collection) and not isinstance(want, str):
@@ -129,47 +82,16 @@ def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
     return col == want
 
 
-def rows(
-    df: pd.DataFrame,
-    *,
-    split: Any = ANY,
-    dataset: Any = ANY,
-    protocol: Any = ANY,
-    method: Any = ANY,
-    metric: Any = ANY,
-    task: Any = ANY,
-    condition: Any = ANY,
-    severity: Any = ANY,
-) -> pd.DataFrame:
-    """The rows of ``df`` matching every given selection.
+def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
+    """The rows of ``df`` matching every selection ``column=want``.
 
-    Each argument is :data:`ANY` (default: no selection), a value (equality), a
-    collection of values (membership) or ``""`` (the empty cell). ``task`` also takes
-    :data:`AGGREGATE` (empty or ``"mean"``) and :data:`INDIVIDUAL` (a task name).
-
-    Parameters
-    ----------
-    df : DataFrame
-        A tidy table (``results.csv`` or ``effect.csv`` rows).
-    split, dataset, protocol, method, metric, task, condition, severity
-        The selections.
-
-    Returns
-    -------
-    DataFrame
-        The matching rows (a selection of ``df``: copy it before assigning to it).
+    ``want`` is :data:`ANY` (no selection), a value (equality), a collection of values
+    (membership) or ``""`` (the empty cell); ``task`` also takes :data:`AGGREGATE` (empty
+    or ``"mean"``) and :data:`INDIVIDUAL` (a task name). The result is a selection of
+    ``df``: copy it before assigning to it.
     """
     keep = pd.Series(True, index=df.index)
-    for column, want in (
-        ("split", split),
-        ("dataset", dataset),
-        ("protocol", protocol),
-        ("method", method),
-        ("metric", metric),
-        ("task", task),
-        ("condition", condition),
-        ("severity", severity),
-    ):
+    for column, want in selection.items():
         keep &= _mask(df, column, want)
     return df[keep]
 
@@ -183,10 +105,40 @@ def aggregate(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
     return rows(df, **selection)
 
 
+#: The measures :func:`seed_values` reads, by name.
+MEASURES: tuple[str, ...] = ("test", "ood", "shift")
+_SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the individual ones
+
+
+def seed_values(df: pd.DataFrame, measure: str, **selection: Any) -> pd.DataFrame:
+    """One value per (dataset, protocol, method, metric, seed) of a measure, finite only.
+
+    ``"test"``: the aggregate test rows. ``"ood"``: the ``pooled`` OOD condition (every OOD
+    set scored together), or the mean over the OOD sets per seed when no run wrote it.
+    ``"shift"``: per seed the unweighted mean over every individual (condition, severity),
+    or over the runner's ``mean`` condition when none is recorded. ``selection`` narrows
+    the rows first (:func:`rows`).
+    """
+    keys = ["dataset", "protocol", "method", "metric", "seed"]
+    if measure == "test":
+        d = aggregate(df, split="test", **selection)
+    elif measure in ("ood", "shift"):
+        d = rows(df, split=measure, task=AGGREGATE, **selection)
+        cond = d["condition"].astype(str)
+        if measure == "ood":
+            d = d[cond == "pooled"] if (cond == "pooled").any() else d[~cond.isin(_SUMMARY)]
+        else:
+            d = d[~cond.isin(_SUMMARY)] if (~cond.isin(_SUMMARY)).any() else d[cond == "mean"]
+    else:
+        raise ValueError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}.")
+    d = d[np.isfinite(d["value"].astype(float))]
+    return d.groupby(keys, as_index=False)["value"].mean()
+
+
 def protocol_order(protocols: Collection[str]) -> list[str]:
     """``paper``, ``fair``, then any other protocol sorted."""
     present = set(protocols)
-    return [p for p in PROTOCOLS if p in present] + sorted(present - set(PROTOCOLS))
+    return [p for p in S.PROTOCOLS if p in present] + sorted(present - set(S.PROTOCOLS))
 
 
 # --------------------------------------------------------------------------- reading
@@ -281,44 +233,33 @@ def _nonempty(path: Path, df: pd.DataFrame, column: str) -> None:
 
 
 def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> pd.DataFrame:
-    """Check and normalise a ``results.csv`` table given as strings (see the module doc).
-
-    Parameters
-    ----------
-    df : DataFrame
-        The table, every cell a string (as read with ``dtype=str``).
-    source : str or Path
-        Named in error messages.
-
-    Returns
-    -------
-    DataFrame
-        The columns of :data:`~cogcal.report.schema.RESULT_COLUMNS` (others dropped),
-        ``seed`` int, ``value`` float, ``severity`` a string without a ``.0`` suffix.
+    """Check and normalise a ``results.csv`` table given as strings (see the module doc):
+    the :data:`~cogcal.report.schema.RESULT_COLUMNS` (others dropped), ``seed`` int,
+    ``value`` float, ``severity`` a string without a ``.0`` suffix. ``source`` is named in
+    errors.
 
     Raises
     ------
     ValueError
         A missing column, an empty dataset/method/metric, an unknown split or protocol, a
-        seed that is not a non-negative integer, a value that is not a number, a
-        condition or severity on a val/test row, a severity that is not an integer, or
-        the same (dataset, method, protocol, seed, split, metric, task, condition,
-        severity) twice. The message names the file, the line(s) and the value(s).
+        seed that is not a non-negative integer, a value that is not a number, a condition
+        or severity on a val/test row, a severity that is not an integer, or the same result
+        twice; the message names the file, the line(s) and the value(s).
     """
     path = Path(source)
-    missing = [c for c in RESULT_COLUMNS if c not in df.columns]
+    missing = [c for c in S.RESULT_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(
             f"{path} lacks the column(s) {', '.join(missing)}; results.csv has the columns "
-            f"{', '.join(RESULT_COLUMNS)} (docs/method.md §6)."
+            f"{', '.join(S.RESULT_COLUMNS)} (docs/method.md §6)."
         )
-    df = df[list(RESULT_COLUMNS)].copy()
-    for col in RESULT_COLUMNS:
+    df = df[list(S.RESULT_COLUMNS)].copy()
+    for col in S.RESULT_COLUMNS:
         df[col] = df[col].fillna("").astype(str).str.strip()
     for col in ("dataset", "method", "metric"):
         _nonempty(path, df, col)
-    _choices(path, df, "split", SPLITS)
-    _choices(path, df, "protocol", PROTOCOLS)
+    _choices(path, df, "split", S.SPLITS)
+    _choices(path, df, "protocol", S.PROTOCOLS)
     seeds = _integers(path, df, "seed", allow_blank=False)
     values = _numbers(path, df, "value", allow_blank=False)
     in_dist = df["split"].isin(["val", "test"])
@@ -333,7 +274,7 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
     df["severity"] = sev.astype(str).where(sev.notna(), "")
     df["seed"] = seeds.astype(int)
     df["value"] = values
-    key = [c for c in RESULT_COLUMNS if c != "value"]
+    key = [c for c in S.RESULT_COLUMNS if c != "value"]
     dup = df.duplicated(key, keep=False)
     if dup.any():
         first = df[dup].iloc[0]
@@ -344,26 +285,19 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
             "each (dataset, method, protocol, seed, split, metric, task, condition, severity) "
             "must appear once. Rebuild results.csv with `cogcal bench`."
         )
-    out = df.reset_index(drop=True)
-    out.attrs[_NORMALISED] = True
-    return out
+    return df.reset_index(drop=True)
 
 
 def load_results(folder: str | Path) -> pd.DataFrame:
-    """Read, check and normalise ``folder/results.csv`` (see :func:`normalise_results`).
-
-    Raises
-    ------
-    ValueError
-        The file is missing, unreadable or malformed (the message names the line).
-    """
+    """Read, check and normalise ``folder/results.csv`` (:func:`normalise_results`);
+    ``ValueError`` naming the line when it is missing, unreadable or malformed."""
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise ValueError(
             f"{str(path)!r} does not exist; run `cogcal bench --out {folder}` first, or pass "
             "the folder that holds results.csv."
         )
-    return normalise_results(_read_csv(path, RESULT_COLUMNS, "results.csv"), path)
+    return normalise_results(_read_csv(path, S.RESULT_COLUMNS, "results.csv"), path)
 
 
 def _optional_csv(
@@ -382,12 +316,12 @@ def _optional_csv(
 
 def load_runs(folder: str | Path) -> pd.DataFrame | None:
     """``folder/runs.csv`` checked (status, seed, seconds), or None when absent."""
-    found = _optional_csv(folder, "runs.csv", RUN_COLUMNS, ("dataset", "method"))
+    found = _optional_csv(folder, "runs.csv", S.RUN_COLUMNS, ("dataset", "method"))
     if found is None:
         return None
     path, df = found
-    _choices(path, df, "protocol", PROTOCOLS)
-    _choices(path, df, "status", RUN_STATUSES)
+    _choices(path, df, "protocol", S.PROTOCOLS)
+    _choices(path, df, "status", S.RUN_STATUSES)
     df["seed"] = _integers(path, df, "seed", allow_blank=False).astype(int)
     for col in ("train_seconds", "total_seconds", "lr", "calibrator_lr"):
         df[col] = _numbers(path, df, col, allow_blank=True)
@@ -397,11 +331,11 @@ def load_runs(folder: str | Path) -> pd.DataFrame | None:
 
 def load_tuning(folder: str | Path) -> pd.DataFrame | None:
     """``folder/tuning.csv`` checked (numbers, flags), or None when absent."""
-    found = _optional_csv(folder, "tuning.csv", TUNING_COLUMNS, ("dataset", "group", "status"))
+    found = _optional_csv(folder, "tuning.csv", S.TUNING_COLUMNS, ("dataset", "group", "status"))
     if found is None:
         return None
     path, df = found
-    _choices(path, df, "protocol", TUNING_PROTOCOLS)
+    _choices(path, df, "protocol", S.TUNING_PROTOCOLS)
     df["lr"] = _numbers(path, df, "lr", allow_blank=False)
     for col in ("ratio", "calibrator_lr", "val_nll", "val_brier", "val_acc"):
         df[col] = _numbers(path, df, col, allow_blank=True)
@@ -437,11 +371,11 @@ def effect_ratio(variant: str) -> float | None:
 
 def load_effect(folder: str | Path) -> pd.DataFrame | None:
     """``folder/effect.csv`` checked (variants, seeds, numbers), or None when absent."""
-    found = _optional_csv(folder, "effect.csv", EFFECT_COLUMNS, ("dataset", "metric"))
+    found = _optional_csv(folder, "effect.csv", S.EFFECT_COLUMNS, ("dataset", "metric"))
     if found is None:
         return None
     path, df = found
-    fixed = set(EFFECT_VARIANTS) - {"cog-fc (ratio R)"}
+    fixed = set(S.EFFECT_VARIANTS) - {"cog-fc (ratio R)"}
     ratio_ok = df["variant"].map(lambda v: effect_ratio(v) is not None).astype(bool)
     ok = df["variant"].isin(fixed) | ratio_ok
     if not ok.all():
@@ -453,7 +387,7 @@ def load_effect(folder: str | Path) -> pd.DataFrame | None:
             "'ce (no schedule)', 'ce (step schedule)' or 'cog-fc (ratio R)' with R a positive "
             "number",
         )
-    _choices(path, df, "split", SPLITS)
+    _choices(path, df, "split", S.SPLITS)
     df["seed"] = _integers(path, df, "seed", allow_blank=False).astype(int)
     df["value"] = _numbers(path, df, "value", allow_blank=False)
     for col in ("lr", "calibrator_lr"):

@@ -2,10 +2,9 @@
 
 Multi-task rows of ``results.csv`` (docs/method.md §6) carry ``task`` = a task name, plus
 ``task = "mean"`` rows with the unweighted mean over tasks. The Tab. 6 table uses those
-means (computing them from the per-task rows when a run wrote none); the per-task figure
-and the win counts use the per-task rows. Tasks are ordered by difficulty: the mean
-accuracy over methods (each method's mean over seeds), ascending, so the hardest task is
-first.
+means (computing them from the per-task rows when a run wrote none); the per-task figure,
+tables and win counts use the per-task rows. Tasks are ordered by difficulty: the mean
+accuracy over methods (each method's mean over seeds), ascending, hardest first.
 """
 
 from __future__ import annotations
@@ -16,178 +15,67 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import check_results_frame, is_cog, slug
-from cogcal.report.aggregate import HIGHER_IS_BETTER, format_wins, mean_std, pairwise_wins
+from cogcal.report._common import is_cog, method_order, save_png, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
-from cogcal.report.tables import (
-    _LABELS,
-    _cell,
-    _method_order,
-    comparison_table,
-    seed_notes,
-    stat_text,
-)
-
-__all__ = [
-    "MTL_METRICS",
-    "multitask_datasets",
-    "multitask_section",
-    "multitask_table",
-    "per_task_figure",
-    "per_task_rows",
-    "per_task_table",
-    "task_difficulty",
-    "wins_table",
-]
+from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
+from cogcal.report.tables import LABELS, cell, comparison_table
 
 #: Metrics of Tab. 6, in table order.
 MTL_METRICS: tuple[str, ...] = ("acc", "nll", "brier", "ece_15")
-_REQUIRED = ("dataset", "method", "protocol", "seed", "split", "metric", "value", "task")
 
 
-def multitask_datasets(df: pd.DataFrame) -> list[str]:
-    """Datasets with per-task rows, sorted."""
-    check_results_frame(df, _REQUIRED)
-    return sorted(map(str, rows(df, task=INDIVIDUAL)["dataset"].unique()))
-
-
-def per_task_rows(
-    df: pd.DataFrame, dataset: str, protocol: str, *, split: str = "test"
-) -> pd.DataFrame:
-    """The per-task rows of one dataset, protocol and split (no shift / OOD rows)."""
-    check_results_frame(df, _REQUIRED)
-    return rows(
-        df, dataset=dataset, protocol=protocol, split=split, task=INDIVIDUAL, condition="",
-        severity="",
-    )  # fmt: skip
+def per_task_rows(df: pd.DataFrame, dataset: str, protocol: str) -> pd.DataFrame:
+    """The per-task test rows of one dataset and protocol (no shift / OOD rows)."""
+    sel = {"dataset": dataset, "protocol": protocol, "condition": "", "severity": ""}
+    d = rows(df, split="test", task=INDIVIDUAL, **sel)
+    return d.assign(task=d["task"].astype(str))
 
 
 def task_difficulty(
-    df: pd.DataFrame, dataset: str, protocol: str, *, metric: str = "acc", split: str = "test"
+    df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc"
 ) -> list[str]:
-    """Task names from hardest to easiest: mean ``metric`` over methods, ascending.
-
-    Each method counts once (its mean over seeds); ties are broken by task name. For an
-    error metric (anything but accuracy / AUROC) the order is descending instead, so the
-    hardest task still comes first.
+    """Task names from hardest to easiest: the mean over methods of each method's mean
+    ``metric`` over seeds, ascending (descending for an error metric); ties by name.
 
     Raises
     ------
     ValueError
         When there are no per-task rows of ``metric``.
     """
-    d = per_task_rows(df, dataset, protocol, split=split)
-    d = rows(d, metric=metric)
+    d = rows(per_task_rows(df, dataset, protocol), metric=metric)
     if d.empty:
         raise ValueError(
-            f"no per-task {metric!r} rows for dataset {dataset!r}, protocol {protocol!r}, "
-            f"split {split!r}; is it a multi-task dataset?"
+            f"no per-task {metric!r} rows for dataset {dataset!r}, protocol {protocol!r}; is "
+            "it a multi-task dataset?"
         )
-    by_method = d.groupby(["task", "method"])["value"].mean()
-    per_task = by_method.groupby(level="task").mean()
+    per_task = d.groupby(["task", "method"])["value"].mean().groupby(level="task").mean()
     sign = 1.0 if metric in HIGHER_IS_BETTER else -1.0
-    return sorted(per_task.index.astype(str), key=lambda t: (sign * per_task[t], t))
-
-
-def _mean_rows(df: pd.DataFrame, dataset: str, protocol: str, split: str) -> pd.DataFrame:
-    """``task == "mean"`` rows, completed from the per-task rows where a run lacks them."""
-    d = rows(df, dataset=dataset, protocol=protocol, split=split, condition="", severity="")
-    have = rows(d, task="mean")
-    tasks = rows(d, task=INDIVIDUAL)
-    if tasks.empty:
-        return have
-    computed = (
-        tasks.groupby(["dataset", "method", "protocol", "seed", "split", "metric"], as_index=False)[
-            "value"
-        ]
-        .mean()
-        .assign(task="mean", condition="", severity="")
-    )
-    key = ["method", "seed", "metric"]
-    present = set(map(tuple, have[key].astype(str).to_numpy()))
-    missing = [tuple(r) not in present for r in computed[key].astype(str).to_numpy()]
-    return pd.concat([have, computed[missing]], ignore_index=True)
+    return sorted(per_task.index, key=lambda t: (sign * per_task[t], t))
 
 
 def multitask_table(
-    df: pd.DataFrame,
-    dataset: str,
-    protocol: str,
-    metrics: Sequence[str] = MTL_METRICS,
-    *,
-    split: str = "test",
-    plan: SeedPlan | None = None,
+    df: pd.DataFrame, dataset: str, protocol: str, *, plan: SeedPlan | None = None
 ) -> Table | None:
-    """Tab. 6: accuracy, NLL, Brier, ECE-15 as unweighted means over tasks.
-
-    Mean ± sample std over seeds, best in bold, summary rank (acc, NLL, Brier; ties share
-    the best rank), sorted by rank. ``None`` when the dataset has no per-task rows.
-    """
-    check_results_frame(df, _REQUIRED)
-    tasks = per_task_rows(df, dataset, protocol, split=split)
+    """Tab. 6: test accuracy, NLL, Brier and ECE-15 as unweighted means over tasks (the
+    comparison table of those means); None without per-task rows."""
+    tasks = per_task_rows(df, dataset, protocol)
     if tasks.empty:
         return None
-    t = comparison_table(
-        _mean_rows(df, dataset, protocol, split), dataset, protocol, metrics, plan=plan
-    )
+    have = rows(df, dataset=dataset, protocol=protocol, split="test", task="mean", condition="")
+    keys = ["dataset", "method", "protocol", "seed", "split", "metric"]
+    computed = tasks.groupby(keys, as_index=False)["value"].mean().assign(task="mean")
+    done = set(map(tuple, have[["method", "seed", "metric"]].to_numpy()))
+    missing = [tuple(r) not in done for r in computed[["method", "seed", "metric"]].to_numpy()]
+    means = pd.concat([have, computed[missing].assign(condition="", severity="")])
+    t = comparison_table(means, dataset, protocol, MTL_METRICS, plan=plan)
     if t is None:
         return None
-    n_tasks = tasks["task"].nunique()
-    t.title = f"{dataset} — {protocol} protocol: multi-task, mean over {n_tasks} tasks (Tab. 6)"
-    t.notes.insert(
-        0,
-        f"Every metric is the unweighted mean over the {n_tasks} binary tasks (each task "
-        "a 2-class problem, docs/method.md §3), computed per seed.",
-    )
+    n = tasks["task"].nunique()
+    t.title = f"{dataset} — {protocol} protocol: multi-task, mean over {n} tasks (Tab. 6)"
+    t.notes.insert(0, f"Every metric is the unweighted mean over the {n} binary tasks, per seed.")
     t.key = f"mtl-{slug(protocol)}-{slug(dataset)}"
     return t
-
-
-def per_task_table(
-    df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc", *, split: str = "test"
-) -> Table | None:
-    """One metric per task (rows, hardest first) and method (columns), best of each row bold.
-
-    ``None`` when the dataset has no per-task rows of ``metric``.
-    """
-    d = per_task_rows(df, dataset, protocol, split=split)
-    d = rows(d, metric=metric)
-    if d.empty:
-        return None
-    order = task_difficulty(df, dataset, protocol, split=split)
-    order += sorted(set(map(str, d["task"])) - set(order))
-    stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method"))
-    cell = {(r.task, r.method): (r.mean, r.std, r.n) for r in stats.itertuples()}
-    most = int(stats["n"].max())
-    methods = _method_order(list(stats["method"].unique()))
-    hib = metric in HIGHER_IS_BETTER
-    table_rows = []
-    for task in order:
-        vals = [cell[(task, m)][0] for m in methods if (task, m) in cell]
-        vals = [v for v in vals if np.isfinite(v)]
-        best = (max if hib else min)(vals) if vals else None
-        row = [_cell(task)]
-        for m in methods:
-            mean, std, n = cell.get((task, m), (np.nan, np.nan, 0))
-            ok = np.isfinite(mean)
-            row.append(_cell(stat_text(mean, std, n, most), ok and np.isclose(mean, best)))
-        table_rows.append(row)
-    label = _LABELS.get(metric, metric)
-    return Table(
-        f"{dataset} — {protocol}: {label} per task ({split} split)",
-        ["Task (hardest first)", *methods],
-        table_rows,
-        seed_notes(
-            [
-                "Tasks ordered by difficulty (mean accuracy over methods, ascending); mean ± "
-                "sample std over seeds; best of each task in bold."
-            ],
-            stats["n"],
-            most,
-        ),
-        f"mtl-task-{metric}-{slug(protocol)}-{slug(dataset)}",
-    )
 
 
 def per_task_figure(
@@ -196,174 +84,109 @@ def per_task_figure(
     protocol: str,
     path: Path,
     metrics: Sequence[str] = ("acc", "brier"),
-    *,
-    split: str = "test",
 ) -> Path | None:
-    """Fig. 6: each task's accuracy and Brier score, one line per method.
-
-    Tasks on the x-axis from hardest to easiest (:func:`task_difficulty`); points are
-    means over seeds. COG variants are solid with circles, the others dashed with squares.
-
-    Returns
-    -------
-    Path or None
-        The PNG written atomically, or ``None`` without per-task rows of every metric.
-    """
-    import io
-
+    """Fig. 6: each task's accuracy and Brier score (means over seeds), tasks hardest
+    first, one line per method (COG solid with circles). None without every metric."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure as MplFigure
 
-    from cogcal import _io
-
-    d = per_task_rows(df, dataset, protocol, split=split)
-    d = rows(d, metric=list(metrics))
+    d = rows(per_task_rows(df, dataset, protocol), metric=list(metrics))
     if d.empty or set(d["metric"]) != set(metrics):
         return None
-    order = task_difficulty(df, dataset, protocol, split=split)
-    pos = {t: i for i, t in enumerate(order)}
-    stats = mean_std(d.assign(task=d["task"].astype(str)), by=("task", "method", "metric"))
-    methods = _method_order(list(stats["method"].unique()))
+    order = task_difficulty(df, dataset, protocol)
+    means = d.groupby(["method", "metric", "task"])["value"].mean()
+    methods = method_order(d["method"].unique())
     cmap = colormaps["tab10" if len(methods) <= 10 else "tab20"]
-    width = max(7.0, 0.32 * len(order) + 3.0)
-    fig = MplFigure(figsize=(width, 3.3 * len(metrics) + 0.8), layout="constrained")
+    fig = MplFigure(
+        figsize=(max(7.0, 0.32 * len(order) + 3.0), 3.3 * len(metrics) + 0.8), layout="constrained"
+    )
     axes = np.atleast_1d(fig.subplots(len(metrics), 1, sharex=True))
     for ax, metric in zip(axes, metrics, strict=True):
         for i, me in enumerate(methods):
-            s = stats[(stats["method"] == me) & (stats["metric"] == metric)]
-            s = s[s["task"].isin(pos)].sort_values("task", key=lambda c: c.map(pos))
-            cog = is_cog(me)
+            ys = [means.get((me, metric, t), np.nan) for t in order]
+            style = dict(lw=1.5, fmt="o-") if is_cog(me) else dict(lw=1.0, fmt="s--")
             ax.plot(
-                [pos[t] for t in s["task"]], s["mean"], "o-" if cog else "s--",
-                color=cmap(i % cmap.N), label=me, lw=1.5 if cog else 1.0, ms=4,
-            )  # fmt: skip
-        ax.set_ylabel(_LABELS.get(metric, metric))
+                range(len(order)),
+                ys,
+                style.pop("fmt"),
+                color=cmap(i % cmap.N),
+                label=me,
+                ms=4,
+                **style,
+            )
+        ax.set_ylabel(LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     axes[-1].set_xticks(range(len(order)))
     axes[-1].set_xticklabels(order, rotation=60, ha="right", fontsize=8)
     axes[-1].set_xlabel("task, hardest (lowest mean accuracy over methods) first")
     axes[0].legend(fontsize=8, loc="best", ncols=2)
-    fig.suptitle(f"{dataset}, {protocol} protocol: per-task {split} metrics (solid: COG)")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return _io.write_bytes(Path(path), buf.getvalue())
+    fig.suptitle(f"{dataset}, {protocol} protocol: per-task test metrics (solid: COG)")
+    return save_png(fig, path)
 
 
 def wins_table(
-    df: pd.DataFrame,
-    dataset: str,
-    protocol: str,
-    better_on: Sequence[str] = ("acc", "brier"),
-    *,
-    split: str = "test",
+    df: pd.DataFrame, dataset: str, protocol: str, better_on: Sequence[str] = ("acc", "brier")
 ) -> tuple[Table, list[str]] | None:
-    """Pairwise win counts over tasks: each COG variant against each baseline present.
-
-    A COG variant wins a task when its mean over seeds is strictly better on every metric
-    of ``better_on`` (:func:`cogcal.report.aggregate.pairwise_wins`); the reverse count
-    (the baseline better on all of them) is shown too, so losses are visible.
-
-    Returns
-    -------
-    (Table, list of str) or None
-        The table and one :func:`~cogcal.report.aggregate.format_wins` sentence per pair;
-        ``None`` without per-task rows or without both a COG variant and a baseline.
-    """
-    d = per_task_rows(df, dataset, protocol, split=split)
-    d = rows(d, metric=list(better_on))
-    if d.empty:
-        return None
-    methods = _method_order(list(d["method"].unique()))
-    cogs = [m for m in methods if is_cog(m)]
-    bases = [m for m in methods if not is_cog(m)]
+    """Each COG variant against each baseline: the tasks where its mean over seeds is
+    strictly better on every metric of ``better_on`` (:func:`~cogcal.report.stats.pairwise_wins`),
+    the reverse count, and one sentence per pair; None without both kinds of method."""
+    d = rows(per_task_rows(df, dataset, protocol), metric=list(better_on))
+    methods = method_order(d["method"].unique())
+    cogs, bases = [m for m in methods if is_cog(m)], [m for m in methods if not is_cog(m)]
     if not cogs or not bases:
         return None
-    table_rows, sentences = [], []
-    names = " and ".join(_LABELS.get(m, m) for m in better_on)
+    body, sentences = [], []
     for cog in cogs:
         for base in bases:
             wins, total = pairwise_wins(d, cog, base, better_on)
             losses, _ = pairwise_wins(d, base, cog, better_on)
             sentences.append(format_wins(cog, base, wins, total, better_on))
             share = f"{100 * wins / total:.0f}%" if total else "—"
-            table_rows.append(
-                [
-                    _cell(cog),
-                    _cell(base),
-                    _cell(f"{wins} of {total}", wins > losses),
-                    _cell(share),
-                    _cell(f"{losses} of {total}", losses > wins),
-                    _cell(total - wins - losses),
-                ]
+            body.append(
+                [cell(cog), cell(base), cell(f"{wins} of {total}", wins > losses), cell(share)]
+                + [cell(f"{losses} of {total}", losses > wins), cell(total - wins - losses)]
             )
+    names = " and ".join(LABELS.get(m, m) for m in better_on)
     header = ["COG", "Baseline", "COG better on all", "Share", "Baseline better on all", "Mixed"]
     notes = [
-        f"Tasks of {dataset} ({split} split, means over seeds) where one method is strictly "
+        f"Tasks of {dataset} (test split, means over seeds) where one method is strictly "
         f"better on all of {names}; 'Mixed' counts the others. The larger count is bold."
     ]
-    table = Table(
-        f"{dataset} — {protocol}: pairwise wins over tasks ({names})",
-        header,
-        table_rows,
-        notes,
-        f"mtl-wins-{slug(protocol)}-{slug(dataset)}",
-    )
-    return table, sentences
+    title = f"{dataset} — {protocol}: pairwise wins over tasks ({names})"
+    return Table(
+        title, header, body, notes, f"mtl-wins-{slug(protocol)}-{slug(dataset)}"
+    ), sentences
 
 
 def multitask_section(
     df: pd.DataFrame, figdir: Path, *, plan: SeedPlan | None = None
 ) -> Section | None:
-    """The report's multi-task section, or ``None`` without per-task rows.
-
-    Parameters
-    ----------
-    df : DataFrame
-        Tidy ``results.csv`` rows.
-    figdir : Path
-        Where the per-task figures are written (``root/figures``).
-    """
-    check_results_frame(df, _REQUIRED)
-    datasets = multitask_datasets(df)
+    """Tab. 6, Fig. 6, win counts and per-task tables of every multi-task dataset (figures
+    into ``figdir``); None without per-task rows."""
+    datasets = sorted(map(str, rows(df, task=INDIVIDUAL)["dataset"].unique()))
     if not datasets:
         return None
     sec = Section("Multi-task learning", key="multitask")
-    sec.blocks.append(
-        Paragraph(
-            "Paper §4.3: T binary tasks trained with the sum of the task losses; post-hoc "
-            "baselines calibrate each task separately on validation, COG trains its per-task "
-            "calibrators jointly in the one run. Test split."
-        )
-    )
+    sec.blocks.append(Paragraph(
+        "Paper §4.3: T binary tasks trained with the sum of the task losses; post-hoc "
+        "baselines calibrate each task separately on validation, COG trains its per-task "
+        "calibrators jointly in the one run. Test split."
+    ))  # fmt: skip
     for dataset in datasets:
-        d = rows(df, dataset=dataset)
-        for protocol in protocol_order(set(map(str, d["protocol"]))):
+        for protocol in protocol_order(set(rows(df, dataset=dataset)["protocol"])):
             if per_task_rows(df, dataset, protocol).empty:
                 continue
             sub = Section(
                 f"{dataset} — {protocol} protocol",
                 key=f"multitask-{slug(protocol)}-{slug(dataset)}",
             )
-            table = multitask_table(df, dataset, protocol, plan=plan)
-            if table is not None:
-                sub.blocks.append(table)
+            sub.blocks += [t for t in [multitask_table(df, dataset, protocol, plan=plan)] if t]
             name = f"per_task_{slug(protocol)}_{slug(dataset)}.png"
             if per_task_figure(df, dataset, protocol, Path(figdir) / name):
-                sub.blocks.append(
-                    Figure(
-                        f"figures/{name}",
-                        f"{dataset}, {protocol}: per-task accuracy (top) and Brier score "
-                        "(bottom), tasks from hardest to easiest, means over seeds (Fig. 6 "
-                        "style)",
-                    )
-                )
+                caption = f"{dataset}, {protocol}: per-task accuracy (top) and Brier score (bottom), hardest task first, means over seeds (Fig. 6 style)"
+                sub.blocks.append(Figure(f"figures/{name}", caption))
             wins = wins_table(df, dataset, protocol)
             if wins is not None:
-                sub.blocks.append(wins[0])
-                sub.blocks.append(Paragraph(items=wins[1]))
-            for metric in ("acc", "brier"):
-                t = per_task_table(df, dataset, protocol, metric)
-                if t is not None:
-                    sub.blocks.append(t)
+                sub.blocks += [wins[0], Paragraph(items=wins[1])]
             sec.blocks.append(sub)
     return sec

@@ -20,17 +20,6 @@ from pathlib import Path
 
 from cogcal.report.blocks import Cell, Figure, Link, Paragraph, Section, Table, Text
 
-__all__ = [
-    "Figure",
-    "Link",
-    "Paragraph",
-    "Section",
-    "md_escape",
-    "render_html",
-    "render_markdown",
-]
-
-
 # --------------------------------------------------------------------------- markdown
 
 

@@ -28,20 +28,6 @@ dataset facts, machine stamp and one entry per bench session with its counts.
 
 from __future__ import annotations
 
-__all__ = [
-    "EFFECT",
-    "EFFECT_COLUMNS",
-    "EFFECT_VARIANTS",
-    "METRIC_LABELS",
-    "PROTOCOLS",
-    "RESULT_COLUMNS",
-    "RUN_COLUMNS",
-    "RUN_STATUSES",
-    "SPLITS",
-    "TUNING_COLUMNS",
-    "TUNING_PROTOCOLS",
-]
-
 #: The two protocols of docs/method.md §1, in report order.
 PROTOCOLS: tuple[str, ...] = ("paper", "fair")
 #: The ``protocol`` of the effect comparison's folders and tuning rows.

@@ -4,8 +4,8 @@ One tuning group trains the points of a log-spaced grid (λ_f, and the ratio λ_
 COG methods), extends the grid outward while its choice lies on an edge, and picks the
 point with the lowest validation NLL (docs/method.md §1). A choice still on an edge when
 the extensions stop (``at_edge``; ``cap_reached`` when the cap stopped them) may hold its
-methods back: the report lists every such choice under the tables it affects
-(:func:`edge_notes`) and in the tuning section, which shows every trained point.
+methods back: the report notes it under the tables it affects (:func:`edge_notes`) and
+lists it in the tuning section, which shows every trained point.
 """
 
 from __future__ import annotations
@@ -19,24 +19,11 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import protocol_order
-from cogcal.report.tables import _cell
-
-__all__ = [
-    "EdgeChoice",
-    "chosen_table",
-    "edge_choices",
-    "edge_notes",
-    "grid_table",
-    "tuning_section",
-]
+from cogcal.report.tables import cell
 
 
-def _g(x: Any) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:g}"
-
-
-def _nll(x: Any) -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.4f}"
+def _g(x: Any, spec: str = "g") -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
 @dataclass(frozen=True)
@@ -63,22 +50,22 @@ class EdgeChoice:
         why = ", cap reached" if self.cap_reached else ", the grid could not extend further"
         return (
             f"{self.protocol}/{self.dataset} {self.group} (used by {', '.join(self.used_by)}): "
-            f"{point} on the {self.edges or 'grid'} edge after {self.extensions} "
-            f"extension(s){why}"
+            f"{point} on the {self.edges or 'grid'} edge after {self.extensions} extension(s){why}"
         )
 
 
-def _groups(tuning: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFrame]]:
+def _groups(tuning: pd.DataFrame) -> list[tuple[tuple[str, str, str], pd.DataFrame, Any]]:
+    """``(key, rows, chosen row or None)`` of every group, in report order."""
+    order = {p: i for i, p in enumerate(protocol_order(set(tuning["protocol"])))}
     out = []
     for key, grp in tuning.groupby(["protocol", "dataset", "group"], sort=False):
-        out.append((tuple(map(str, key)), grp))
-    order = {p: i for i, p in enumerate(protocol_order(set(tuning["protocol"])))}
+        chosen = grp[grp["chosen"]]
+        out.append((tuple(map(str, key)), grp, chosen.iloc[0] if not chosen.empty else None))
     return sorted(out, key=lambda kg: (order[kg[0][0]], kg[0][1], kg[0][2]))
 
 
 def _used_by(grp: pd.DataFrame, group: str) -> tuple[str, ...]:
-    names = " ".join(grp["used_by"].astype(str)).split()
-    return tuple(method_order(names or [group]))
+    return tuple(method_order(" ".join(grp["used_by"].astype(str)).split() or [group]))
 
 
 def edge_choices(tuning: pd.DataFrame | None) -> list[EdgeChoice]:
@@ -86,23 +73,23 @@ def edge_choices(tuning: pd.DataFrame | None) -> list[EdgeChoice]:
     if tuning is None or tuning.empty:
         return []
     out = []
-    for (protocol, dataset, group), grp in _groups(tuning):
+    for (p, ds, g), grp, chosen in _groups(tuning):
         if not grp["at_edge"].any():
             continue
-        chosen = grp[grp["chosen"]]
-        row = (chosen if not chosen.empty else grp).iloc[0]
-        ratio = row["ratio"]
+        row = chosen if chosen is not None else grp.iloc[0]
+        ratio = float(row["ratio"]) if pd.notna(row["ratio"]) else None
+        extensions, cap = int(grp["extensions"].max()), bool(grp["cap_reached"].any())
         out.append(
             EdgeChoice(
-                protocol,
-                dataset,
-                group,
-                _used_by(grp, group),
+                p,
+                ds,
+                g,
+                _used_by(grp, g),
                 float(row["lr"]),
-                float(ratio) if pd.notna(ratio) else None,
+                ratio,
                 str(row["edges"]),
-                int(grp["extensions"].max()),
-                bool(grp["cap_reached"].any()),
+                extensions,
+                cap,
             )
         )
     return out
@@ -112,22 +99,17 @@ def edge_notes(
     tuning: pd.DataFrame | None, protocol: str, dataset: str, methods: list[str] | None = None
 ) -> list[Text]:
     """Notes for a table of ``protocol``/``dataset`` (showing ``methods``): one per tuned
-    choice at a grid edge that a shown method uses, linking to the tuning section."""
-    notes: list[Text] = []
-    shown = set(methods) if methods is not None else None
-    for e in edge_choices(tuning):
-        if e.protocol != protocol or e.dataset != dataset:
-            continue
-        if shown is not None and not shown & set(e.used_by):
-            continue
-        notes.append(
-            [
-                f"Grid edge: {e.text()}; these methods may do better with a wider grid (",
-                Link("tuning points", grid_key(protocol, dataset)),
-                ").",
-            ]
-        )
-    return notes
+    choice at a grid edge that a shown method uses, linking to the tuning points."""
+    return [
+        [
+            f"Grid edge: {e.text()}; these methods may do better with a wider grid (",
+            Link("tuning points", grid_key(protocol, dataset)),
+            ").",
+        ]  # fmt: skip
+        for e in edge_choices(tuning)
+        if (e.protocol, e.dataset) == (protocol, dataset)
+        and (methods is None or set(methods) & set(e.used_by))
+    ]
 
 
 def grid_key(protocol: str, dataset: str) -> str:
@@ -135,55 +117,32 @@ def grid_key(protocol: str, dataset: str) -> str:
     return f"tuning-{slug(protocol)}-{slug(dataset)}"
 
 
-def chosen_table(tuning: pd.DataFrame) -> Table | None:
+def chosen_table(tuning: pd.DataFrame) -> Table:
     """The chosen point of every group (Tab. 8 analogue), with its edge status."""
-    if tuning is None or tuning.empty:
-        return None
-    rows = []
-    for (protocol, dataset, group), grp in _groups(tuning):
-        chosen = grp[grp["chosen"]]
-        row = chosen.iloc[0] if not chosen.empty else None
+    body = []
+    for (p, ds, g), grp, row in _groups(tuning):
         at = bool(grp["at_edge"].any())
-        edge = "no"
-        if at:
-            edge = str(grp["edges"].iloc[0]) or "yes"
-            if grp["cap_reached"].any():
-                edge += " (cap reached)"
-        rows.append(
-            [
-                _cell(protocol),
-                _cell(dataset),
-                _cell(group),
-                _cell(", ".join(_used_by(grp, group))),
-                _cell(_g(row["lr"]) if row is not None else "none (every point diverged)"),
-                _cell(_g(row["ratio"]) if row is not None else "—"),
-                _cell(_g(row["calibrator_lr"]) if row is not None else "—"),
-                _cell(_nll(row["val_nll"]) if row is not None else "—"),
-                _cell(len(grp)),
-                _cell(int(grp["extensions"].max())),
-                _cell(edge, bold=at),
-            ]
+        edge = (str(grp["edges"].iloc[0]) or "yes") if at else "no"
+        edge += " (cap reached)" if at and grp["cap_reached"].any() else ""
+        picked = (
+            [_g(row[c]) for c in ("lr", "ratio", "calibrator_lr")]
+            if row is not None
+            else ["none (every point diverged)", "—", "—"]
         )
-    header = [
-        "Protocol",
-        "Dataset",
-        "Tuned as",
-        "Used by",
-        "λ_f (lr)",
-        "Ratio λ_c/λ_f",
-        "λ_c",
-        "Val NLL",
-        "Points",
-        "Extensions",
-        "At edge",
-    ]
+        body.append(
+            [cell(p), cell(ds), cell(g), cell(", ".join(_used_by(grp, g))), *map(cell, picked)]
+            + [cell(_g(row["val_nll"], ".4f") if row is not None else "—"), cell(len(grp))]
+            + [cell(int(grp["extensions"].max())), cell(edge, bold=at)]
+        )
+    header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio λ_c/λ_f", "λ_c"]
     notes: list[Text] = [
         "Chosen by the lowest validation NLL (cross-entropy) of the kept checkpoint; post-hoc "
         "methods by the network before calibration; diverged points count as +inf. The test "
         "split plays no part. 'At edge' (bold) names the edges a choice still lies on after "
         "the grid extensions."
     ]
-    return Table("Selected learning rates (Tab. 8 analogue)", header, rows, notes, "tuning-chosen")
+    header += ["Val NLL", "Points", "Extensions", "At edge"]
+    return Table("Selected learning rates (Tab. 8 analogue)", header, body, notes, "tuning-chosen")
 
 
 def grid_table(tuning: pd.DataFrame, protocol: str, dataset: str) -> Table | None:
@@ -191,41 +150,28 @@ def grid_table(tuning: pd.DataFrame, protocol: str, dataset: str) -> Table | Non
     d = tuning[(tuning["protocol"] == protocol) & (tuning["dataset"] == dataset)]
     if d.empty:
         return None
-    rows = []
-    for (_, _, group), grp in _groups(d):
-        grp = grp.sort_values(["lr", "ratio"], na_position="first")
-        for _, r in grp.iterrows():
-            rows.append(
-                [
-                    _cell(group),
-                    _cell(_g(r["lr"])),
-                    _cell(_g(r["ratio"])),
-                    _cell(_g(r["calibrator_lr"])),
-                    _cell(_nll(r["val_nll"]), bold=bool(r["chosen"])),
-                    _cell(_nll(r["val_brier"])),
-                    _cell(_nll(r["val_acc"])),
-                    _cell(r["status"], bold=r["status"] != "complete"),
-                    _cell("chosen" if r["chosen"] else "", bold=bool(r["chosen"])),
-                ]
-            )
+    body = []
+    for (_, _, g), grp, _ in _groups(d):
+        for _, r in grp.sort_values(["lr", "ratio"], na_position="first").iterrows():
+            body.append(
+                [cell(g)] + [cell(_g(r[c])) for c in ("lr", "ratio", "calibrator_lr")]
+                + [cell(_g(r["val_nll"], ".4f"), bold=bool(r["chosen"]))]
+                + [cell(_g(r[c], ".4f")) for c in ("val_brier", "val_acc")]
+                + [cell(r["status"], bold=r["status"] != "complete")]
+                + [cell("chosen" if r["chosen"] else "", bold=bool(r["chosen"]))]
+            )  # fmt: skip
     header = ["Group", "λ_f (lr)", "Ratio", "λ_c", "Val NLL", "Val Brier", "Val acc", "Status"]
-    header.append("Chosen")
     notes: list[Text] = [
         "Every trained grid point, including the extensions; a diverged point has no "
         "validation NLL and is never chosen."
     ]
     notes += [f"Grid edge: {e.text()}." for e in edge_choices(d)]
-    return Table(
-        f"Tuning points — {dataset}, {protocol} protocol",
-        header,
-        rows,
-        notes,
-        grid_key(protocol, dataset),
-    )
+    title = f"Tuning points — {dataset}, {protocol} protocol"
+    return Table(title, [*header, "Chosen"], body, notes, grid_key(protocol, dataset))
 
 
 def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
-    """The tuning section: the chosen points, the edge choices, every trained point."""
+    """The chosen points, the choices at a grid edge (a table), every trained point."""
     if tuning is None:
         return None
     sec = Section("Tuning: selected learning rates and grid edges", key="tuning")
@@ -234,20 +180,25 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
         return sec
     edges = edge_choices(tuning)
     if edges:
+        body = [
+            [cell(e.protocol), cell(e.dataset), cell(e.group), cell(", ".join(e.used_by))]
+            + [cell(_g(e.lr)), cell(_g(e.ratio)), cell(e.edges or "grid", bold=True)]
+            + [cell(e.extensions), cell("yes" if e.cap_reached else "no")]
+            for e in edges
+        ]
+        header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio", "Edge"]
+        notes: list[Text] = [
+            "Choices still on a grid edge after the extensions: the methods using them may do "
+            "better with a wider grid; the ratio's upper edge below 1 is a bound of the method."
+        ]
+        title = f"{len(edges)} tuned choice(s) on a grid edge"
         sec.blocks.append(
-            Paragraph(
-                f"{len(edges)} tuned choice(s) still lie on a grid edge:",
-                items=[e.text() + "." for e in edges],
-            )
+            Table(title, [*header, "Extensions", "Cap reached"], body, notes, "tuning-edges")
         )
     else:
         sec.blocks.append(Paragraph("Every tuned choice is interior to its grid."))
-    table = chosen_table(tuning)
-    if table is not None:
-        sec.blocks.append(table)
-    for protocol in protocol_order(set(tuning["protocol"])):
-        for dataset in sorted(set(tuning.loc[tuning["protocol"] == protocol, "dataset"])):
-            t = grid_table(tuning, protocol, dataset)
-            if t is not None:
-                sec.blocks.append(t)
+    sec.blocks.append(chosen_table(tuning))
+    for p in protocol_order(set(tuning["protocol"])):
+        for ds in sorted(set(tuning.loc[tuning["protocol"] == p, "dataset"])):
+            sec.blocks += [t for t in [grid_table(tuning, p, ds)] if t is not None]
     return sec

@@ -1,4 +1,5 @@
-"""Tests of cogcal.report.aggregate on hand-built tidy tables."""
+"""Tests of cogcal.report.stats on hand-built tidy tables; the paired statistics against
+scipy.stats (ttest_rel, t.ppf) and hand computations."""
 
 from __future__ import annotations
 
@@ -9,27 +10,21 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
-from cogcal.report.aggregate import (
+from cogcal.report.schema import RESULT_COLUMNS
+from cogcal.report.stats import (
+    Paired,
     format_wins,
+    holm,
     mean_std,
+    paired,
     pairwise_wins,
     pareto_front,
     summary_rank,
 )
 
-COLS = [
-    "dataset",
-    "method",
-    "protocol",
-    "seed",
-    "split",
-    "metric",
-    "value",
-    "task",
-    "condition",
-    "severity",
-]
+COLS = list(RESULT_COLUMNS)
 
 
 def _rows(rows):
@@ -191,6 +186,59 @@ def test_pareto_front():
         pareto_front(_rows(rows), x="rmsce_15")
 
 
-def test_aggregate_does_not_import_matplotlib():
-    code = "import sys, cogcal.report.aggregate; assert 'matplotlib' not in sys.modules"
+def test_stats_does_not_import_matplotlib():
+    code = "import sys, cogcal.report.stats; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ([0.31, 0.35, 0.29, 0.40, 0.33], [0.30, 0.30, 0.27, 0.36, 0.34]),
+        ([1.2, 0.9, 1.1], [1.0, 1.0, 0.7]),
+        ([0.5, 0.7, 0.6, 0.65, 0.55, 0.8, 0.9], [0.52, 0.71, 0.58, 0.60, 0.58, 0.77, 0.86]),
+    ],
+)
+def test_paired_matches_scipy(a, b):
+    seeds = [3, 1, 4, 0, 2, 6, 5][: len(a)]
+    t = paired(pd.Series(a, index=seeds), pd.Series(b, index=seeds), higher_is_better=False)
+    ref = sps.ttest_rel(a, b)
+    d = np.subtract(a, b)
+    half = sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    assert t.n == len(a) and t.diff == pytest.approx(d.mean())
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert (t.low, t.high) == pytest.approx((d.mean() - half, d.mean() + half))
+    ci = ref.confidence_interval(0.95)
+    assert (t.low, t.high) == pytest.approx((ci.low, ci.high))
+    assert t.diffs == pytest.approx(tuple(d))
+
+
+def test_paired_aligns_seeds_and_edge_cases():
+    a = pd.Series([0.1, 0.2, np.nan, 0.4], index=[0, 1, 2, 3])
+    b = pd.Series([0.0, 0.1, 0.3], index=[1, 2, 3])  # seeds 1 and 3 are paired only
+    t = paired(a, b, higher_is_better=True)
+    assert t.n == 2 and t.diffs == pytest.approx((0.2, 0.1))
+    one = paired(pd.Series([0.5]), pd.Series([0.1]), higher_is_better=True)
+    assert one.n == 1 and math.isnan(one.p) and one.verdict == "undecided"
+    assert "n = 1" in one.text()
+    assert (
+        paired(pd.Series([0.5], index=[0]), pd.Series([0.1], index=[1]), higher_is_better=True)
+        is None
+    )
+    same = paired(pd.Series([0.5, 0.75]), pd.Series([0.25, 0.5]), higher_is_better=False)
+    assert same.p == 0.0 and same.low == same.high == 0.25  # identical differences
+    zero = paired(pd.Series([0.3, 0.4]), pd.Series([0.3, 0.4]), higher_is_better=False)
+    assert zero.p == 1.0
+
+
+def test_holm_by_hand_and_verdicts():
+    ps = [0.01, 0.04, 0.03, 0.005, float("nan")]
+    tests = [Paired(0.1, 0.05, 0.15, p, 5, higher_is_better=False) for p in ps] + [None]
+    out = holm(tests)
+    # m = 4 p-values: sorted 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1, max 0.06)
+    assert [round(t.p_adj, 6) for t in out[:4]] == [0.03, 0.06, 0.06, 0.02]
+    assert math.isnan(out[4].p_adj) and out[5] is None
+    assert [t.verdict for t in out[:4]] == ["worse", "undecided", "undecided", "worse"]
+    better = holm([Paired(0.1, 0.05, 0.15, 0.001, 5, higher_is_better=True)])[0]
+    assert better.verdict == "better" and better.p_adj == pytest.approx(0.001)
+    assert Paired(0.1, 0.05, 0.15, 0.001, 5).verdict == "undecided"  # not adjusted yet

@@ -1,0 +1,484 @@
+"""The verdict that opens a bench report, and "The paper's claims at this scale".
+
+Every statement rests on paired comparisons (:func:`cogcal.report.stats.paired`),
+Holm-corrected over their family (:data:`cogcal.report.stats.PAIRED_RULE`). The families,
+per protocol (:func:`families`): each COG variant against its counterpart
+(:func:`cogcal.report._common.counterparts`) on test NLL, Brier, ECE-15 and accuracy over
+every dataset; cog-fc against the expressive COG variants; COG against its counterpart on
+OOD AUROC / FPR95 and on the shift averages; and, per dataset, the best method on each
+metric against every other method.
+
+A comparison is **budget-bound** when its methods' test accuracies differ by more than
+:data:`ACC_MARGIN`, or when one of them did not converge: in some seed its kept checkpoint
+(best validation Brier) is the last epoch of a stage that ran its whole budget, so it was
+still improving (:class:`Checkpoints`). The verdict says so in the sentence that uses it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from cogcal.report._common import method_order, slug
+from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
+from cogcal.report.frame import aggregate, rows, seed_values
+from cogcal.report.stats import (
+    HIGHER_IS_BETTER,
+    PAIRED_RULE,
+    Paired,
+    holm,
+    paired,
+    pairwise_wins,
+    summary_rank,
+)
+from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
+
+#: Metrics of the COG-against-counterpart comparisons.
+COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
+#: Test accuracies further apart than this make a comparison budget-bound.
+ACC_MARGIN = 0.02
+#: The expressive COG variants cog-fc is compared with.
+EXPRESSIVE: tuple[str, ...] = ("cog-ts", "cog-ms", "cog-vs", "cog-dir")
+#: Classes from which a dataset counts as "many classes".
+MANY_CLASSES = 100
+NOT_TESTED = "not tested in this suite"
+CLAIMS: tuple[str, ...] = (
+    "COG variants match or beat their post-hoc counterparts",
+    "COG-FC is as good as the expressive variants (cog-ts, cog-ms, ...)",
+    "COG-FC ranks near the top",
+    "COG helps OOD detection",
+    "COG-FC beats TS on most tasks in multi-task learning",
+    "Post-hoc matrix scaling is unstable with many classes, COG-MS is not",
+)
+
+
+@dataclass
+class Checkpoints:
+    """Per run and stage, the epoch its kept checkpoint came from (the runs' records).
+
+    ``frame`` columns: dataset, protocol, method, seed, stage, ``budget`` (the stage's
+    epochs), ``ran`` (epochs run), ``best`` (0-based epoch of the checkpoint), ``stopped``
+    (``""``, ``lr_floor`` or ``patience``) and ``last`` (the checkpoint is the last epoch
+    of a stage that ran its whole budget: still improving).
+    """
+
+    frame: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @classmethod
+    def read(cls, runs: Sequence[tuple[str, str, str, int, object]]) -> Checkpoints:
+        """From ``(dataset, protocol, method, seed, run folder)`` of finished runs."""
+        from cogcal.train.rundir import RunDir, RunFolderError
+
+        out = []
+        for *key, path in runs:
+            try:
+                record = RunDir(path).read_record()
+            except RunFolderError:
+                continue
+            for stage, budget in (("stage1", "epochs"), ("stage2", "stage2_epochs")):
+                t = (record.timing or {}).get(stage) if record is not None else None
+                if not isinstance(t, dict) or "best_epoch" not in t:
+                    continue
+                ran, best, stopped = (
+                    int(t.get("epochs_run", 0)),
+                    int(t["best_epoch"]),
+                    str(t.get("stopped") or ""),
+                )
+                budget = record.config.get(budget)  # type: ignore[union-attr]
+                budget = int(budget) if isinstance(budget, int | float) else ran
+                last = best == ran - 1 and ran >= budget and stopped != "patience"
+                out.append((*key, stage, budget, ran, best, stopped, last))
+        cols = [
+            "dataset",
+            "protocol",
+            "method",
+            "seed",
+            "stage",
+            "budget",
+            "ran",
+            "best",
+            "stopped",
+        ]
+        return cls(pd.DataFrame(out, columns=[*cols, "last"]))
+
+    def late(self, dataset: str, protocol: str, method: str) -> tuple[int, int]:
+        """``(seeds whose checkpoint is a last epoch, seeds)`` of one method."""
+        f = self.frame
+        if f.empty:
+            return 0, 0
+        f = f[(f["dataset"] == dataset) & (f["protocol"] == protocol) & (f["method"] == method)]
+        seeds = f.groupby("seed")["last"].any()
+        return int(seeds.sum()), len(seeds)
+
+    def table(self) -> Table | None:
+        """Per protocol, dataset, method and stage: budget, checkpoint epoch per seed, how
+        many at the last epoch."""
+        if self.frame.empty:
+            return None
+        body = []
+        for (p, ds, m, st), g in self.frame.groupby(["protocol", "dataset", "method", "stage"]):
+            epochs = ", ".join(str(int(b) + 1) for b in g.sort_values("seed")["best"])
+            k = int(g["last"].sum())
+            body.append(
+                [cell(p), cell(ds), cell(m), cell(st), cell(int(g["budget"].max())), cell(epochs)]
+                + [
+                    cell(", ".join(sorted(set(g["stopped"]) - {""})) or "budget"),
+                    cell(f"{k} of {len(g)}", k > 0),
+                ]
+            )
+        order = method_order([r[2].text for r in body])
+        body.sort(key=lambda r: (r[0].text, r[1].text, order.index(r[2].text), r[3].text))
+        header = ["Protocol", "Dataset", "Method", "Stage", "Budget (epochs)",
+                  "Checkpoint epoch per seed", "Stopped by", "At last epoch"]  # fmt: skip
+        notes: list[Text] = [
+            "Epochs count from 1; the kept checkpoint is the epoch of lowest validation Brier. "
+            "One at the last epoch of a stage that ran its whole budget (bold) means the run was "
+            "still improving: comparisons with that method are budget-bound. From each run's "
+            "metrics.json (timing)."
+        ]
+        return Table("Checkpoint epochs and budgets", header, body, notes, "checkpoints")
+
+
+@dataclass
+class Comparison:
+    """One paired comparison of method ``a`` with ``b`` (``a - b`` per seed), with its
+    budget caveats: ``late`` = ``{method: (seeds at the last epoch, seeds)}``, ``gap`` =
+    the test accuracy difference when larger than :data:`ACC_MARGIN`."""
+
+    dataset: str
+    a: str
+    b: str
+    metric: str
+    test: Paired
+    late: dict[str, tuple[int, int]] = field(default_factory=dict)
+    gap: float | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.test.verdict
+
+    def text(self) -> str:
+        """``cog-ts vs ts, mnist1d NLL: Δ -0.012 [-0.020, -0.004], better``."""
+        metric = NAMES.get(self.metric, self.metric)
+        return f"{self.a} vs {self.b}, {self.dataset} {metric}: {self.test.text()}, {self.verdict}"
+
+    def caveats(self) -> list[str]:
+        out = [f"{m}'s checkpoint at its last epoch in {k} of {n} seeds" for m, (k, n) in self.late.items()]  # fmt: skip
+        return out + ([f"test accuracies {self.gap:.3f} apart"] if self.gap is not None else [])
+
+
+def compare_family(
+    df: pd.DataFrame,
+    measure: str,
+    protocol: str,
+    pairs: Sequence[tuple[str, str, str]],
+    metrics: Sequence[str],
+    checkpoints: Checkpoints | None = None,
+) -> list[Comparison]:
+    """Paired comparisons ``(dataset, a, b)`` x ``metrics`` of ``measure``
+    (:func:`~cogcal.report.frame.seed_values`), Holm-corrected together, with caveats."""
+    values = seed_values(df, measure, protocol=protocol).set_index("seed")
+    acc = seed_values(df, "test", protocol=protocol, metric="acc")
+    found = []
+    for ds, a, b in pairs:
+        v = values[values["dataset"] == ds]
+        for metric in metrics:
+            s = [v[(v["method"] == m) & (v["metric"] == metric)]["value"] for m in (a, b)]
+            t = paired(s[0], s[1], higher_is_better=metric in HIGHER_IS_BETTER)
+            if t is None:
+                continue
+            c = Comparison(ds, a, b, metric, t)
+            means = [acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean() for m in (a, b)]  # fmt: skip
+            if all(math.isfinite(x) for x in means) and abs(means[0] - means[1]) > ACC_MARGIN:
+                c.gap = abs(means[0] - means[1])
+            for m in (a, b):
+                k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
+                if k:
+                    c.late[m] = (k, n)
+            found.append(c)
+    for c, t in zip(found, holm([c.test for c in found]), strict=True):
+        c.test = t  # type: ignore[assignment]
+    return found
+
+
+def families(
+    df: pd.DataFrame, protocol: str, checkpoints: Checkpoints | None
+) -> dict[str, list[Comparison]]:
+    """The comparison families of ``protocol``: ``cog`` (each COG variant vs its
+    counterpart, test), ``fc`` (cog-fc vs the expressive variants, test), ``ood`` and
+    ``shift`` (COG vs counterpart on OOD AUROC / FPR95 and on the shift averages)."""
+    d = aggregate(df, split="test", protocol=protocol)
+    pairs, fc = [], []
+    for ds in sorted(set(d["dataset"])):
+        present = set(rows(d, dataset=ds)["method"])
+        pairs += [(ds, c, b) for c, b in present_pairs(list(present))]
+        fc += [(ds, "cog-fc", e) for e in EXPRESSIVE if e in present and "cog-fc" in present]
+    out = {
+        "cog": compare_family(df, "test", protocol, pairs, COG_METRICS, checkpoints),
+        "fc": compare_family(df, "test", protocol, fc, COG_METRICS, checkpoints),
+    }
+    for measure, metrics in (("ood", ("auroc", "fpr95")), ("shift", COG_METRICS)):
+        if (df["split"] == measure).any():
+            out[measure] = compare_family(df, measure, protocol, pairs, metrics, checkpoints)
+    return out
+
+
+#: Title and anchor of each family's table.
+FAMILY_TABLES = {
+    "cog": ("COG variant vs post-hoc counterpart, test", "paired"),
+    "fc": ("cog-fc vs the expressive COG variants, test", "paired-fc"),
+    "ood": ("COG vs counterpart, OOD detection (pooled sets)", "paired-ood"),
+    "shift": (
+        "COG vs counterpart, covariate shift (mean over conditions, severities)",
+        "paired-shift",
+    ),  # fmt: skip
+}
+
+
+def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | None:
+    """One row per comparison: per-seed differences, Δ with its 95% interval, Holm p,
+    verdict, budget caveats."""
+    if not found:
+        return None
+    body = [
+        [cell(c.dataset), cell(f"{c.a} vs {c.b}"), cell(LABELS.get(c.metric, c.metric))]
+        + [
+            cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)),
+            cell(c.test.text()),
+            cell(fmt(c.test.p_adj)),
+        ]  # fmt: skip
+        + [cell(c.verdict, bold=c.verdict != "undecided"), cell("; ".join(c.caveats()) or "—")]
+        for c in found
+    ]
+    m = sum(math.isfinite(c.test.p) for c in found)
+    notes: list[Text] = [
+        "Per seed: first − second method (seeds in order). Δ: their mean with its 95% "
+        f"Student-t interval; p: paired t-test, Holm-adjusted over the {m} comparisons of "
+        "this table; better / worse (bold): decided for the first method. Budget caveat: "
+        f"accuracies more than {ACC_MARGIN} apart, or a checkpoint at the last epoch of its "
+        "budget (still improving)."
+    ]
+    header = ["Dataset", "Comparison", "Metric", "Per-seed differences", "Δ [95% CI]", "p (Holm)"]
+    return Table(title, [*header, "Verdict", "Budget caveat"], body, notes, key)
+
+
+def _tally(found: Sequence[Comparison]) -> dict[str, int]:
+    out = {"better": 0, "worse": 0, "undecided": 0}
+    for c in found:
+        out[c.verdict] += 1
+    return out
+
+
+def _join(words: Sequence[str]) -> str:
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _bound(found: Sequence[Comparison]) -> str:
+    """``; budget-bound — ...`` naming the methods still improving at their last epoch and
+    the pairs whose accuracies are more than :data:`ACC_MARGIN` apart ("" without any)."""
+    late = {m: kn for c in found for m, kn in c.late.items()}
+    gaps = list(dict.fromkeys(f"{c.a} vs {c.b}" for c in found if c.gap is not None))
+    late_text = ", ".join(f"{m} ({k} of {n} seeds)" for m, (k, n) in late.items())
+    parts = [f"still improving at the last epoch: {late_text}"] if late else []
+    parts += [f"accuracies more than {ACC_MARGIN} apart: {_join(gaps)}"] if gaps else []
+    return "; budget-bound — " + "; ".join(parts) if parts else ""
+
+
+@dataclass
+class Judgement:
+    """One claim judged ``holds``, ``does not hold``, ``undecided`` or ``not tested in
+    this suite``, with the numbers behind it and the anchor of their table."""
+
+    claim: str
+    judgement: str
+    evidence: str
+    key: str = ""
+    short: str = ""
+
+
+def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: bool) -> Judgement:
+    """A claim that the first methods are not worse (``not_worse``) or better than the
+    second ones over ``found``: "does not hold" with a decided loss, "holds" with decided
+    results and none against, "undecided" without any decided result."""
+    t = _tally(found)
+    losses = [c.text() for c in found if c.verdict == "worse"]
+    if not (t["better"] or t["worse"]):
+        judgement = "undecided"
+    elif losses:
+        judgement = "does not hold"
+    else:
+        judgement = "holds" if not_worse or t["better"] else "undecided"
+    text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
+    if losses:
+        text += ": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else "")
+    short = f"{t['better']} better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} (Holm)"
+    short += "; budget-bound" if _bound(found) else ""
+    return Judgement(claim, judgement, text + _bound(found), key, short)
+
+
+def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
+    d = aggregate(df, split="test", protocol=protocol)
+    places = []
+    for ds in sorted(set(d["dataset"])):
+        r = summary_rank(rows(d, dataset=ds), split=None).dropna(subset=["rank"])
+        if "cog-fc" in set(r["method"]):
+            mine = r.loc[r["method"] == "cog-fc", "rank"].iloc[0]
+            places.append((ds, int((r["rank"] < mine).sum()) + 1, len(r)))
+    if not places:
+        return Judgement(CLAIMS[2], NOT_TESTED, "cog-fc has no summary rank here.")
+    judgement = "holds" if all(pl <= 3 for _, pl, _ in places) else "does not hold"
+    text = "; ".join(f"{ds}: place {pl} of {n}" for ds, pl, n in places)
+    text += " by summary rank on test Acc, NLL and Brier (means; holds: top 3 on every dataset)"
+    return Judgement(CLAIMS[2], judgement, text, comparison_key(places[0][0], protocol))
+
+
+def _mtl_claim(df: pd.DataFrame, protocol: str) -> Judgement:
+    d = rows(df, split="test", protocol=protocol, condition="", severity="")
+    d = d[~d["task"].isin(["", "mean"])]
+    if d.empty or not {"cog-fc", "ts"} <= set(d["method"]):
+        why = "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it."
+        return Judgement(CLAIMS[4], NOT_TESTED, why)
+    counts = {ds: pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts") for ds in sorted(set(d["dataset"]))}  # fmt: skip
+    ok = all(total and wins > total / 2 for wins, total in counts.values())
+    text = "; ".join(f"{ds}: cog-fc better on both accuracy and Brier on {w} of {n} tasks" for ds, (w, n) in counts.items())  # fmt: skip
+    key = f"mtl-wins-{slug(protocol)}-{slug(next(iter(counts)))}"
+    return Judgement(CLAIMS[4], "holds" if ok else "does not hold", text + " (means over seeds)", key)  # fmt: skip
+
+
+def judge_claims(
+    df: pd.DataFrame, protocol: str, fams: dict[str, list[Comparison]], classes: dict[str, int]
+) -> list[Judgement]:
+    """:data:`CLAIMS` judged under ``protocol`` from the comparison families
+    (:func:`families`) and the results; ``classes`` maps a dataset to its class count."""
+    p = slug(protocol)
+    cog, fc = fams.get("cog", []), fams.get("fc", [])
+    ood = [c for c in fams.get("ood", []) if c.metric == "auroc"]
+    many = [c for c in cog if c.a == "cog-ms" and classes.get(c.dataset, 0) >= MANY_CLASSES]
+
+    def untested(i: int, why: str) -> Judgement:
+        return Judgement(CLAIMS[i], NOT_TESTED, why)
+
+    return [
+        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True) if cog
+        else untested(0, "no COG variant next to its counterpart."),
+        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True) if fc
+        else untested(1, "cog-fc and an expressive COG variant are not both in it."),
+        _rank_claim(df, protocol),
+        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False) if ood
+        else untested(3, "no OOD results of a COG variant and its counterpart."),
+        _mtl_claim(df, protocol),
+        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False) if many
+        else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it."),
+    ]  # fmt: skip
+
+
+def _cog_sentence(
+    df: pd.DataFrame, dataset: str, fams: dict[str, dict[str, list[Comparison]]]
+) -> Text:
+    """Does COG help on ``dataset``? One sentence, one clause per protocol."""
+    clauses: list[str | Link] = []
+    for p, fam in fams.items():
+        found = [c for c in fam.get("cog", []) if c.dataset == dataset]
+        if not found:
+            continue
+        t = _tally(found)
+        answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
+        ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")["value"]  # fmt: skip
+        clauses += [
+            f"{p} protocol: {answer} — against its post-hoc counterpart ({_join(sorted({f'{c.a} vs {c.b}' for c in found}))}) "
+            f"COG is better in {t['better']}, worse in {t['worse']} and undecided in {t['undecided']} of {len(found)} "
+            f"paired comparisons (Holm over {len(fam['cog'])})"
+            + (f"; ce's test ECE-15 is {ce.mean():.3f}" if len(ce) else "") + _bound(found) + " (",
+            Link("table", f"paired-{slug(p)}"),
+            "); ",
+        ]  # fmt: skip
+    if not clauses:
+        return f"{dataset}: no COG variant next to its counterpart."
+    return [f"Does COG help on {dataset}? ", *clauses[:-1], ")."]
+
+
+def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None:
+    """Per metric, the method with the lowest test mean and how many others it beats
+    (decided, Holm over the dataset's best-method comparisons)."""
+    d = seed_values(df, "test", dataset=dataset, protocol=protocol).set_index("seed")
+    pairs = []
+    for metric in ("nll", "brier", "ece_15"):
+        means = d[d["metric"] == metric].groupby("method")["value"].mean()
+        if not means.empty:
+            pairs += [(metric, str(means.idxmin()), m) for m in method_order(means.index) if m != means.idxmin()]  # fmt: skip
+    if not pairs:
+        return None
+    values = {
+        k: g.set_index("seed")["value"] for k, g in d.reset_index().groupby(["metric", "method"])
+    }
+    tests = holm(
+        [paired(values[(x, a)], values[(x, b)], higher_is_better=False) for x, a, b in pairs]
+    )
+    clauses = []
+    for metric in dict.fromkeys(x for x, _, _ in pairs):
+        mine = [(a, b, t) for (x, a, b), t in zip(pairs, tests, strict=True) if x == metric and t is not None]  # fmt: skip
+        top = mine[0][0]
+        open_ = [b for _, b, t in mine if t.verdict != "better"]
+        text = f"lowest {NAMES[metric]} {top} ({d[(d['method'] == top) & (d['metric'] == metric)]['value'].mean():.3f}), decided better than {len(mine) - len(open_)} of {len(mine)} others"
+        clauses.append(text + (f", not separated from {_join(open_)}" if open_ else ""))
+    m = sum(t is not None and math.isfinite(t.p) for t in tests)
+    head = f"Best on {dataset}, {protocol} protocol: " + "; ".join(clauses) + f" (Holm over {m}; "
+    return [head, Link("table", comparison_key(dataset, protocol)), ")."]
+
+
+def verdict_section(
+    df: pd.DataFrame,
+    fams: dict[str, dict[str, list[Comparison]]],
+    claims: dict[str, list[Judgement]],
+    datasets: Sequence[str],
+    details: Sequence[Text] = (),
+) -> Section:
+    """The verdict: per dataset one answer to "does COG help here?", each claim in one
+    line, then the details (best methods, grid edges, coverage) and the rule."""
+    items: list[Text] = [
+        [
+            f"{p}: “{j.claim}” — {j.judgement}: {j.short or j.evidence} (",
+            Link("table", j.key or f"claims-{slug(p)}"),
+            ").",
+        ]  # fmt: skip
+        for p, judged in claims.items()
+        for j in judged
+    ]
+    best = [s for p in fams for ds in datasets if (s := _best_sentence(df, ds, p)) is not None]
+    return Section("Verdict", [
+        Paragraph(items=[_cog_sentence(df, ds, fams) for ds in datasets] or ["There are no test results yet."]),
+        Paragraph("The paper's claims at this scale:", items=items),
+        Paragraph("Details:", items=[*best, *details]),
+        Paragraph("Rule: " + PAIRED_RULE),
+    ], key="verdict")  # fmt: skip
+
+
+def claims_section(
+    fams: dict[str, dict[str, list[Comparison]]],
+    claims: dict[str, list[Judgement]],
+    checkpoints: Checkpoints | None,
+) -> Section:
+    """Per protocol the claims table and the paired comparisons behind it, then the
+    checkpoint epochs."""
+    sec = Section("The paper's claims at this scale", key="claims")
+    sec.blocks.append(Paragraph(
+        "“Holds” for a match-or-beat claim means that decided comparisons exist and none is "
+        "against it (with few seeds an undetected difference remains possible); for a "
+        "“helps” or “beats” claim, a decided improvement and no decided loss. " + PAIRED_RULE
+    ))  # fmt: skip
+    for p, judged in claims.items():
+        body = [[cell(j.claim), cell(j.judgement, bold=True), cell(j.evidence)] for j in judged]
+        links = [x for k in dict.fromkeys(j.key for j in judged if j.key) for x in (Link(k, k), " ")]  # fmt: skip
+        notes: list[Text] = [["Tables: ", *links]] if links else []
+        header = ["Claim", "Judgement", "Evidence"]
+        sec.blocks.append(Table(f"Claims, {p} protocol", header, body, notes, f"claims-{slug(p)}"))
+        for name, (title, key) in FAMILY_TABLES.items():
+            t = paired_table(fams[p].get(name, []), f"{title} — {p} protocol", f"{key}-{slug(p)}")
+            sec.blocks += [t] if t is not None else []
+    table = checkpoints.table() if checkpoints is not None else None
+    sec.blocks += [table] if table is not None else []
+    return sec
