@@ -19,8 +19,8 @@ from torch import nn
 from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.models import create_model
+from cogcal.train.checkpoints import load_checkpoint
 from cogcal.train.config import TrainConfig
-from cogcal.train.loop import load_checkpoint
 from cogcal.train.methods import Method, get_method
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 
