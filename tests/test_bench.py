@@ -42,9 +42,9 @@ from cogcal.bench import BenchSummary, budgets, check_requirements, list_suites,
 from cogcal.bench import run_bench as _run_bench
 from cogcal.bench.executor import copy_run, reuse_key
 from cogcal.bench.plan import Plan, TuneGroup
-from cogcal.bench.results import COLUMNS, metrics_rows
+from cogcal.bench.results import metrics_rows
 from cogcal.bench.suites import family_of, floor_epoch, parse_suite
-from cogcal.report.schema import EFFECT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
+from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from cogcal.train.config import TrainConfig
 from cogcal.train.rundir import RunDir, RunRecord
 from cogcal.train.tuning import GridSearch
@@ -608,7 +608,7 @@ def test_bench_end_to_end_tables_effect_and_resume(tmp_path, monkeypatch):
     assert isinstance(summary, BenchSummary) and os.fspath(summary) == str(out)
     assert summary.counts["failed"] == 2 and summary.failed == 2  # ts/seed1 in both protocols
     results = _read_csv(out / "results.csv")
-    assert list(results[0]) == list(COLUMNS)
+    assert list(results[0]) == list(RESULT_COLUMNS)
     assert {r["protocol"] for r in results} == {"paper", "fair"}
     assert {r["method"] for r in results} == {"ce", "ts", "cog-fc", "cog-ts"}  # never decorated
     assert {r["split"] for r in results} == {"val", "test"}
@@ -890,7 +890,7 @@ def test_metrics_rows_shapes():
         "ood": {"svhn": {"auroc": 0.9, "fpr95": 0.3}},
     }
     rows = metrics_rows(m, "d", "ce", "paper", 3)
-    assert all(set(r) == set(COLUMNS) for r in rows)
+    assert all(set(r) == set(RESULT_COLUMNS) for r in rows)
     key = {
         (r["split"], r["metric"], r["task"], r["condition"], r["severity"]): r["value"]
         for r in rows

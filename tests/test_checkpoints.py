@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import cogcal.train.checkpoints as ckpts
 import cogcal.train.loop as loop
 from cogcal.cli import main
 from cogcal.metrics import StreamingMetrics
@@ -28,10 +29,10 @@ def _epochs(folder: Path, improvements: list[bool], interval: float) -> list[tor
     the weights of each epoch."""
     model = nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
-    state = loop._LoopState()
+    state = ckpts.LoopState()
     weights = []
-    with loop.CheckpointWriter() as writer:
-        saver = loop._Checkpoints(
+    with ckpts.CheckpointWriter() as writer:
+        saver = ckpts.StageCheckpoints(
             writer, folder, interval, model=model, optimizer=optimizer, scheduler=None,
             state=state, history=[],
         )  # fmt: skip
@@ -49,13 +50,13 @@ def _epochs(folder: Path, improvements: list[bool], interval: float) -> list[tor
 
 def _count_writes(monkeypatch) -> list[str]:
     written: list[str] = []
-    real = loop._io.save_torch
+    real = ckpts._io.save_torch
 
     def counting(path, obj, **kw):
         written.append(Path(path).name)
         return real(path, obj, **kw)
 
-    monkeypatch.setattr(loop._io, "save_torch", counting)
+    monkeypatch.setattr(ckpts._io, "save_torch", counting)
     return written
 
 
@@ -72,8 +73,8 @@ def test_best_ckpt_holds_the_best_epoch_whatever_the_interval(
     written = _count_writes(monkeypatch)
     weights = _epochs(tmp_path, [True, False, True, False, False], interval)
     assert written == writes
-    last = loop.load_checkpoint(tmp_path / "last.ckpt")
-    best = loop.load_checkpoint(tmp_path / "best.ckpt")
+    last = ckpts.load_checkpoint(tmp_path / "last.ckpt")
+    best = ckpts.load_checkpoint(tmp_path / "best.ckpt")
     assert last["loop"]["epoch"] == 5 and torch.equal(last["model"]["weight"], weights[4])
     assert best["loop"]["best_epoch"] == 2 and torch.equal(best["model"]["weight"], weights[2])
 
@@ -83,7 +84,7 @@ def test_a_last_epoch_that_is_the_best_is_linked_not_written_twice(tmp_path, mon
     weights = _epochs(tmp_path, [True, False, True, False, True], math.inf)
     assert written == ["last.ckpt"]
     assert (tmp_path / "best.ckpt").samefile(tmp_path / "last.ckpt")
-    best = loop.load_checkpoint(tmp_path / "best.ckpt")
+    best = ckpts.load_checkpoint(tmp_path / "best.ckpt")
     assert "best" not in best and torch.equal(best["model"]["weight"], weights[4])
 
 
@@ -95,14 +96,14 @@ def test_a_kill_between_last_and_best_is_repaired_on_resume(tmp_path, monkeypatc
         raise Killed
 
     _epochs(tmp_path, [True, False, False], 0.0)  # best.ckpt: epoch 0
-    monkeypatch.setattr(loop, "_write_best", killed)
+    monkeypatch.setattr(ckpts, "_write_best", killed)
     with pytest.raises(Killed):  # the process dies after last.ckpt, before best.ckpt
         _epochs(tmp_path, [True, False, True, False], math.inf)
     monkeypatch.undo()
-    ckpt = loop.load_checkpoint(tmp_path / "last.ckpt")
-    assert loop.load_checkpoint(tmp_path / "best.ckpt")["loop"]["best_epoch"] == 0  # stale
-    loop._restore_best(tmp_path, loop._LoopState(**ckpt["loop"]), ckpt)
-    best = loop.load_checkpoint(tmp_path / "best.ckpt")
+    ckpt = ckpts.load_checkpoint(tmp_path / "last.ckpt")
+    assert ckpts.load_checkpoint(tmp_path / "best.ckpt")["loop"]["best_epoch"] == 0  # stale
+    ckpts._restore_best(tmp_path, ckpts.LoopState(**ckpt["loop"]), ckpt)
+    best = ckpts.load_checkpoint(tmp_path / "best.ckpt")
     assert best["loop"]["best_epoch"] == 2
     assert torch.equal(best["model"]["weight"], torch.full((2, 2), 2.0))
 
@@ -135,7 +136,7 @@ def test_results_and_resume_do_not_depend_on_the_interval(data_root, tmp_path, m
     def killed(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "_write_best", killed)
+    monkeypatch.setattr(ckpts, "_write_best", killed)
     out = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         run(TrainConfig(**base, out=str(out), checkpoint_seconds=1e9))
@@ -143,7 +144,7 @@ def test_results_and_resume_do_not_depend_on_the_interval(data_root, tmp_path, m
     assert not (out / "metrics.json").exists()
     resumed = run(TrainConfig(**base, out=str(out), checkpoint_seconds=1e9), resume=True)
     assert resumed["test"] == every["test"]
-    assert loop.load_checkpoint(out / "checkpoints" / "best.ckpt")["loop"]["best_epoch"] == 1
+    assert ckpts.load_checkpoint(out / "checkpoints" / "best.ckpt")["loop"]["best_epoch"] == 1
 
 
 def test_checkpoint_seconds_is_checked_and_changes_no_result():

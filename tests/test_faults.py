@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import cogcal.train.loop as loop
+import cogcal.train.checkpoints as ckpts
 import cogcal.train.runner as runner
 from cogcal.cli import main
 
@@ -233,7 +233,7 @@ def test_folder_and_disk_failures_are_one_line(data_root, tmp_path, monkeypatch,
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(loop._io, "save_torch", full)  # the checkpoint writer's disk is full
+    monkeypatch.setattr(ckpts._io, "save_torch", full)  # the checkpoint writer's disk is full
     out = tmp_path / "full"
     assert main([*argv, "--out", str(out)]) == 1
     err = capsys.readouterr().err

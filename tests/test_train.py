@@ -326,8 +326,8 @@ def test_config_validation_names_the_field_in_python_and_the_flag_on_the_cli():
     ):
         TrainConfig.from_dict({"epoch": 3})
     TrainConfig(lr=1e-3, calibrator_lr=1e-3, allow_fast_calibrator=True)  # allowed explicitly
-    with pytest.warns(DeprecationWarning, match="steps_per_call"):
-        TrainConfig.from_dict({"steps_per_call": 8})
+    with pytest.raises(ValueError, match="unknown training config key"):
+        TrainConfig.from_dict({"steps_per_call": 8})  # a field that never shipped
 
 
 def test_cli_flags_come_from_the_config_fields(capsys):

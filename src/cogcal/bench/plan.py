@@ -35,7 +35,7 @@ the fair protocol with ``ce`` and ``cog-fc`` (and ``effect: true``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -496,6 +496,3 @@ class Plan:
                 group.finish()
 
         return on_done
-
-    def unfinished_groups(self) -> Iterable[TuneGroup]:
-        return (g for g in self.groups if not g.finished)

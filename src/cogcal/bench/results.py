@@ -33,7 +33,6 @@ from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TU
 from cogcal.train.rundir import RunDir, RunRecord
 
 __all__ = [
-    "COLUMNS",
     "effect_rows",
     "metrics_rows",
     "run_rows",
@@ -41,9 +40,6 @@ __all__ = [
     "write_csv",
     "write_tables",
 ]
-
-#: Columns of ``results.csv`` (kept for compatibility: :data:`RESULT_COLUMNS`).
-COLUMNS = RESULT_COLUMNS
 
 
 def _num(v: Any) -> float | None:

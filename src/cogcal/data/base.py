@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from cogcal._errors import ArgumentError
-from cogcal._io import save_npz
 from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 if TYPE_CHECKING:
@@ -655,11 +654,6 @@ def scalar_stats(x: np.ndarray) -> tuple[tuple[float], tuple[float]]:
     """Mean/std over every entry of a float array (one 'channel'), in float64."""
     x64 = np.asarray(x, dtype=np.float64)
     return (float(x64.mean()),), (float(x64.std()),)
-
-
-def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` as an ``.npz`` atomically (see :mod:`cogcal._io`)."""
-    save_npz(path, **arrays)
 
 
 def missing_files_error(

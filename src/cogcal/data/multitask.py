@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from cogcal._io import save_npz
 from cogcal.data.base import (
     AUGMENTATIONS,
     Dataset,
     DatasetCorruptError,
     Split,
-    atomic_save_npz,
     channel_stats_uint8,
     load_dataset,
     missing_files_error,
@@ -405,7 +405,7 @@ def _load_celeba(root: Path) -> Dataset:
         data = _build_celeba_cache(root, base, attr_path, part_path, key)
         build_seconds = time.perf_counter() - t0
         try:
-            atomic_save_npz(cache, **data)
+            save_npz(cache, **data)
         except OSError as err:
             warnings.warn(
                 f"could not write the CelebA cache {cache} ({err}); continuing without it "

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from cogcal._io import save_npz
 from cogcal.data.base import (
     SPLIT_SEED,
     Dataset,
     DatasetCorruptError,
     Split,
-    atomic_save_npz,
     register_dataset,
     scalar_stats,
     stratified_split,
@@ -240,7 +240,7 @@ def _load_mnist1d(root: Path) -> Dataset:
             "key": np.asarray(key_text),
         }
         try:
-            atomic_save_npz(path, **data)
+            save_npz(path, **data)
         except OSError as err:
             warnings.warn(
                 f"could not write the mnist1d cache {path} ({err}); continuing without it.",

@@ -9,7 +9,6 @@ final layer (the calibrator of ``cog-fc``) and the features entering it.
 from __future__ import annotations
 
 import difflib
-import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -475,8 +474,3 @@ def init_weights(module: nn.Module) -> None:
                 nn.init.ones_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-
-
-def prod(shape: Sequence[int]) -> int:
-    """Product of the entries of ``shape``."""
-    return math.prod(shape)

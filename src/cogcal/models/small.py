@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -12,7 +13,6 @@ from cogcal.models.registry import (
     check_batch,
     image_shape,
     init_weights,
-    prod,
     register_model,
     sequence_shape,
 )
@@ -28,7 +28,7 @@ class MLP(Backbone):
     num_classes : int
         Number of outputs.
     input_shape : tuple of int
-        Per-sample input shape; any shape, flattened to ``prod(input_shape)`` features.
+        Per-sample input shape; any shape, flattened to ``math.prod(input_shape)`` features.
     hidden : sequence of int, default (256, 256)
         Widths of the hidden layers (Linear then ReLU); ``num_features = hidden[-1]``.
     dropout : float, default 0.0
@@ -42,7 +42,7 @@ class MLP(Backbone):
         hidden: Sequence[int] = (256, 256),
         dropout: float = 0.0,
     ) -> None:
-        widths = [prod(input_shape), *(int(h) for h in hidden)]
+        widths = [math.prod(input_shape), *(int(h) for h in hidden)]
         if len(widths) < 2 or min(widths[1:]) < 1:
             raise ValueError(f"mlp needs at least one hidden layer of width >= 1, got {hidden!r}.")
         super().__init__(widths[-1], num_classes)

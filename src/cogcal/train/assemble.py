@@ -22,8 +22,8 @@ from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data.transforms import Preprocess
 from cogcal.models import create_model
+from cogcal.train.checkpoints import load_checkpoint
 from cogcal.train.config import TrainConfig
-from cogcal.train.loop import load_checkpoint
 from cogcal.train.methods import Method, get_method
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 

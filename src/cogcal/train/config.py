@@ -35,7 +35,6 @@ import dataclasses
 import difflib
 import math
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,13 +313,6 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise ArgumentError(f"a training config must be a mapping, got {type(data).__name__}.")
         data = dict(data)
-        if "steps_per_call" in data:  # removed with the Fabric loop; it never changed results
-            data.pop("steps_per_call")
-            warnings.warn(
-                "`steps_per_call` is deprecated and ignored: the training loop no longer needs it.",
-                DeprecationWarning,
-                stacklevel=2,
-            )
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in data if k not in names]
         if unknown:

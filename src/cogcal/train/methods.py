@@ -32,7 +32,7 @@ __all__ = [
     "loss_function",
 ]
 
-LOSSES = ("ce", "ls", "focal", "vtst")
+LOSSES = ("ce", "ls", "focal")
 SMOOTHING = 0.1  # label smoothing ε of `ls` and `cog-ls` (docs/method.md §2)
 
 
@@ -46,7 +46,7 @@ class Method:
         Registry name (docs/method.md §6).
     description : str
         One line for tables and ``--help``.
-    loss : {"ce", "ls", "focal", "vtst"}
+    loss : {"ce", "ls", "focal"}
         Training loss (for COG: at both levels).
     cog : {"fc", "ts", "vs", "ms", "tst"} or None
         Calibrator trained jointly on the slower learning rate (``CalibratedModel``).

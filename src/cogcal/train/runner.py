@@ -37,16 +37,11 @@ from cogcal.data import BatchLoader, Dataset, load_dataset, with_augment
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
+from cogcal.train.checkpoints import CheckpointWriter
 from cogcal.train.checkup import run_health
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
-from cogcal.train.loop import (
-    CheckpointWriter,
-    NonFiniteLossError,
-    Stage,
-    fit_stage,
-    seed_global_rng,
-)
+from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage, seed_global_rng
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
 from cogcal.train.select import describe_budget, select_and_train, train_size
