@@ -441,7 +441,7 @@ def verdict_section(
     line, then the details (best methods, grid edges, coverage) and the rule."""
     items: list[Text] = [
         [
-            f"{p}: “{j.claim}” — {j.judgement}: {j.short or j.evidence} (",
+            f"{p}: “{j.claim}” — {j.judgement}: {(j.short or j.evidence).rstrip('.')} (",
             Link("table", j.key or f"claims-{slug(p)}"),
             ").",
         ]  # fmt: skip

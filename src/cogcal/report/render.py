@@ -128,7 +128,7 @@ def _html_inline(text: Text) -> str:
     )
 
 
-_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeE]*(\(\d+ of \d+ seeds?\))?$")
+_NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeEΔ=]*(\(\d+ of \d+ seeds?\))?$")
 
 
 def _html_cell(c: Cell) -> str:

@@ -22,8 +22,7 @@ import pandas as pd
 from cogcal.report._common import is_cog, method_order, save_png, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
-from cogcal.report.stats import summary_rank
-from cogcal.report.tables import LABELS, stat_table, stats_of
+from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
 
 #: OOD-detection metrics (docs/method.md §3), in table order.
 OOD_METRICS: tuple[str, ...] = ("auroc", "fpr95")
@@ -100,30 +99,13 @@ def shift_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     d = seed_values(df, "shift", dataset=dataset, protocol=protocol, metric=list(SHIFT_METRICS))
     if d.empty:
         return None
-    ranks = summary_rank(
-        d, metrics=[m for m in ("acc", "nll", "brier") if m in set(d["metric"])], split=None
-    )
-    rank_of = dict(zip(ranks["method"], ranks["rank"], strict=True))
-    methods = sorted(
-        method_order(d["method"].unique()),
-        key=lambda m: (pd.isna(rank_of.get(m)), rank_of.get(m, 0)),
-    )
     _, conds = _shift(df, dataset, protocol)
     notes = [
         f"Per seed the mean over {len(conds)} condition(s) ({', '.join(conds)}) and their "
-        "severities, then mean ± sample std over seeds; best in bold. Rank = summary rank on "
-        "these averages (Acc, NLL, Brier; 1 = best). Sorted by rank."
+        "severities, then mean ± sample std over seeds; best in bold."
     ]
-    return stat_table(
-        f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)",
-        f"shift-{slug(protocol)}-{slug(dataset)}",
-        ["Method"],
-        [(m, [m]) for m in methods],
-        [(m, LABELS[m], m) for m in SHIFT_METRICS if m in set(d["metric"])],
-        stats_of(d, ("method", "metric")),
-        notes=notes,
-        rank=rank_of,
-    )
+    title = f"{dataset} — {protocol}: covariate shift, all conditions and severities (Tab. 4 style)"
+    return ranked_table(d, title, f"shift-{slug(protocol)}-{slug(dataset)}", SHIFT_METRICS, notes)
 
 
 def _sev_key(s: str) -> tuple[float, str]:

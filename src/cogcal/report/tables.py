@@ -151,6 +151,23 @@ def comparison_key(dataset: str, protocol: str) -> str:
     return f"comparison-{slug(protocol)}-{slug(dataset)}"
 
 
+def ranked_table(
+    values: pd.DataFrame, title: str, key: str, metrics: Sequence[str], notes: list[Text], *,
+    expected: Callable[[Hashable], int | None] | None = None,
+) -> Table:  # fmt: skip
+    """A :func:`stat_table` of per-seed ``values`` (one row per method) with the summary
+    rank on accuracy, NLL and Brier (1 = best, ties share the best rank), sorted by it."""
+    ranks = summary_rank(values, metrics=[m for m in ("acc", "nll", "brier") if m in set(values["metric"])], split=None)  # fmt: skip
+    rank_of = dict(zip(ranks["method"], ranks["rank"], strict=True))
+    methods = sorted(method_order(values["method"].unique()), key=lambda m: (pd.isna(rank_of.get(m, np.nan)), rank_of.get(m, 0)))  # fmt: skip
+    finite = [r for r in rank_of.values() if not pd.isna(r)]
+    top = ", ".join(m for m, r in rank_of.items() if finite and r == min(finite)) or "—"
+    notes = [*notes, f"Rank = mean of the ranks on Acc, NLL and Brier (1 = best, ties share the best rank). Top ranked: {top}."]  # fmt: skip
+    columns = [(m, LABELS.get(m, m), m) for m in metrics if m in set(values["metric"])]
+    return stat_table(title, key, ["Method"], [(m, [m]) for m in methods], columns,
+                      stats_of(values, ("method", "metric")), notes=notes, expected=expected, rank=rank_of)  # fmt: skip
+
+
 def comparison_table(
     df: pd.DataFrame,
     dataset: str,
@@ -159,36 +176,14 @@ def comparison_table(
     *,
     plan: SeedPlan | None = None,
 ) -> Table | None:
-    """Tab. 2/12: test mean ± std over seeds, best in bold, summary rank (acc, nll, brier;
-    1 = best, ties share the best rank), rows sorted by rank."""
+    """Tab. 2/12: test mean ± std over seeds, best in bold, summary rank, sorted by rank."""
     d = seed_values(df, "test", dataset=dataset, protocol=protocol)
     if d.empty:
         return None
-    ranks = summary_rank(d.assign(split="test"), split=None)
-    rank_of = dict(zip(ranks["method"], ranks["rank"], strict=True))
-    methods = sorted(
-        method_order(d["method"].unique()),
-        key=lambda m: np.inf if pd.isna(rank_of.get(m, np.nan)) else rank_of[m],
-    )
-    stats = stats_of(d, ("method", "metric"))
-    finite = [r for r in rank_of.values() if not pd.isna(r)]
-    top = [m for m, r in rank_of.items() if finite and r == min(finite)]
-    notes: list[Text] = [
-        f"Test split, mean ± sample std over {max(s.n for s in stats.values())} seed(s); best "
-        "mean in bold. Rank = mean of the per-dataset ranks on Acc, NLL and Brier (1 = best, "
-        f"ties share the best rank). Top ranked: {', '.join(top) or '—'}."
-    ]
-    return stat_table(
-        f"{dataset} — {protocol} protocol (Tab. 2 style)",
-        comparison_key(dataset, protocol),
-        ["Method"],
-        [(m, [m]) for m in methods],
-        [(m, LABELS.get(m, m), m) for m in metrics],
-        stats,
-        notes=notes,
-        expected=_planned(plan, dataset, protocol),
-        rank=rank_of,
-    )
+    n = d.groupby(["method", "metric"])["seed"].nunique().max()
+    notes: list[Text] = [f"Test split, mean ± sample std over {n} seed(s); best mean in bold."]
+    title = f"{dataset} — {protocol} protocol (Tab. 2 style)"
+    return ranked_table(d, title, comparison_key(dataset, protocol), metrics, notes, expected=_planned(plan, dataset, protocol))  # fmt: skip
 
 
 def present_pairs(methods: Sequence[str]) -> list[tuple[str, str]]:
