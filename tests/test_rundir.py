@@ -245,10 +245,10 @@ def test_a_lock_file_of_no_live_holder_never_blocks(tmp_path, content):
 
 
 def test_a_refused_lock_creates_nothing_and_a_refusal_leaves_no_folder(tmp_path):
-    folder = RunDir(tmp_path / "new")
+    folder = RunDir(tmp_path / "new" / "deeper" / "run")
     with pytest.raises(RunFolderError), folder.lock():
         raise RunFolderError("refused")
-    assert not folder.path.exists()  # created for the lock, removed again: it is empty
+    assert list(tmp_path.iterdir()) == []  # created for the lock, removed again: empty
 
 
 def test_only_this_versions_mark_makes_a_folder_cogcals(tmp_path):
