@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -16,3 +22,32 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def lock_holder() -> Iterator[Callable[[Path], subprocess.Popen]]:
+    """``lock_holder(folder)``: another process holding ``folder``'s lock (returned once it
+    holds it); killed with SIGKILL at the end of the test, so its lock file stays behind."""
+    procs: list[subprocess.Popen] = []
+    code = (
+        "import sys, time\n"
+        "from cogcal.train.rundir import lock_folder\n"
+        "with lock_folder(sys.argv[1], what='folder ' + sys.argv[1]):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+
+    def start(folder: Path) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONPATH": SRC}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True, env=env
+        )
+        procs.append(proc)
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()

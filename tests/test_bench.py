@@ -704,26 +704,13 @@ def test_seeds_and_protocols_override(tmp_path):
     assert {r["protocol"] for r in rows} == {"fair"} and {r["seed"] for r in rows} == {"0"}
 
 
-def test_concurrent_bench_refused(tmp_path):
+def test_concurrent_bench_refused(tmp_path, lock_holder):
     out = tmp_path / "o"
-    code = (
-        "import sys, time\n"
-        "from cogcal.train.rundir import lock_folder\n"
-        "with lock_folder(sys.argv[1], what='x'):\n"
-        "    print('held', flush=True)\n"
-        "    time.sleep(60)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent / "src")}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(ValueError, match=f"in use by process {holder.pid}"):
-            _bench(tmp_path, out)
-    finally:
-        holder.kill()  # SIGKILL: the lock file stays behind
-        holder.wait()
+    holder = lock_holder(out)
+    with pytest.raises(ValueError, match=f"in use by process {holder.pid}"):
+        _bench(tmp_path, out)
+    holder.kill()  # SIGKILL: the lock file stays behind
+    holder.wait()
     assert [p.name for p in out.iterdir()] == [".cogcal.lock"]
     _bench(tmp_path, out, seeds=1, protocols=("paper",))  # stale lock: taken over
     assert (out / "results.csv").is_file() and not (out / ".cogcal.lock").exists()

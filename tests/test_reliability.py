@@ -312,24 +312,25 @@ def test_user_errors_exit_2_and_environment_errors_exit_1(tmp_path, capsys):
 _BUDGET = {"lr": 1e-3, "epochs": 1, "schedule": "none", "patience": None}
 
 
+def _suite(path: Path) -> Path:
+    import yaml
+
+    suite = {
+        "name": "s",
+        "datasets": {"digits": {"model": "mlp"}},
+        "methods": ["ce"],
+        "seeds": 1,
+        "protocols": ["paper"],
+        "budget": {"paper": {f: _BUDGET for f in ("baselines", "cog")}},
+    }
+    path.write_text(yaml.safe_dump(suite))
+    return path
+
+
 def test_an_unwritable_folder_exits_1_with_one_line_for_train_tune_and_bench(
     tmp_path, monkeypatch, capsys
 ):
-    import yaml
-
-    suite = tmp_path / "s.yaml"
-    suite.write_text(
-        yaml.safe_dump(
-            {
-                "name": "s",
-                "datasets": {"digits": {"model": "mlp"}},
-                "methods": ["ce"],
-                "seeds": 1,
-                "protocols": ["paper"],
-                "budget": {"paper": {f: _BUDGET for f in ("baselines", "cog")}},
-            }
-        )
-    )
+    suite = _suite(tmp_path / "s.yaml")
     real = os.open
 
     def denied(path, *args, **kwargs):  # what a read-only folder does (tests may run as root)
@@ -457,21 +458,6 @@ def test_load_run_names_what_is_wrong(tmp_path):
 # --------------------------------------------------------------------------- items 1, 5 (bench, report)
 
 
-def _suite(path: Path) -> Path:
-    import yaml
-
-    suite = {
-        "name": "s",
-        "datasets": {"digits": {"model": "mlp"}},
-        "methods": ["ce"],
-        "seeds": 1,
-        "protocols": ["paper"],
-        "budget": {"paper": {f: _BUDGET for f in ("baselines", "cog")}},
-    }
-    path.write_text(yaml.safe_dump(suite))
-    return path
-
-
 def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
     """Item 5: an unfinished run folder holding the user's notes.txt is cleared of
     cogcal's files and trained again (not refused after the clearing), every time."""
@@ -489,29 +475,16 @@ def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
         assert run.is_complete() and (run.path / "notes.txt").read_text() == "mine"
 
 
-def test_report_takes_the_lock_before_reading(tmp_path, capsys):
+def test_report_takes_the_lock_before_reading(tmp_path, capsys, lock_holder):
     from cogcal.train.config import TrainConfig
 
     out = tmp_path / "run"
     RunDir(out).path.mkdir()
     RunDir(out).write_config(TrainConfig().resolved())
-    code = (
-        "import sys, time\n"
-        "from cogcal.train.rundir import RunDir\n"
-        "with RunDir(sys.argv[1]).lock():\n"
-        "    print('held', flush=True)\n"
-        "    time.sleep(60)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": SRC}
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        assert main(["report", str(out)]) == 2
-        err = capsys.readouterr().err
-        assert f"in use by process {holder.pid}" in err and err.count("\n") == 1
-    finally:
-        holder.kill()
-        holder.wait()
+    holder = lock_holder(out)
+    assert main(["report", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"in use by process {holder.pid}" in err and err.count("\n") == 1
+    holder.kill()
+    holder.wait()
     assert sorted(p.name for p in out.iterdir()) == [".cogcal.lock", "config.json"]

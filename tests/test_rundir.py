@@ -5,9 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -49,7 +46,6 @@ OTHER = {
     "checkpoint_seconds": 0.0,
     "extra": {"note": "x"},
 }
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 #: Fields that never change results, and fields a method or dataset does not use.
 NO_EFFECT = {"data_root", "download", "mirror", "out", "progress", "checkpoint_seconds", "extra"}
 
@@ -206,32 +202,13 @@ def test_resuming_a_run_stopped_before_its_first_checkpoint_starts_it_over(tmp_p
     assert not folder.config_path.exists() and not (folder.logs / "stage1.csv").exists()
 
 
-def _hold_lock(path) -> subprocess.Popen:
-    """Another process holding the folder's lock (it prints "held" once it has it)."""
-    code = (
-        "import sys, time\n"
-        "from cogcal.train.rundir import RunDir\n"
-        "with RunDir(sys.argv[1]).lock():\n"
-        "    print('held', flush=True)\n"
-        "    time.sleep(60)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
-def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path):
+def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path, lock_holder):
     folder = RunDir(tmp_path / "run")
-    holder = _hold_lock(folder.path)
-    try:
-        with pytest.raises(ValueError, match=f"in use by process {holder.pid}"), folder.lock():
-            pass
-    finally:
-        holder.kill()  # SIGKILL: its lock file stays behind
-        holder.wait()
+    holder = lock_holder(folder.path)
+    with pytest.raises(ValueError, match=f"in use by process {holder.pid}"), folder.lock():
+        pass
+    holder.kill()  # SIGKILL: its lock file stays behind
+    holder.wait()
     assert (folder.path / ".cogcal.lock").exists()
     with folder.lock():  # the holder is gone: its lock is stale and taken over
         assert (folder.path / ".cogcal.lock").read_text().strip() == str(os.getpid())
@@ -251,10 +228,10 @@ def test_a_lock_file_of_no_live_holder_never_blocks(tmp_path, content):
 
 
 def test_a_refused_lock_creates_nothing_and_a_refusal_leaves_no_folder(tmp_path):
-    folder = RunDir(tmp_path / "new")
+    folder = RunDir(tmp_path / "new" / "deeper" / "run")
     with pytest.raises(RunFolderError), folder.lock():
         raise RunFolderError("refused")
-    assert not folder.path.exists()  # created for the lock, removed again: it is empty
+    assert list(tmp_path.iterdir()) == []  # created for the lock, removed again: empty
 
 
 def test_only_this_versions_mark_makes_a_folder_cogcals(tmp_path):

@@ -313,7 +313,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     directory = Path(args.directory)
     with lock_folder(directory, what=f"folder {directory}", create=False):  # before reading
-        html = build_any(directory)
+        try:
+            html = build_any(directory)
+        except ArgumentError:
+            raise
+        except ValueError as err:  # build_any's documented refusal of the folder: user input
+            raise UserError(str(err)) from err
     print(f"wrote {directory}/report.md and {html}")
     return 0
 

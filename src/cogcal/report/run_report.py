@@ -312,7 +312,9 @@ def report_kind(path: str | Path) -> Literal["bench", "run"]:
         raise ValueError(
             f"{path}/metrics.json has status {status!r} or lacks config/val/test; {_EXPECTED}."
         )
-    entries = sorted(e.name + ("/" if e.is_dir() else "") for e in path.iterdir())
+    entries = sorted(  # the lock `cogcal report` holds is not the folder's content
+        e.name + ("/" if e.is_dir() else "") for e in path.iterdir() if e.name != ".cogcal.lock"
+    )
     shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
     raise ValueError(f"{path} holds {shown or 'nothing'}; {_EXPECTED}.")
 

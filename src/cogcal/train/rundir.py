@@ -637,21 +637,23 @@ def lock_folder(path: str | os.PathLike[str], *, what: str, create: bool = True)
         The folder cannot be created or is not writable.
     """
     path = Path(path)
-    created = False
+    created: list[Path] = []  # the folders made here, deepest first
     if not path.is_dir():
         if not create:
             yield
             return
         _parent_writable(path)
+        created = [p for p in (path, *path.parents) if not p.exists()]
         path.mkdir(parents=True, exist_ok=True)
-        created = True
     try:
         with _io.file_lock(path / LOCK_NAME, what=what):
             yield
     finally:
-        if created:
-            with contextlib.suppress(OSError):
-                path.rmdir()  # only when empty: refused before anything was written
+        for folder in created:  # only empty ones: refused before anything was written
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def _parent_writable(path: Path) -> None:
