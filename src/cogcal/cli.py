@@ -151,7 +151,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         edge = (
             f" (still at the grid edge: {', '.join(summary['edges'])})"
             if summary["at_edge"]
-            else ""
+            else "".join(f" (at the {b})" for b in summary["bounds"])
         )
         print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
     return 0
