@@ -16,20 +16,16 @@ import yaml
 from cogcal.bench import budgets, check_requirements, load_suite, run_bench
 from cogcal.bench.suites import MAX_SEEDS, parse_suite
 from cogcal.cli import main
+from test_bench import TINY
 
 HERE = Path(__file__).resolve().parent
 
-BASELINES_ONLY = {
-    "datasets": {"digits": {"model": "cnn"}},
+BASELINES_ONLY = {  # test_bench's tiny suite without its COG methods, budget and grid
+    **{k: v for k, v in TINY.items() if k not in ("methods", "budget", "tune")},
     "methods": ["ce", "ts"],
-    "seeds": 2,
-    "protocols": ["paper", "fair"],
-    "train": {"batch_size": 64},
     "budget": {
-        "paper": {
-            "baselines": {"lr": 1e-4, "epochs": 1, "schedule": "none", "patience": None},
-        },
-        "fair": {"epochs": 1, "schedule": "step", "step_size": 1, "patience": None},
+        "paper": {"baselines": TINY["budget"]["paper"]["baselines"]},
+        "fair": TINY["budget"]["fair"],
     },
     "tune": {"baseline_lrs": [1e-3, 3e-3, 1e-2], "max_extensions": 1},
     "effect": False,

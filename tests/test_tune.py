@@ -239,3 +239,16 @@ def test_cap_reached_counts_only_edges_that_could_move():
     capped = GridSearch(Grid(lrs=(1e-3, 3e-3)), max_extensions=1)
     _drive(capped, lambda p: p["lr"])
     assert capped.at_edge == ["lr low"] and capped.summary([])["cap_reached"]
+
+
+def test_tune_cli_names_the_ratio_bound(tmp_path, monkeypatch, capsys):
+    # best λ_f 1e-3 (interior), best ratio the largest: 0.3, where the next step would be 1
+    fake, _ = _fake_run(lambda cfg: abs(math.log10(cfg.lr) + 3) - cfg.calibrator_lr / cfg.lr)
+    monkeypatch.setattr(runner, "run", fake)
+    argv = ["tune", "--method", "cog-fc", "--lrs", "1e-4,1e-3,1e-2", "--calibrator-ratios"]
+    assert main([*argv, "0.1,0.3", "--epochs", "1", "--out", str(tmp_path / "t")]) == 0
+    out = capsys.readouterr().out
+    assert "(at the ratio < 1 bound)" in out and "still at the grid edge" not in out
+    summary = json.loads((tmp_path / "t" / "tune.json").read_text())
+    assert summary["best"] == {"lr": 1e-3, "ratio": 0.3} and summary["bounds"] == [RATIO_BOUND]
+    assert not summary["at_edge"] and summary["extensions"] == 0

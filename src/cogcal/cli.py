@@ -169,7 +169,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
         nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
         print(f"{point:32s} {nll}")
-    edge = f" (still at the grid edge: {', '.join(summary['edges'])})" if summary["at_edge"] else ""
+    edge = (
+        f" (still at the grid edge: {', '.join(summary['edges'])})"
+        if summary["at_edge"]
+        else "".join(f" (at the {b})" for b in summary["bounds"])
+    )
     print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
     _print_health(summary)
     return 0
