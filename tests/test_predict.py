@@ -249,3 +249,19 @@ def test_load_run_names_the_parameter_that_does_not_fit(tmp_path):
         cogcal.load_run(out, model=deeper)
     with pytest.raises(ValueError, match="`model` must be an nn.Module"):
         cogcal.load_run(out, model="net")
+
+
+def test_predictions_table_multilabel_and_name_clashes(tmp_path):
+    from cogcal.train.predict import Predictions
+
+    p = np.array([[0.9, 0.2, 0.7], [0.1, 0.4, 0.3]])
+    multi = Predictions(p, ["smiling", "young", "glasses"], "multilabel")
+    assert multi.labels == ["smiling;glasses", ""]
+    multi.write_csv(tmp_path / "m.csv")
+    header, rows = _read(tmp_path / "m.csv")
+    assert header == ["prediction", "smiling", "young", "glasses"]
+    assert rows[0] == ["smiling;glasses", "0.9", "0.2", "0.7"]
+    clash = Predictions(np.array([[0.5, 0.5]]), ["prediction", "other"], "multiclass")
+    with pytest.raises(ValueError, match="clash"):
+        clash.write_csv(tmp_path / "c.csv")
+    assert not (tmp_path / "c.csv").exists()

@@ -1,5 +1,5 @@
 """The README's examples run as written: every Python block, and the command-line examples
-of "Your own data and model" on a small image folder and a small CSV table."""
+of "Your data" (train, predict, report) on a small image folder and a small CSV table."""
 
 from __future__ import annotations
 
@@ -53,13 +53,19 @@ def test_readme_examples_run(tmp_path, monkeypatch, capsys):
         for line in block.splitlines()
         if line.startswith("cogcal ")
     ]
-    assert len(commands) == 3
+    assert len(commands) == 5
     for line in commands:
         assert main([*shlex.split(line)[1:], "--no-progress"] if "train" in line else
                     shlex.split(line)[1:]) == 0, line  # fmt: skip
     assert (tmp_path / "runs" / "table" / "report.html").is_file()
+    header, *rows = (tmp_path / "predictions.csv").read_text().splitlines()
+    assert header == "prediction,no,yes" and len(rows) == 300
+    header, *rows = (tmp_path / "cats.csv").read_text().splitlines()
+    assert header == "file,prediction,cat,dog,owl" and len(rows) == 30
     python = _blocks("python")
-    assert len(python) >= 5
+    assert len(python) >= 6
     for i, code in enumerate(python):
         exec(compile(code, f"README.md python block {i}", "exec"), {"__name__": f"readme{i}"})
-    assert "stratified 20% of train_data (400 samples" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stratified 20% of train_data (400 samples" in out
+    assert "['no', 'yes']" in out and (tmp_path / "table.onnx").is_file()

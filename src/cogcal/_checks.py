@@ -31,6 +31,7 @@ __all__ = [
     "check_task",
     "input_error",
     "multiclass_scores",
+    "probability_tolerance",
     "warn_if_probabilities",
 ]
 

@@ -46,6 +46,7 @@ from cogcal._checks import (
     check_task,
     input_error,
     multiclass_scores,
+    probability_tolerance,
     warn_if_probabilities,
 )
 
@@ -159,8 +160,7 @@ def _check_num_classes(num_classes: Any) -> int | None:
 # --------------------------------------------------------------------------------------
 
 
-def _prob_tolerance(dtype: torch.dtype) -> float:
-    return max(1e-4, 4.0 * torch.finfo(dtype).eps)
+_prob_tolerance = probability_tolerance  # how far from 1 a row of probabilities may sum
 
 
 def _check_probs(p: torch.Tensor, name: str, *, rows: bool) -> None:

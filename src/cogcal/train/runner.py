@@ -371,7 +371,14 @@ def _train(
     if method.posthoc:
         start = time.perf_counter()
         val_uncalibrated = metrics(val_logits, val_labels)
-        calibrator = posthoc_calibrator(method.posthoc, source.task).fit(val_logits, val_labels)
+        calibrator = posthoc_calibrator(method.posthoc, source.task)
+        if config.progress and getattr(calibrator, "l2", None) == "cv":  # seconds, not instant
+            print(
+                f"post-hoc {method.posthoc}: choosing its penalty by {calibrator.cv}-fold "
+                f"cross-validation on {tuple(val_logits.shape)} validation logits",
+                file=sys.stderr,
+            )
+        calibrator.fit(val_logits, val_labels)
         calibrator.requires_grad_(False)
         timing["posthoc_seconds"] = time.perf_counter() - start
         _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
