@@ -483,8 +483,9 @@ def test_plan_protocols_schedules_and_groups():
 
 
 def test_reuse_key_is_the_contract():
-    a = TrainConfig(method="ce", dataset="digits", lr=1e-4, out="x", data_root="y")
-    assert reuse_key(a) == reuse_key(TrainConfig(method="ce", dataset="digits", out="z"))
+    a = TrainConfig(method="ce", dataset="digits", preset="paper", lr=1e-4, out="x", data_root="y")
+    paper = TrainConfig(method="ce", dataset="digits", preset="paper", out="z")  # its lr: 1e-4
+    assert reuse_key(a) == reuse_key(paper)
     assert reuse_key(a) != reuse_key(a.replace(batch_size=32))
     assert reuse_key(a) != reuse_key(a.replace(schedule="step"))
 
