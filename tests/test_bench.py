@@ -827,7 +827,7 @@ def test_symlinked_run_folder_fails_that_job_and_is_untouched(tmp_path, monkeypa
 
 
 def test_copy_run_copies_only_cogcal_files(tmp_path):
-    cfg = TrainConfig(method="ce", dataset="digits", out=str(tmp_path / "a"))
+    cfg = TrainConfig(method="ce", dataset="digits", lr=1e-4, out=str(tmp_path / "a"))
     fake_run(cfg.to_dict())
     (tmp_path / "a" / "checkpoints").mkdir()
     (tmp_path / "a" / "checkpoints" / "best.ckpt").write_bytes(b"w")
