@@ -98,12 +98,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
             f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
             "and a report"
         )
-    _print_health(result)
+        _print_health(result)
     return 0
 
 
 def _print_health(record: dict) -> None:
-    """The run's health-check findings (validation only), one warning line each."""
+    """The run's health-check findings (validation only), one warning line each, with the
+    end-of-run summary (``--no-progress`` leaves them to metrics.json and the report)."""
     from cogcal.train.checkup import findings_of
 
     for message in findings_of(record):
@@ -163,7 +164,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             else ""
         )
         print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
-    _print_health(summary)
+        _print_health(summary)
     return 0
 
 
