@@ -480,8 +480,9 @@ def test_plan_protocols_schedules_and_groups():
 
 
 def test_reuse_key_is_the_contract():
-    a = TrainConfig(method="ce", dataset="digits", lr=1e-4, out="x", data_root="y")
-    assert reuse_key(a) == reuse_key(TrainConfig(method="ce", dataset="digits", out="z"))
+    a = TrainConfig(method="ce", dataset="digits", preset="paper", lr=1e-4, out="x", data_root="y")
+    paper = TrainConfig(method="ce", dataset="digits", preset="paper", out="z")  # its lr: 1e-4
+    assert reuse_key(a) == reuse_key(paper)
     assert reuse_key(a) != reuse_key(a.replace(batch_size=32))
     assert reuse_key(a) != reuse_key(a.replace(schedule="step"))
 
@@ -854,7 +855,7 @@ def test_symlinked_run_folder_fails_that_job_and_is_untouched(tmp_path, monkeypa
 
 
 def test_copy_run_copies_only_cogcal_files(tmp_path):
-    cfg = TrainConfig(method="ce", dataset="digits", out=str(tmp_path / "a"))
+    cfg = TrainConfig(method="ce", dataset="digits", lr=1e-4, out=str(tmp_path / "a"))
     fake_run(cfg.to_dict())
     (tmp_path / "a" / "checkpoints").mkdir()
     (tmp_path / "a" / "checkpoints" / "best.ckpt").write_bytes(b"w")

@@ -115,7 +115,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_health(record: dict) -> None:
-    """The run's health-check findings (validation only), one warning line each."""
+    """The run's health-check findings (validation only), one warning line each, with the
+    end-of-run summary (``--no-progress`` leaves them to metrics.json and the report)."""
     from cogcal.train.checkup import findings_of
 
     for message in findings_of(record):

@@ -293,8 +293,9 @@ def diagnose(
             Finding(
                 kind,
                 ece,
-                f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {'+' if gap >= 0 else '-'}"
-                f"{abs(gap):.3f} from the accuracy); a temperature of {temperature:.2f} fitted "
+                f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {abs(gap):.3f} "
+                f"{'above' if gap >= 0 else 'below'} the accuracy); a temperature of "
+                f"{temperature:.2f} fitted "
                 f"on validation would lower the validation NLL from {nll:.4f} to {nll_t:.4f} "
                 f"({gain:.0%}); {fix}.",
             )

@@ -132,10 +132,11 @@ def select_and_train(
     method = get_method(config.method)
     out = RunDir(config.out)
     folder = selection_folder(config.out)
-    if resume and out.is_marked() and not out.is_complete():
-        out.clear()  # a copy of the chosen run that was interrupted: copied again below
-    if not (resume and not out.is_complete()):
-        out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
+    with out.lock():  # the lock before anything in the folder is read, cleared or written
+        if resume and out.is_marked() and not out.is_complete():
+            out.clear()  # a copy of the chosen run that was interrupted: copied again below
+        if not (resume and not out.is_complete()):
+            out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
     config = config.replace(extra={**config.extra, SELECTED: SELECTION_RULE})
     _say(config, describe_budget(config.resolved(), train_size(source)))
     _say(
@@ -272,7 +273,7 @@ def _load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
     if model is None:
         return load_run(path).model
     from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model
-    from cogcal.train.loop import load_checkpoint
+    from cogcal.train.checkpoints import load_checkpoint
 
     saved = RunDir(path).read_config() or {}
     method = get_method(str(saved["method"]))
