@@ -73,20 +73,10 @@ def main() -> None:
             "vs": lambda z=z, y=y: VectorScaling().fit(z, y),
         }
         for _ in range(args.repeats):
-<<<<<<< HEAD
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                times["sk"].append(
-                    cpu_seconds(lambda: LogisticRegressionCV(Cs=8, cv=5, max_iter=1000).fit(z, y))
-                )
-                times["ms"].append(cpu_seconds(lambda: MatrixScaling().fit(z, y)))
-                times["vs"].append(cpu_seconds(lambda: VectorScaling().fit(z, y)))
-=======
             for key, fit in fits.items():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     times[key].append(cpu_seconds(fit))
->>>>>>> i24
         sk, ms, vs = (statistics.median(times[key]) for key in ("sk", "ms", "vs"))
         print(
             f"{f'{n} x {k}':>12s} {sk:10.2f}s {ms:7.2f}s {ms / sk:6.2f} {vs:7.2f}s {vs / sk:6.2f}"
