@@ -153,12 +153,16 @@ class Grid:
         for one-rate methods.
     allow_fast_calibrator : bool
         Allow ratios >= 1 (extension never crosses 1 otherwise).
+    fixed : tuple of str
+        Axes (``"lr"``, ``"ratio"``) held fixed: never an edge, never extended (a search
+        along one axis at a time, as the default path of ``cogcal train`` does).
     """
 
     lrs: tuple[float, ...]
     ratios: tuple[float, ...] | None = None
     allow_fast_calibrator: bool = False
     factors: tuple[float, float] | None = None  # (λ_f step, ratio step); from the values
+    fixed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lrs", _check_axis("lrs", self.lrs))
@@ -193,6 +197,8 @@ class Grid:
         """The edges ``point`` lies on: ``"lr low"``, ``"lr high"``, ``"ratio low"``, ..."""
         out = []
         for axis in self.axes:
+            if axis in self.fixed:
+                continue
             values = self.values(axis)
             if math.isclose(point[axis], values[0], rel_tol=1e-9):
                 out.append(f"{axis} low")
@@ -232,6 +238,7 @@ class Grid:
             tuple(ratios) if self.ratios is not None else None,
             self.allow_fast_calibrator,
             self.factors,
+            self.fixed,
         )
 
 
