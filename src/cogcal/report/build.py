@@ -141,16 +141,10 @@ def load_context(results_dir: str | Path) -> BenchContext:
     """Load and check every file of a bench folder; ``ValueError`` naming the file and
     line when ``results.csv`` is missing or a file is malformed."""
     root = Path(results_dir)
-    runs, meta = F.load_runs(root), F.read_bench_json(root)
-    return BenchContext(
-        root,
-        F.load_results(root),
-        runs,
-        F.load_tuning(root),
-        F.load_effect(root),
-        meta,
-        F.SeedPlan.from_bench(runs, meta),
-    )
+    runs, meta = F.load_bench_csv(root, "runs.csv"), F.read_bench_json(root)
+    tuning, effect = F.load_bench_csv(root, "tuning.csv"), F.load_bench_csv(root, "effect.csv")
+    plan = F.SeedPlan.from_bench(runs, meta)
+    return BenchContext(root, F.load_results(root), runs, tuning, effect, meta, plan)
 
 
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:

@@ -15,11 +15,13 @@ sentence per dataset says which differences are decided.
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from cogcal.report._common import slug
 from cogcal.report.blocks import Paragraph, Section, Table
-from cogcal.report.frame import effect_ratio, rows
+from cogcal.report.frame import rows
 from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, holm, paired
 from cogcal.report.tables import LABELS, NAMES, stat_table, stats_of
 
@@ -27,6 +29,16 @@ from cogcal.report.tables import LABELS, NAMES, stat_table, stats_of
 EFFECT_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
 NO_SCHEDULE = "ce (no schedule)"
 STEP = "ce (step schedule)"
+
+
+def effect_ratio(variant: str) -> float | None:
+    """The ratio λ_c/λ_f of an ``effect.csv`` variant ``"cog-fc (ratio R)"`` (else None).
+
+    >>> effect_ratio("cog-fc (ratio 0.1)"), effect_ratio("ce (step schedule)")
+    (0.1, None)
+    """
+    m = re.fullmatch(r"cog-fc \(ratio ([0-9.eE+-]+)\)", variant)
+    return float(m.group(1)) if m else None
 
 
 def effect_key(dataset: str) -> str:
