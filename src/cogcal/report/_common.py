@@ -9,6 +9,7 @@ they count as non-COG and have no counterpart.
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -68,6 +69,14 @@ def slug(text: str) -> str:
     ('cifar10-x-y', 'mnist1d')
     """
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
+
+
+def sev_key(severity: Any) -> tuple[float, str]:
+    """Sort key of a shift severity: numerically, non-numbers last."""
+    try:
+        return float(severity), str(severity)
+    except ValueError:
+        return math.inf, str(severity)
 
 
 def save_png(fig: Any, path: str | Path, dpi: int = 100) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, save_png, slug
+from cogcal.report._common import is_cog, method_order, save_png, sev_key, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
@@ -108,13 +108,6 @@ def shift_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     return ranked_table(d, title, f"shift-{slug(protocol)}-{slug(dataset)}", SHIFT_METRICS, notes)
 
 
-def _sev_key(s: str) -> tuple[float, str]:
-    try:
-        return float(s), s
-    except ValueError:
-        return np.inf, s
-
-
 def severity_figure(
     df: pd.DataFrame,
     dataset: str,
@@ -141,7 +134,7 @@ def severity_figure(
     cmap = colormaps["tab10" if len(methods) <= 10 else "tab20"]
     for ax, metric in zip(axes, metrics, strict=True):
         for i, me in enumerate(methods):
-            pts = sorted((_sev_key(k[2])[0], s) for k, s in stats.items() if k[:2] == (me, metric))
+            pts = sorted((sev_key(k[2])[0], s) for k, s in stats.items() if k[:2] == (me, metric))
             cog = is_cog(me)
             ax.errorbar(
                 [x for x, _ in pts], [s.mean for _, s in pts], yerr=[np.nan_to_num(s.std) for _, s in pts],

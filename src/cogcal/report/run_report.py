@@ -1,17 +1,12 @@
 """The report of one ``cogcal train`` run folder: ``report.md`` and ``report.html`` in it.
 
 Everything comes from the folder through :class:`cogcal.train.rundir.RunDir`: the record
-(``metrics.json``: configuration, validation and test metrics, OOD, shift, timing) and the
-saved test logits, from which the reliability diagram is drawn (written to
-``reliability.png``). Sections: configuration, metrics
-(accuracy, NLL, Brier, ECE/RMSCE/MCE at 15 bins), the bin sweep, the reliability
-diagram, per-task metrics (multi-task runs), OOD detection and covariate shift when the
-run recorded them, and timing. No pandas; matplotlib only for the diagram.
+(``metrics.json``: configuration, metrics, OOD, shift, timing, health check) and the saved
+test logits, drawn as ``reliability.png``. No pandas; matplotlib only for the diagram.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import re
 from collections.abc import Mapping
@@ -19,14 +14,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cogcal import _io
+from cogcal.report._common import save_png, sev_key
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, plain
 from cogcal.report.render import render_html, render_markdown
-from cogcal.report.schema import METRIC_LABELS
+from cogcal.report.schema import METRIC_LABELS as LABELS
 
 __all__ = ["build_run_report", "report_kind"]
 
 _METRICS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
-_LABELS = METRIC_LABELS
+_SHIFT = ("acc", "nll", "brier", "ece_15")
+#: Configuration keys shown first, in this order; the others follow sorted.
 _FIRST = (
     "method",
     "dataset",
@@ -55,10 +52,13 @@ def _num(v: Any, digits: int = 4) -> str:
     return f"{v:.{digits}f}" if math.isfinite(v) else "nan"
 
 
+def _row(label: Any, values: Mapping[str, Any], metrics: tuple[str, ...]) -> list[Cell]:
+    return [Cell(str(label))] + [Cell(_num(values.get(m))) for m in metrics]
+
+
 def _config_table(config: Mapping[str, Any]) -> Table:
-    keys = [k for k in _FIRST if k in config] + sorted(
-        k for k in config if k not in _FIRST and k not in ("cogcal_run",)
-    )
+    keys = [k for k in _FIRST if k in config]
+    keys += sorted(k for k in config if k not in _FIRST and k != "cogcal_run")
     rows = []
     for k in keys:
         v = config[k]
@@ -70,118 +70,82 @@ def _config_table(config: Mapping[str, Any]) -> Table:
     return Table("Configuration", ["Setting", "Value"], rows, notes, "configuration")
 
 
-def _metric_rows(record: Any) -> list[tuple[str, Mapping[str, Any]]]:
-    out = [("validation", record.val)]
+def _metric_tables(record: Any) -> list[Table]:
+    """Metrics per split, the bin sweep and the per-task metrics (those the record has)."""
+    splits = [("validation", record.val)]
     if record.val_uncalibrated:
-        out.append(("validation, before post-hoc calibration", record.val_uncalibrated))
-    out.append(("test", record.test))
-    return out
-
-
-def _metrics_table(record: Any) -> Table:
-    rows = [
-        [Cell(name)] + [Cell(_num(m.get(k))) for k in _METRICS] for name, m in _metric_rows(record)
-    ]
+        splits.append(("validation, before post-hoc calibration", record.val_uncalibrated))
     notes: list[Any] = [
         "Top-label calibration errors over 15 equal-width bins (docs/method.md §3). The "
         "validation split chose the checkpoint (Brier) and fitted any post-hoc calibrator; "
         "the test split played no part."
     ]
-    return Table("Metrics", ["Split", *[_LABELS[k] for k in _METRICS]], rows, notes, "metrics")
-
-
-def _bins_table(record: Any) -> Table | None:
-    bins = sorted(
-        {int(m.group(2)) for k in record.test if (m := _BIN_KEY.match(str(k)))}
-        | {int(m.group(2)) for k in record.val if (m := _BIN_KEY.match(str(k)))}
-    )
-    if not bins:
-        return None
-    header = ["Bins"]
-    for split in ("val", "test"):
-        header += [f"{split} {f.upper()}" for f in ("ece", "rmsce", "mce")]
-    rows = []
-    for b in bins:
-        row = [Cell(str(b))]
-        for split in (record.val, record.test):
-            row += [Cell(_num(split.get(f"{f}_{b}"))) for f in ("ece", "rmsce", "mce")]
-        rows.append(row)
-    notes: list[Any] = ["ECE, RMSCE and MCE of the calibrated model over the bin sweep."]
-    return Table("Calibration errors over bin counts", header, rows, notes, "bins")
-
-
-def _per_task_table(record: Any) -> Table | None:
+    header = ["Split", *[LABELS[k] for k in _METRICS]]
+    rows = [_row(name, m, _METRICS) for name, m in [*splits, ("test", record.test)]]
+    out = [Table("Metrics", header, rows, notes, "metrics")]
+    keys = [*record.val, *record.test]
+    bins = sorted({int(m.group(2)) for k in keys if (m := _BIN_KEY.match(str(k)))})
+    if bins:
+        families = ("ece", "rmsce", "mce")
+        header = ["Bins"] + [f"{s} {f.upper()}" for s in ("val", "test") for f in families]
+        rows = [
+            [Cell(str(b))]
+            + [Cell(_num(s.get(f"{f}_{b}"))) for s in (record.val, record.test) for f in families]
+            for b in bins
+        ]
+        notes = ["ECE, RMSCE and MCE of the calibrated model over the bin sweep."]
+        out.append(Table("Calibration errors over bin counts", header, rows, notes, "bins"))
     tasks: dict[str, dict[str, Any]] = {}
     for key, value in record.test.items():
         if "/" in str(key):
             metric, task = str(key).split("/", 1)
             tasks.setdefault(task, {})[metric] = value
-    if not tasks:
-        return None
-    shown = [m for m in ("acc", "nll", "brier", "ece_15") if any(m in t for t in tasks.values())]
-    rows = [[Cell(t)] + [Cell(_num(v.get(m))) for m in shown] for t, v in tasks.items()]
-    notes: list[Any] = [
-        f"Test split, each of the {len(tasks)} binary tasks on its own (docs/method.md §3); "
-        "the metrics table shows their unweighted mean."
-    ]
-    return Table("Per-task metrics", ["Task", *[_LABELS[m] for m in shown]], rows, notes, "tasks")
+    if tasks:
+        shown = tuple(m for m in _SHIFT if any(m in t for t in tasks.values()))
+        notes = [
+            f"Test split, each of the {len(tasks)} binary tasks on its own (docs/method.md §3); "
+            "the metrics table shows their unweighted mean."
+        ]
+        header = ["Task", *[LABELS[m] for m in shown]]
+        rows = [_row(t, v, shown) for t, v in tasks.items()]
+        out.append(Table("Per-task metrics", header, rows, notes, "tasks"))
+    return out
 
 
-def _ood_table(record: Any) -> Table | None:
+def _robustness(record: Any) -> Section:
+    """OOD sets (AUROC, FPR95), shift conditions by severity, and the sets not evaluated."""
+    sec = Section("OOD detection and covariate shift", key="robustness")
     sets = {k: v for k, v in (record.ood or {}).items() if isinstance(v, Mapping)}
-    if not sets:
-        return None
-    order = sorted(k for k in sets if k != "pooled") + (["pooled"] if "pooled" in sets else [])
-    rows = [[Cell(s), Cell(_num(sets[s].get("auroc"))), Cell(_num(sets[s].get("fpr95")))]
-            for s in order]  # fmt: skip
-    notes: list[Any] = [
-        "Maximum-softmax-probability score, in-distribution test samples positive; 'pooled' "
-        "scores every OOD set together."
-    ]
-    return Table("OOD detection", ["OOD set", "AUROC ↑", "FPR95 ↓"], rows, notes, "ood")
-
-
-def _sev_key(s: str) -> tuple[float, str]:
-    try:
-        return float(s), s
-    except ValueError:
-        return math.inf, s
-
-
-def _shift_table(record: Any) -> Table | None:
+    if sets:
+        order = sorted(k for k in sets if k != "pooled") + (["pooled"] if "pooled" in sets else [])
+        rows = [_row(s, sets[s], ("auroc", "fpr95")) for s in order]
+        notes: list[Any] = [
+            "Maximum-softmax-probability score, in-distribution test samples positive; "
+            "'pooled' scores every OOD set together."
+        ]
+        header = ["OOD set", "AUROC ↑", "FPR95 ↓"]
+        sec.blocks.append(Table("OOD detection", header, rows, notes, "ood"))
     shift = {k: v for k, v in (record.shift or {}).items() if isinstance(v, Mapping)}
-    if not shift:
-        return None
-    order = sorted(k for k in shift if k != "mean") + (["mean"] if "mean" in shift else [])
-    metrics = ("acc", "nll", "brier", "ece_15")
     rows = []
-    for cond in order:
+    for cond in sorted(shift, key=lambda c: (c == "mean", c)):
         by_sev = shift[cond]
-        if by_sev and all(not isinstance(v, Mapping) for v in by_sev.values()):
+        if all(not isinstance(v, Mapping) for v in by_sev.values()):
             by_sev = {"": by_sev}  # a condition without severities
-        for sev in sorted(by_sev, key=_sev_key):
+        for sev in sorted(by_sev, key=sev_key):
             values = by_sev[sev] if isinstance(by_sev[sev], Mapping) else {}
-            rows.append([Cell(cond), Cell(str(sev))] + [Cell(_num(values.get(m))) for m in metrics])
-    notes: list[Any] = [
-        "Test split of each shifted set; 'mean' averages the conditions per severity."
+            rows.append([Cell(cond), *_row(sev, values, _SHIFT)])
+    if rows:
+        notes = ["Test split of each shifted set; 'mean' averages the conditions per severity."]
+        header = ["Condition", "Severity", *[LABELS[m] for m in _SHIFT]]
+        sec.blocks.append(Table("Covariate shift", header, rows, notes, "shift"))
+    missing = [
+        f"{kind} {name}: {' '.join(str(reason).split())}"
+        for kind in ("ood", "shift")
+        for name, reason in sorted(((record.unavailable or {}).get(kind) or {}).items())
     ]
-    header = ["Condition", "Severity", *[_LABELS[m] for m in metrics]]
-    return Table("Covariate shift", header, rows, notes, "shift")
-
-
-def _timing_table(record: Any) -> Table | None:
-    timing = record.timing or {}
-    if not timing:
-        return None
-    rows = []
-    for key, value in timing.items():
-        if isinstance(value, Mapping):
-            rows.append([Cell(key), Cell(plain(value))])
-        else:
-            rows.append(
-                [Cell(key), Cell(_num(value, 1) if isinstance(value, float) else plain(value))]
-            )
-    return Table("Timing", ["Stage", "Value"], rows, ["Seconds; stages as recorded."], "timing")
+    if missing:
+        sec.blocks.append(Paragraph("Not evaluated:", items=missing))
+    return sec
 
 
 def health_section(record: Any) -> Section | None:
@@ -221,15 +185,8 @@ def health_section(record: Any) -> Section | None:
             f"{selection.get('runs')} runs of the same budget, "
             f"{_num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
         ]
-        section.blocks.append(
-            Table(
-                "Learning rates tried",
-                ["λ_f", "λ_c/λ_f", "validation NLL"],
-                rows,
-                notes,
-                "selection",
-            )  # fmt: skip
-        )
+        header = ["λ_f", "λ_c/λ_f", "validation NLL"]
+        section.blocks.append(Table("Learning rates tried", header, rows, notes, "selection"))
     return section
 
 
@@ -242,24 +199,14 @@ def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
     except RunFolderError as err:
         return Paragraph(f"No reliability diagram: {err}")
     task = str(record.config.get("task") or "multiclass")
-    if task not in ("multiclass", "binary", "multilabel"):
-        task = "multiclass"
+    task = task if task in ("binary", "multilabel") else "multiclass"
+    title = f"{record.config.get('method', '?')} on {record.config.get('dataset', '?')} (test)"
     method = str(record.config.get("method", "?"))
-    dataset = str(record.config.get("dataset", "?"))
-    fig = plot_reliability(
-        {method: (logits, labels)},
-        None,
-        task=task,
-        title=f"{method} on {dataset} (test)",
-    )
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=150)
-    _io.write_bytes(folder.path / "reliability.png", buf.getvalue())
+    fig = plot_reliability({method: (logits, labels)}, None, task=task, title=title)
+    save_png(fig, folder.path / "reliability.png", dpi=150)
     pooled = " (pooled over tasks)" if task == "multilabel" else ""
-    return Figure(
-        "reliability.png",
-        f"Reliability diagram of the saved test logits, 15 equal-width bins{pooled}",
-    )
+    caption = f"Reliability diagram of the saved test logits, 15 equal-width bins{pooled}"
+    return Figure("reliability.png", caption)
 
 
 _EXPECTED = (
@@ -318,24 +265,9 @@ def report_kind(path: str | Path) -> Literal["bench", "run"]:
 
 
 def build_run_report(run_dir: str | Path) -> Path:
-    """Write ``report.md`` and ``report.html`` into a finished ``cogcal train`` run folder.
-
-    Parameters
-    ----------
-    run_dir : str or Path
-        The run folder (``cogcal train --out``).
-
-    Returns
-    -------
-    Path
-        The path of ``report.html``.
-
-    Raises
-    ------
-    ValueError
-        The folder is not a finished run (:func:`report_kind` names
-        what was found and what is expected), e.g. a bench folder or an unfinished run.
-    """
+    """Write ``report.md`` and ``report.html`` into a finished ``cogcal train`` run folder
+    and return the path of ``report.html``; ``ValueError`` when the folder is not a
+    finished run (:func:`report_kind` says what was found and what is expected)."""
     from cogcal.train.rundir import RunDir
 
     path = Path(run_dir)
@@ -348,48 +280,32 @@ def build_run_report(run_dir: str | Path) -> Path:
     record = folder.read_record()
     if record is None:  # report_kind checked it; the folder changed since
         raise ValueError(f"{path} no longer holds a finished run (metrics.json).")
-    cfg = record.config
-    method, dataset = str(cfg.get("method", "?")), str(cfg.get("dataset", "?"))
-    test = record.test
-    summary = [
-        f"{method} on {dataset} ({cfg.get('model', '?')}), seed {cfg.get('seed', '?')}: test "
-        f"accuracy {_num(test.get('acc'))}, NLL {_num(test.get('nll'))}, Brier "
+    cfg, test = record.config, record.test
+    who = f"{cfg.get('method', '?')} on {cfg.get('dataset', '?')}"
+    summary = (
+        f"{who} ({cfg.get('model', '?')}), seed {cfg.get('seed', '?')}: test accuracy "
+        f"{_num(test.get('acc'))}, NLL {_num(test.get('nll'))}, Brier "
         f"{_num(test.get('brier'))}, ECE-15 {_num(test.get('ece_15'))}."
-    ]
+    )
     if record.copied_from:
-        summary.append(f"Copied from the identical run {record.copied_from}.")
+        summary += f" Copied from the identical run {record.copied_from}."
+    timing = record.timing or {}
+    rows = [
+        [Cell(k), Cell(_num(v, 1) if isinstance(v, float) else plain(v))] for k, v in timing.items()
+    ]
+    timing_table = Table(
+        "Timing", ["Stage", "Value"], rows, ["Seconds; stages as recorded."], "timing"
+    )
     sections = [
-        Section("Summary", [Paragraph(" ".join(summary))], "summary"),
+        Section("Summary", [Paragraph(summary)], "summary"),
         Section("Configuration", [_config_table(cfg)], "configuration-sec"),
+        Section("Metrics", _metric_tables(record), "metrics-sec"),
+        Section("Reliability diagram", [_reliability(folder, record)], "reliability"),
+        health_section(record),
+        _robustness(record),
+        Section("Timing", [timing_table], "timing-sec") if timing else None,
     ]
-    results = Section("Metrics", [_metrics_table(record)], "metrics-sec")
-    bins = _bins_table(record)
-    if bins is not None:
-        results.blocks.append(bins)
-    tasks = _per_task_table(record)
-    if tasks is not None:
-        results.blocks.append(tasks)
-    sections.append(results)
-    sections.append(Section("Reliability diagram", [_reliability(folder, record)], "reliability"))
-    health = health_section(record)
-    if health is not None:
-        sections.append(health)
-    robust = Section("OOD detection and covariate shift", key="robustness")
-    for table in (_ood_table(record), _shift_table(record)):
-        if table is not None:
-            robust.blocks.append(table)
-    missing = [
-        f"{kind} {name}: {' '.join(str(reason).split())}"
-        for kind in ("ood", "shift")
-        for name, reason in sorted(((record.unavailable or {}).get(kind) or {}).items())
-    ]
-    if missing:
-        robust.blocks.append(Paragraph("Not evaluated:", items=missing))
-    if robust.blocks:
-        sections.append(robust)
-    timing = _timing_table(record)
-    if timing is not None:
-        sections.append(Section("Timing", [timing], "timing-sec"))
-    title = f"cogcal run report: {method} on {dataset}, seed {cfg.get('seed', '?')}"
+    sections = [s for s in sections if s is not None and s.blocks]
+    title = f"cogcal run report: {who}, seed {cfg.get('seed', '?')}"
     _io.write_text(path / "report.md", render_markdown(title, sections))
     return _io.write_text(path / "report.html", render_html(title, sections, path))
