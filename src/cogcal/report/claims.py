@@ -82,27 +82,14 @@ class Checkpoints:
                 t = (record.timing or {}).get(stage) if record is not None else None
                 if not isinstance(t, dict) or "best_epoch" not in t:
                     continue
-                ran, best, stopped = (
-                    int(t.get("epochs_run", 0)),
-                    int(t["best_epoch"]),
-                    str(t.get("stopped") or ""),
-                )
+                ran, best = int(t.get("epochs_run", 0)), int(t["best_epoch"])
+                stopped = str(t.get("stopped") or "")
                 budget = record.config.get(budget)  # type: ignore[union-attr]
                 budget = int(budget) if isinstance(budget, int | float) else ran
                 last = best == ran - 1 and ran >= budget and stopped != "patience"
                 out.append((*key, stage, budget, ran, best, stopped, last))
-        cols = [
-            "dataset",
-            "protocol",
-            "method",
-            "seed",
-            "stage",
-            "budget",
-            "ran",
-            "best",
-            "stopped",
-        ]
-        return cls(pd.DataFrame(out, columns=[*cols, "last"]))
+        cols = ["dataset", "protocol", "method", "seed", "stage", "budget", "ran", "best"]
+        return cls(pd.DataFrame(out, columns=[*cols, "stopped", "last"]))
 
     def late(self, dataset: str, protocol: str, method: str) -> tuple[int, int]:
         """``(seeds whose checkpoint is a last epoch, seeds)`` of one method."""

@@ -33,56 +33,35 @@ _SHOWN = 5  # bad rows quoted in one error message
 _NAN_TEXT = frozenset({"nan", "NaN", "NAN", "inf", "-inf", "Infinity", "-Infinity"})
 
 
-class _Selector:
-    """A row selection that is not an equality test (see :func:`rows`)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
+class _Selector(str):
+    """A ``task`` selection that is not an equality test (see :func:`rows`)."""
 
 
-#: Keep every value of the column (the default of :func:`rows`).
-ANY = _Selector("ANY")
 #: ``task``: the aggregate rows (empty, or ``"mean"`` of a multi-task run).
 AGGREGATE = _Selector("AGGREGATE")
 #: ``task``: the rows of one individual task (neither empty nor ``"mean"``).
 INDIVIDUAL = _Selector("INDIVIDUAL")
 
 
-def blank(s: pd.Series) -> pd.Series:
-    """Whether each cell is empty (NaN or whitespace only)."""
-    return s.isna() | (s.astype(str).str.strip() == "")
-
-
 def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
-    if want is ANY:
-        return pd.Series(True, index=df.index)
     if column not in df.columns:
-        if want is AGGREGATE or want is None or (isinstance(want, str) and want == ""):
+        if want is AGGREGATE or want == "":
             return pd.Series(True, index=df.index)  # an absent optional column is blank
         raise ValueError(f"cannot select on {column!r}: the table has no such column.")
-    col = df[column]
-    if want is AGGREGATE or want is INDIVIDUAL:
-        if column != "task":
-            raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
-        agg = blank(col) | (col.astype(str).str.strip() == "mean")
-        return agg if want is AGGREGATE else ~agg
-    if want is None or want == "":
-        return blank(col)
+    col = df[column].fillna("").astype(str).str.strip()
+    if isinstance(want, _Selector):
+        return (col.isin(["", "mean"])) == (want is AGGREGATE)
     if isinstance(want, Collection) and not isinstance(want, str):
-        return col.isin(list(want))
-    return col == want
+        return df[column].isin(list(want))
+    return col == "" if want == "" else df[column] == want
 
 
 def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
     """The rows of ``df`` matching every selection ``column=want``.
 
-    ``want`` is :data:`ANY` (no selection), a value (equality), a collection of values
-    (membership) or ``""`` (the empty cell); ``task`` also takes :data:`AGGREGATE` (empty
-    or ``"mean"``) and :data:`INDIVIDUAL` (a task name). The result is a selection of
-    ``df``: copy it before assigning to it.
+    ``want`` is a value (equality), a collection of values (membership) or ``""`` (the
+    empty cell); ``task`` also takes :data:`AGGREGATE` (empty or ``"mean"``) and
+    :data:`INDIVIDUAL` (a task name). Copy the result before assigning to it.
     """
     keep = pd.Series(True, index=df.index)
     for column, want in selection.items():

@@ -104,16 +104,8 @@ def per_task_figure(
     for ax, metric in zip(axes, metrics, strict=True):
         for i, me in enumerate(methods):
             ys = [means.get((me, metric, t), np.nan) for t in order]
-            style = dict(lw=1.5, fmt="o-") if is_cog(me) else dict(lw=1.0, fmt="s--")
-            ax.plot(
-                range(len(order)),
-                ys,
-                style.pop("fmt"),
-                color=cmap(i % cmap.N),
-                label=me,
-                ms=4,
-                **style,
-            )
+            fmt, lw = ("o-", 1.5) if is_cog(me) else ("s--", 1.0)
+            ax.plot(range(len(order)), ys, fmt, color=cmap(i % cmap.N), label=me, ms=4, lw=lw)
         ax.set_ylabel(LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     axes[-1].set_xticks(range(len(order)))

@@ -1,12 +1,9 @@
 """The overview of a bench report and its failures section.
 
-The overview states the suite, the training budgets per method family and protocol
-(``bench.json`` ``budgets``, top level or under ``suite``, as ``{protocol: {family:
-{field: value}}}`` or a list of ``{"protocol", "family", field: value}`` records), the run
-counts of the bench sessions and of ``runs.csv``, the datasets, methods and seeds, and
-which files were not found. The failures section lists every run that failed, diverged
-or was interrupted, and every (dataset, protocol, method) cell with fewer seeds than
-planned.
+The overview states the suite, the training budgets per protocol and method family
+(``bench.json`` ``budgets``), the run counts, the datasets, methods and seeds, and which
+files were not found. The failures section lists every run that failed, diverged or was
+interrupted, and every cell with fewer seeds than planned.
 """
 
 from __future__ import annotations
@@ -40,28 +37,12 @@ _COUNTS = ("trained", "reused", "copied", "skipped", "failed", "interrupted", "d
 FAILED_STATUSES = ("failed", "interrupted", "diverged")
 
 
-def _budget_records(meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    if not isinstance(meta, Mapping):
-        return []
-    budgets = meta.get("budgets")
-    if budgets is None and isinstance(meta.get("suite"), Mapping):
-        budgets = meta["suite"].get("budgets")
-    if isinstance(budgets, list):
-        return [dict(r) for r in budgets if isinstance(r, Mapping)]
-    if not isinstance(budgets, Mapping):
-        return []
-    return [
-        {"protocol": str(p), "family": str(f), **fields}
-        for p, families in budgets.items()
-        if isinstance(families, Mapping)
-        for f, fields in families.items()
-        if isinstance(fields, Mapping)
-    ]
-
-
 def budget_table(meta: Mapping[str, Any] | None) -> Table | None:
     """The training budget per protocol and method family (``bench.json``)."""
-    records = _budget_records(meta)
+    budgets = (meta or {}).get("budgets") or {}
+    records = [
+        {"protocol": p, "family": f, **v} for p, fam in budgets.items() for f, v in fam.items()
+    ]
     if not records:
         return None
     fields = list(dict.fromkeys(k for r in records for k in r if k not in ("protocol", "family")))
@@ -111,23 +92,19 @@ def coverage_rows(df: pd.DataFrame, plan: SeedPlan) -> list[tuple[str, str, str,
 
 def _session_items(meta: Mapping[str, Any]) -> list[Text]:
     items: list[Text] = []
-    suite = meta.get("suite") if isinstance(meta.get("suite"), Mapping) else {}
+    suite = meta.get("suite") or {}
     if suite.get("name"):
         desc = f" — {suite['description']}" if suite.get("description") else ""
         items.append(f"Suite: {suite['name']}{desc}.")
-    sessions = [s for s in meta.get("sessions") or [] if isinstance(s, Mapping)]
+    sessions = meta.get("sessions") or []
     if sessions:
         wall = sum(float(s.get("wall_seconds") or 0) for s in sessions)
         text = f"cogcal bench ran {len(sessions)} time(s) into this folder, {wall:.0f} s of wall time in all"
-        if isinstance(sessions[-1].get("counts"), Mapping) and sessions[-1]["counts"]:
+        if sessions[-1].get("counts"):
             text += f"; the last session: {count_text(sessions[-1]['counts'])}"
         items.append(text + ".")
-    machine = meta.get("machine")
-    if isinstance(machine, Mapping) and machine:
-        items.append(f"Machine: {plain(machine)}.")
-    elif meta.get("torch") or meta.get("platform"):
-        stamp = {k: meta[k] for k in ("cogcal", "torch", "python", "platform") if k in meta}
-        items.append(f"Software: {plain(stamp)}.")
+    stamp = {k: meta[k] for k in ("cogcal", "torch", "python", "platform") if k in meta}
+    items += [f"Software: {plain(stamp)}."] if stamp else []
     return items
 
 
@@ -141,8 +118,7 @@ def overview_section(
     failed_runs: int = 0,
 ) -> Section:
     """The overview: suite, budgets, run counts, datasets/methods/seeds, protocols."""
-    meta = meta if isinstance(meta, Mapping) else None
-    items = _session_items(meta) if meta is not None else []
+    items = _session_items(meta) if meta else []
     if runs is not None and not runs.empty:
         status = runs["status"].value_counts()
         reused = int(((runs["status"] == "complete") & (runs["copied_from"] != "")).sum())

@@ -42,14 +42,9 @@ def md_escape(text: str) -> str:
 
 def _md_inline(text: Text) -> str:
     parts = [text] if isinstance(text, str) else text
-    out = []
-    for part in parts:
-        if isinstance(part, Link):
-            out.append(f"[{md_escape(part.text)}](#{part.key})")
-        else:
-            out.append(_MD_ESCAPED.sub(r"\\\1", str(part).replace("\n", " ")))
-    joined = "".join(out)
-    return "\\" + joined if joined[:1] in ("-", "+") else joined
+    return "".join(
+        f"[{md_escape(p.text)}](#{p.key})" if isinstance(p, Link) else md_escape(p) for p in parts
+    )
 
 
 def _anchor(key: str) -> str:

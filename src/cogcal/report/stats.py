@@ -22,20 +22,6 @@ import pandas as pd
 
 from cogcal.report.frame import aggregate, rows
 
-__all__ = [
-    "HIGHER_IS_BETTER",
-    "PAIRED_RULE",
-    "Paired",
-    "Stat",
-    "format_wins",
-    "holm",
-    "mean_std",
-    "paired",
-    "pairwise_wins",
-    "pareto_front",
-    "summary_rank",
-]
-
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
 #: The significance level of the report's statements.
@@ -178,15 +164,11 @@ def mean_std(
     missing = [c for c in [*by, "value"] if c not in df.columns]
     if missing:
         raise ValueError(f"the results table lacks the column(s) {missing}; pass results.csv rows.")
-    if "seed" in df.columns:
-        dup = df.duplicated([*by, "seed"], keep=False)
-        if dup.any():
-            row = df[dup].iloc[0]
-            raise ValueError(
-                f"the cell {dict(row[by])} holds seed {row['seed']!r} more than once, so `by` "
-                "mixes rows that are not repeats; add task / condition / severity to `by` or "
-                "filter the table first."
-            )
+    if "seed" in df.columns and df.duplicated([*by, "seed"]).any():
+        raise ValueError(
+            "a cell holds a seed more than once, so `by` mixes rows that are not repeats; add "
+            "task / condition / severity to `by` or filter the table first."
+        )
     g = df.groupby(by, dropna=False, sort=True)["value"]
     out = g.agg(mean="mean", std=lambda v: v.std(ddof=1), n="count").reset_index()
     out["std"] = out["std"].fillna(0.0)

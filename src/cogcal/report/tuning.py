@@ -4,8 +4,8 @@ One tuning group trains the points of a log-spaced grid (λ_f, and the ratio λ_
 COG methods), extends the grid outward while its choice lies on an edge, and picks the
 point with the lowest validation NLL (docs/method.md §1). A choice still on an edge when
 the extensions stop (``at_edge``; ``cap_reached`` when the cap stopped them) may hold its
-methods back: the report notes it under the tables it affects (:func:`edge_notes`) and
-lists it in the tuning section, which shows every trained point.
+methods back: the report notes it under the tables it affects and lists it in the tuning
+section, which shows every trained point.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from cogcal.report._common import method_order, slug
-from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
+from cogcal.report.blocks import Paragraph, Section, Table, Text
 from cogcal.report.frame import protocol_order
 from cogcal.report.tables import cell
 
@@ -79,37 +79,9 @@ def edge_choices(tuning: pd.DataFrame | None) -> list[EdgeChoice]:
         row = chosen if chosen is not None else grp.iloc[0]
         ratio = float(row["ratio"]) if pd.notna(row["ratio"]) else None
         extensions, cap = int(grp["extensions"].max()), bool(grp["cap_reached"].any())
-        out.append(
-            EdgeChoice(
-                p,
-                ds,
-                g,
-                _used_by(grp, g),
-                float(row["lr"]),
-                ratio,
-                str(row["edges"]),
-                extensions,
-                cap,
-            )
-        )
+        used, lr, edges = _used_by(grp, g), float(row["lr"]), str(row["edges"])
+        out.append(EdgeChoice(p, ds, g, used, lr, ratio, edges, extensions, cap))
     return out
-
-
-def edge_notes(
-    tuning: pd.DataFrame | None, protocol: str, dataset: str, methods: list[str] | None = None
-) -> list[Text]:
-    """Notes for a table of ``protocol``/``dataset`` (showing ``methods``): one per tuned
-    choice at a grid edge that a shown method uses, linking to the tuning points."""
-    return [
-        [
-            f"Grid edge: {e.text()}; these methods may do better with a wider grid (",
-            Link("tuning points", grid_key(protocol, dataset)),
-            ").",
-        ]  # fmt: skip
-        for e in edge_choices(tuning)
-        if (e.protocol, e.dataset) == (protocol, dataset)
-        and (methods is None or set(methods) & set(e.used_by))
-    ]
 
 
 def grid_key(protocol: str, dataset: str) -> str:
