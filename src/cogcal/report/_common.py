@@ -1,9 +1,7 @@
-"""Small helpers shared by the report sections: the methods registry as the report sees it.
+"""The methods registry as the report sees it, and small shared helpers.
 
-The registry (:mod:`cogcal.train.methods`) defines which methods are COG variants and
-which post-hoc method each is paired with (``COG_PAIRS``); the report only looks them up.
-A results table may name methods the registry does not know (a plugin, an older name):
-they count as non-COG and have no counterpart.
+A results table may name methods the registry does not know (a plugin): they count as
+non-COG and have no counterpart.
 """
 
 from __future__ import annotations
@@ -79,8 +77,14 @@ def sev_key(severity: Any) -> tuple[float, str]:
         return math.inf, str(severity)
 
 
-def save_png(fig: Any, path: str | Path, dpi: int = 100) -> Path:
-    """Write a matplotlib figure as PNG, atomically (the report's figures)."""
+def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """Write a matplotlib figure atomically, in the format its suffix names."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(
+            f"cannot tell the image format of {str(path)!r}: use a file name ending in .png, "
+            ".svg or .pdf."
+        )
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return _io.write_bytes(Path(path), buf.getvalue())
+    fig.savefig(buf, format=path.suffix.lower()[1:], dpi=dpi)
+    return _io.write_bytes(path, buf.getvalue())

@@ -6,6 +6,7 @@ Plain dataclasses (no pandas, no matplotlib): the section builders produce them 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,17 @@ class Section:
     title: str
     blocks: list[Paragraph | Table | Figure | Section] = field(default_factory=list)
     key: str = ""
+
+
+def num(value: Any, digits: int = 4) -> str:
+    """A number with ``digits`` decimals (``nan`` when not finite; ``—`` for a non-number).
+
+    >>> num(0.12345), num(float("nan")), num(None), num(2, 1)
+    ('0.1235', 'nan', '—', '2.0')
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "—"
+    return f"{value:.{digits}f}" if math.isfinite(value) else "nan"
 
 
 def plain(value: Any) -> str:

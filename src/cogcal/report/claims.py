@@ -1,17 +1,10 @@
 """The verdict that opens a bench report, and "The paper's claims at this scale".
 
-Every statement rests on paired comparisons (:func:`cogcal.report.stats.paired`),
-Holm-corrected over their family (:data:`cogcal.report.stats.PAIRED_RULE`). The families,
-per protocol (:func:`families`): each COG variant against its counterpart
-(:func:`cogcal.report._common.counterparts`) on test NLL, Brier, ECE-15 and accuracy over
-every dataset; cog-fc against the expressive COG variants; COG against its counterpart on
-OOD AUROC / FPR95 and on the shift averages; and, per dataset, the best method on each
-metric against every other method.
-
-A comparison is **budget-bound** when its methods' test accuracies differ by more than
-:data:`ACC_MARGIN`, or when one of them did not converge: in some seed its kept checkpoint
-(best validation Brier) is the last epoch of a stage that ran its whole budget, so it was
-still improving (:class:`Checkpoints`). The verdict says so in the sentence that uses it.
+Every statement rests on paired comparisons Holm-corrected over their family
+(:data:`cogcal.report.stats.PAIRED_RULE`; the families: :func:`families`). A comparison is
+**budget-bound** when its methods' test accuracies differ by more than :data:`ACC_MARGIN`
+or one of them was still improving at the last epoch of its budget (:class:`Checkpoints`);
+the verdict says so in the sentence that uses it.
 """
 
 from __future__ import annotations

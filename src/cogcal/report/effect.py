@@ -1,16 +1,9 @@
 """The "Where COG's effect comes from" section, from ``effect.csv``.
 
-Per dataset, three kinds of runs (:data:`cogcal.report.schema.EFFECT_VARIANTS`): ``ce``
-without a schedule (the paper's baseline recipe), ``ce`` with the step schedule COG uses,
-and ``cog-fc`` (the final layer on the slower rate λ_c = ratio × λ_f) with the same
-schedule at each ratio. Two differences separate COG from the paper's baseline:
-
-* the **schedule effect**: ``ce (step schedule)`` against ``ce (no schedule)``;
-* the **calibrator-rate effect**: ``cog-fc (ratio R)`` against ``ce (step schedule)``.
-
-Each is judged per metric with a paired comparison over the seeds (Holm over the
-dataset's comparisons; :data:`cogcal.report.stats.PAIRED_RULE`), and one generated
-sentence per dataset says which differences are decided.
+Per dataset: ``ce`` without a schedule (the paper's baseline recipe), ``ce`` with COG's
+step schedule, and ``cog-fc`` with that schedule at each ratio λ_c/λ_f. The schedule
+effect (step against none) and the calibrator-rate effect (cog-fc against ce with the
+step schedule) are judged with paired comparisons, Holm over the dataset's comparisons.
 """
 
 from __future__ import annotations

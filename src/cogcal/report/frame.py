@@ -225,8 +225,7 @@ def read_bench_json(folder: str | Path) -> dict[str, Any] | None:
 class SeedPlan:
     """How many seeds each (dataset, protocol, method) cell was planned with.
 
-    From ``runs.csv`` (one row per planned run) when present, else from the suite's
-    ``seeds`` in ``bench.json``; :meth:`planned` returns None when neither says.
+    From ``runs.csv`` when present, else from the suite's ``seeds`` in ``bench.json``.
     """
 
     cells: Mapping[tuple[str, str, str], int]
@@ -238,13 +237,8 @@ class SeedPlan:
         if runs is not None and not runs.empty:
             counts = runs.groupby(["dataset", "protocol", "method"])["seed"].nunique()
             cells = {tuple(map(str, k)): int(v) for k, v in counts.items()}  # type: ignore[misc]
-        default = None
-        suite = (meta or {}).get("suite")
-        seeds = suite.get("seeds") if isinstance(suite, Mapping) else None
-        if isinstance(seeds, list | tuple) and seeds:
-            default = len(seeds)
-        elif isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
-            default = seeds
+        seeds = ((meta or {}).get("suite") or {}).get("seeds")  # a list in bench.json
+        default = len(seeds) if seeds else None
         return cls(cells, default)
 
     def planned(self, dataset: str, protocol: str, method: str) -> int | None:

@@ -1,10 +1,7 @@
-"""Multi-task sections of the report (paper §4.3: Tab. 6, Fig. 6, pairwise win counts).
+"""The multi-task section of the report (paper §4.3: Tab. 6, Fig. 6, win counts).
 
-Multi-task rows of ``results.csv`` (docs/method.md §6) carry ``task`` = a task name, plus
-``task = "mean"`` rows with the unweighted mean over tasks. The Tab. 6 table uses those
-means (computing them from the per-task rows when a run wrote none); the per-task figure,
-tables and win counts use the per-task rows. Tasks are ordered by difficulty: the mean
-accuracy over methods (each method's mean over seeds), ascending, hardest first.
+Tab. 6 uses the ``task = "mean"`` rows (computed from the per-task rows when a run wrote
+none); the figure and the win counts use the per-task rows, hardest task first.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, save_png, slug
+from cogcal.report._common import is_cog, method_order, save_figure, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
@@ -113,7 +110,7 @@ def per_task_figure(
     axes[-1].set_xlabel("task, hardest (lowest mean accuracy over methods) first")
     axes[0].legend(fontsize=8, loc="best", ncols=2)
     fig.suptitle(f"{dataset}, {protocol} protocol: per-task test metrics (solid: COG)")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def wins_table(

@@ -113,9 +113,6 @@ def overview_section(
     meta: Mapping[str, Any] | None,
     runs: pd.DataFrame | None,
     found: Mapping[str, bool],
-    *,
-    short_cells: int = 0,
-    failed_runs: int = 0,
 ) -> Section:
     """The overview: suite, budgets, run counts, datasets/methods/seeds, protocols."""
     items = _session_items(meta) if meta else []
@@ -139,11 +136,6 @@ def overview_section(
         "fitted or selected on the test split (checkpoints by validation Brier, learning "
         "rates by validation cross-entropy, post-hoc calibrators fitted on validation)."
     )
-    if short_cells or failed_runs:
-        text = f"{short_cells} cell(s) with fewer seeds than planned, {failed_runs} run(s) "
-        items.append(
-            [text + "failed, diverged or interrupted (", Link("failures", "failures"), ")."]
-        )
     absent = [name for name, ok in found.items() if not ok]
     if absent:
         items.append("Not found, sections skipped: " + ", ".join(absent) + ".")

@@ -1,14 +1,8 @@
 """Render a report (sections of paragraphs, tables and figures) to Markdown and HTML.
 
-``report.md`` links the figures under ``figures/``; ``report.html`` is self-contained:
-styles inline and every image embedded as a base64 ``data:`` URI, so it opens offline
-and can be mailed as one file. No scripts, no external resources.
-
-All text is escaped for its format: HTML special characters in ``report.html``, and in
-``report.md`` the characters Markdown gives a meaning (``\\ ` * _ [ ] < > | #`` and a
-leading ``-``/``+``), so a method or dataset name such as ``a|b`` or ``my_*net*`` shows
-as written and cannot break a table. Tables and keyed sections carry an anchor (an
-``id`` in HTML, an ``<a id>`` line in Markdown) that :class:`Link` points to.
+``report.html`` is self-contained (inline styles, images embedded as ``data:`` URIs, no
+scripts). Text is escaped for its format, so a name such as ``a|b`` or ``my_*net*`` shows
+as written; tables and keyed sections carry the anchors :class:`Link` points to.
 """
 
 from __future__ import annotations

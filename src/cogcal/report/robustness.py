@@ -1,14 +1,9 @@
-"""Robustness sections of the report: OOD detection and covariate shift (paper Tab. 3/4).
+"""OOD detection and covariate shift sections of the report (paper Tab. 3/4).
 
-Everything is computed from the ``split == "ood"`` and ``split == "shift"`` rows of
-``results.csv`` (docs/method.md §6): ``condition`` names the OOD set or the corruption,
-``severity`` is 1-5 for shift rows. The runner also writes summary conditions, ``pooled``
-(all OOD sets scored together) and ``mean`` (shift, averaged over conditions per
-severity); the tables show ``pooled`` as its own column and never average ``mean``
-together with the individual conditions, so nothing is counted twice. COG against its
-counterpart on these numbers is compared paired in the claims section
-(:mod:`cogcal.report.claims`). Which sets a run could not evaluate is only in its record
-(``metrics.json``, ``"unavailable"``); :func:`unavailable_sets` reads it.
+From the ``ood`` and ``shift`` rows of ``results.csv``; the runner's summary conditions
+``pooled`` (every OOD set scored together) and ``mean`` (shift, per severity) are shown
+apart and never averaged with the individual ones. The paired COG comparisons on these
+numbers are in the claims section.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, save_png, sev_key, slug
+from cogcal.report._common import is_cog, method_order, save_figure, sev_key, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
@@ -146,7 +141,7 @@ def severity_figure(
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}, {protocol} protocol: covariate shift (solid: COG)")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:

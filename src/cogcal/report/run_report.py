@@ -7,15 +7,14 @@ test logits, drawn as ``reliability.png``. No pandas; matplotlib only for the di
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from cogcal import _io
-from cogcal.report._common import save_png, sev_key
-from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, plain
+from cogcal.report._common import save_figure, sev_key
+from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num, plain
 from cogcal.report.render import render_html, render_markdown
 from cogcal.report.schema import METRIC_LABELS as LABELS
 
@@ -23,45 +22,18 @@ __all__ = ["build_run_report", "report_kind"]
 
 _METRICS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
 _SHIFT = ("acc", "nll", "brier", "ece_15")
-#: Configuration keys shown first, in this order; the others follow sorted.
-_FIRST = (
-    "method",
-    "dataset",
-    "model",
-    "task",
-    "seed",
-    "preset",
-    "epochs",
-    "stage2_epochs",
-    "batch_size",
-    "lr",
-    "calibrator_lr",
-    "schedule",
-    "step_size",
-    "patience",
-    "precision",
-    "accelerator",
-    "devices",
-)
 _BIN_KEY = re.compile(r"^(ece|rmsce|mce)_(\d+)$")
 
 
-def _num(v: Any, digits: int = 4) -> str:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return "—"
-    return f"{v:.{digits}f}" if math.isfinite(v) else "nan"
-
-
 def _row(label: Any, values: Mapping[str, Any], metrics: tuple[str, ...]) -> list[Cell]:
-    return [Cell(str(label))] + [Cell(_num(values.get(m))) for m in metrics]
+    return [Cell(str(label))] + [Cell(num(values.get(m))) for m in metrics]
 
 
 def _config_table(config: Mapping[str, Any]) -> Table:
-    keys = [k for k in _FIRST if k in config]
-    keys += sorted(k for k in config if k not in _FIRST and k != "cogcal_run")
-    rows = []
-    for k in keys:
-        v = config[k]
+    rows = []  # in the recorded order: TrainConfig's, dataset and method first
+    for k, v in config.items():
+        if k == "cogcal_run":
+            continue
         if isinstance(v, Mapping) and v:
             rows += [[Cell(f"{k}.{kk}"), Cell(plain(vv))] for kk, vv in v.items()]
         else:
@@ -90,7 +62,7 @@ def _metric_tables(record: Any) -> list[Table]:
         header = ["Bins"] + [f"{s} {f.upper()}" for s in ("val", "test") for f in families]
         rows = [
             [Cell(str(b))]
-            + [Cell(_num(s.get(f"{f}_{b}"))) for s in (record.val, record.test) for f in families]
+            + [Cell(num(s.get(f"{f}_{b}"))) for s in (record.val, record.test) for f in families]
             for b in bins
         ]
         notes = ["ECE, RMSCE and MCE of the calibrated model over the bin sweep."]
@@ -160,11 +132,11 @@ def health_section(record: Any) -> Section | None:
     if health:
         findings = [str(f.get("message", "")) for f in health.get("findings") or []]
         facts = (
-            f"Validation ECE-15 {_num(health.get('ece'))}, mean confidence minus accuracy "
-            f"{_num(health.get('confidence_gap'))}; a temperature fitted on validation "
-            f"({_num(health.get('temperature'), 3)}, a diagnostic only: not applied) would "
-            f"change the validation NLL from {_num(health.get('nll'))} to "
-            f"{_num(health.get('nll_temperature'))}; {health.get('steps')} optimizer steps."
+            f"Validation ECE-15 {num(health.get('ece'))}, mean confidence minus accuracy "
+            f"{num(health.get('confidence_gap'))}; a temperature fitted on validation "
+            f"({num(health.get('temperature'), 3)}, a diagnostic only: not applied) would "
+            f"change the validation NLL from {num(health.get('nll'))} to "
+            f"{num(health.get('nll_temperature'))}; {health.get('steps')} optimizer steps."
         )
         if findings:
             section.blocks.append(Paragraph(f"{facts} Warnings:", items=findings))
@@ -173,9 +145,9 @@ def health_section(record: Any) -> Section | None:
     if selection:
         rows = [
             [
-                Cell(_num(r.get("lr"), 4)),
-                Cell(_num(r.get("ratio"), 3) if r.get("ratio") is not None else "-"),
-                Cell("diverged" if r.get("val_nll") is None else _num(r.get("val_nll"))),
+                Cell(num(r.get("lr"), 4)),
+                Cell(num(r.get("ratio"), 3) if r.get("ratio") is not None else "-"),
+                Cell("diverged" if r.get("val_nll") is None else num(r.get("val_nll"))),
             ]
             for r in selection.get("table") or []
         ]
@@ -183,7 +155,7 @@ def health_section(record: Any) -> Section | None:
         notes = [
             f"Chosen by validation cross-entropy: {plain(selection.get('best_config'))}{edge}; "
             f"{selection.get('runs')} runs of the same budget, "
-            f"{_num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
+            f"{num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
         ]
         header = ["λ_f", "λ_c/λ_f", "validation NLL"]
         section.blocks.append(Table("Learning rates tried", header, rows, notes, "selection"))
@@ -203,7 +175,7 @@ def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
     title = f"{record.config.get('method', '?')} on {record.config.get('dataset', '?')} (test)"
     method = str(record.config.get("method", "?"))
     fig = plot_reliability({method: (logits, labels)}, None, task=task, title=title)
-    save_png(fig, folder.path / "reliability.png", dpi=150)
+    save_figure(fig, folder.path / "reliability.png", dpi=150)
     pooled = " (pooled over tasks)" if task == "multilabel" else ""
     caption = f"Reliability diagram of the saved test logits, 15 equal-width bins{pooled}"
     return Figure("reliability.png", caption)
@@ -284,14 +256,14 @@ def build_run_report(run_dir: str | Path) -> Path:
     who = f"{cfg.get('method', '?')} on {cfg.get('dataset', '?')}"
     summary = (
         f"{who} ({cfg.get('model', '?')}), seed {cfg.get('seed', '?')}: test accuracy "
-        f"{_num(test.get('acc'))}, NLL {_num(test.get('nll'))}, Brier "
-        f"{_num(test.get('brier'))}, ECE-15 {_num(test.get('ece_15'))}."
+        f"{num(test.get('acc'))}, NLL {num(test.get('nll'))}, Brier "
+        f"{num(test.get('brier'))}, ECE-15 {num(test.get('ece_15'))}."
     )
     if record.copied_from:
         summary += f" Copied from the identical run {record.copied_from}."
     timing = record.timing or {}
     rows = [
-        [Cell(k), Cell(_num(v, 1) if isinstance(v, float) else plain(v))] for k, v in timing.items()
+        [Cell(k), Cell(num(v, 1) if isinstance(v, float) else plain(v))] for k, v in timing.items()
     ]
     timing_table = Table(
         "Timing", ["Stage", "Value"], rows, ["Seconds; stages as recorded."], "timing"

@@ -1,14 +1,9 @@
-"""The report's statistics: means over seeds, summary ranks, win counts, the Pareto front,
-and the paired tests every "better" / "worse" statement of the report rests on.
+"""The report's statistics: summary ranks, win counts, the Pareto front, and the paired
+tests every "better" / "worse" statement rests on (:data:`PAIRED_RULE`).
 
-Every method of a (dataset, protocol) cell is trained on the same seeds, and a seed fixes
-the data split and the network's initialisation, so two methods are compared **paired**:
-per seed the difference ``a - b``, then its mean and a 95% Student-t interval
-(:func:`paired`). A difference is *decided* only when its Holm-adjusted p-value (paired
-t-test, two-sided; :func:`holm`) over the comparisons of its family is below 0.05, which
-implies that its 95% interval excludes 0. With fewer than 2 paired seeds a comparison is
-*undecided*. Everything takes the tidy ``results.csv`` frame
-(:func:`cogcal.report.frame.load_results`) and never needs matplotlib.
+Methods of a (dataset, protocol) cell share each seed's data split and initialisation,
+so they are compared per seed (:func:`paired`), Holm-corrected over a family
+(:func:`holm`). Nothing here needs matplotlib.
 """
 
 from __future__ import annotations
@@ -143,35 +138,6 @@ def holm(tests: Sequence[Paired | None]) -> list[Paired | None]:
     for rank, i in enumerate(sorted(idx, key=lambda i: tests[i].p)):  # type: ignore[union-attr]
         running = max(running, min(1.0, (m - rank) * tests[i].p))  # type: ignore[union-attr]
         out[i] = replace(tests[i], p_adj=running)  # type: ignore[arg-type]
-    return out
-
-
-def mean_std(
-    df: pd.DataFrame,
-    by: Sequence[str] = ("dataset", "method", "protocol", "split", "metric"),
-) -> pd.DataFrame:
-    """Mean, sample standard deviation (``ddof=1``; 0.0 for one seed) and count ``n`` of
-    ``value`` over seeds, one row per ``by`` cell; ``ValueError`` when a column is missing
-    or a cell holds a seed twice (``by`` mixes per-task, per-condition or per-severity rows).
-
-    >>> df = pd.DataFrame({"dataset": "d", "method": "ce", "protocol": "paper",
-    ...                    "split": "test", "metric": "acc", "seed": [0, 1, 2],
-    ...                    "value": [0.90, 0.92, 0.94]})
-    >>> mean_std(df).round(4).to_dict("records")
-    [{'dataset': 'd', 'method': 'ce', 'protocol': 'paper', 'split': 'test', 'metric': 'acc', 'mean': 0.92, 'std': 0.02, 'n': 3}]
-    """
-    by = list(by)
-    missing = [c for c in [*by, "value"] if c not in df.columns]
-    if missing:
-        raise ValueError(f"the results table lacks the column(s) {missing}; pass results.csv rows.")
-    if "seed" in df.columns and df.duplicated([*by, "seed"]).any():
-        raise ValueError(
-            "a cell holds a seed more than once, so `by` mixes rows that are not repeats; add "
-            "task / condition / severity to `by` or filter the table first."
-        )
-    g = df.groupby(by, dropna=False, sort=True)["value"]
-    out = g.agg(mean="mean", std=lambda v: v.std(ddof=1), n="count").reset_index()
-    out["std"] = out["std"].fillna(0.0)
     return out
 
 

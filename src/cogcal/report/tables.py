@@ -1,11 +1,7 @@
-"""The report's tables. One helper, :func:`stat_table`, makes every "mean ± std over seeds,
-best in bold" table of the report (comparison, bin sweep, OOD, shift, multi-task, effect);
-the others (complexity, run times, paired comparisons, checkpoints) are plain lists.
-
-Each function returns a :class:`~cogcal.report.blocks.Table`, rendered to Markdown and
-HTML by :mod:`cogcal.report.render`. A cell over fewer seeds than planned says so
-(``0.812 ± 0.010 (2 of 3 seeds)``): the plan comes from ``runs.csv``
-(:class:`~cogcal.report.frame.SeedPlan`), or, without it, from the table's largest count.
+"""The report's tables. :func:`stat_table` is the one "mean ± std over seeds, best in bold"
+table (comparison, bin sweep, OOD, shift, multi-task, effect); a cell over fewer seeds
+than planned (:class:`~cogcal.report.frame.SeedPlan`) says so: ``0.812 ± 0.010 (2 of 3
+seeds)``. The others (complexity, run times) are plain lists.
 """
 
 from __future__ import annotations
@@ -239,11 +235,7 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
     calibration data, stages and extra hyperparameters of each method."""
     from cogcal.train.methods import METHODS
 
-    sized = {
-        name: i
-        for name, i in (datasets or {}).items()
-        if isinstance(i, dict) and i.get("num_classes") and i.get("feature_dim")
-    }
+    sized = {n: i for n, i in datasets.items() if i.get("num_classes") and i.get("feature_dim")}
     header = ["Method", "Family", "Extra parameters"]
     header += [f"{name} (K={i['num_classes']}, d={i['feature_dim']})" for name, i in sized.items()]
     header += ["Calibration data", "Stages", "Extra hyperparameters", "Description"]
@@ -254,13 +246,11 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
             body.append([cell(name)] + [cell("?")] * (len(header) - 1))
             continue
         row = [cell(name), cell(m.family), cell(m.extra_parameters_formula())]
-        for info in sized.values():
-            try:
-                k, d = int(info["num_classes"]), int(info["feature_dim"])
-                n = m.extra_parameters(k, d, task=info.get("task") or "multiclass")
-                row.append(cell(f"{n:,}"))
-            except (TypeError, ValueError):
-                row.append(cell("?"))
+        for i in sized.values():
+            n = m.extra_parameters(
+                i["num_classes"], i["feature_dim"], task=i.get("task") or "multiclass"
+            )
+            row.append(cell(f"{n:,}"))
         row += [
             cell("yes (validation split)" if m.needs_calibration_data else "no"),
             cell(m.stages),

@@ -10,20 +10,15 @@ section, which shows every trained point.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from cogcal.report._common import method_order, slug
-from cogcal.report.blocks import Paragraph, Section, Table, Text
+from cogcal.report.blocks import Paragraph, Section, Table, Text, num, plain
 from cogcal.report.frame import protocol_order
 from cogcal.report.tables import cell
-
-
-def _g(x: Any, spec: str = "g") -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ class EdgeChoice:
         >>> EdgeChoice("fair", "d", "ce", ("ce", "ts"), 0.01, None, "lr high", 2, True).text()
         'fair/d ce (used by ce, ts): lr 0.01 on the lr high edge after 2 extension(s), cap reached'
         """
-        point = f"lr {_g(self.lr)}" + (f", ratio {_g(self.ratio)}" if self.ratio else "")
+        point = f"lr {plain(self.lr)}" + (f", ratio {plain(self.ratio)}" if self.ratio else "")
         why = ", cap reached" if self.cap_reached else ", the grid could not extend further"
         return (
             f"{self.protocol}/{self.dataset} {self.group} (used by {', '.join(self.used_by)}): "
@@ -97,13 +92,13 @@ def chosen_table(tuning: pd.DataFrame) -> Table:
         edge = (str(grp["edges"].iloc[0]) or "yes") if at else "no"
         edge += " (cap reached)" if at and grp["cap_reached"].any() else ""
         picked = (
-            [_g(row[c]) for c in ("lr", "ratio", "calibrator_lr")]
+            [plain(row[c]) for c in ("lr", "ratio", "calibrator_lr")]
             if row is not None
             else ["none (every point diverged)", "—", "—"]
         )
         body.append(
             [cell(p), cell(ds), cell(g), cell(", ".join(_used_by(grp, g))), *map(cell, picked)]
-            + [cell(_g(row["val_nll"], ".4f") if row is not None else "—"), cell(len(grp))]
+            + [cell(num(row["val_nll"]) if row is not None else "—"), cell(len(grp))]
             + [cell(int(grp["extensions"].max())), cell(edge, bold=at)]
         )
     header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio λ_c/λ_f", "λ_c"]
@@ -126,9 +121,9 @@ def grid_table(tuning: pd.DataFrame, protocol: str, dataset: str) -> Table | Non
     for (_, _, g), grp, _ in _groups(d):
         for _, r in grp.sort_values(["lr", "ratio"], na_position="first").iterrows():
             body.append(
-                [cell(g)] + [cell(_g(r[c])) for c in ("lr", "ratio", "calibrator_lr")]
-                + [cell(_g(r["val_nll"], ".4f"), bold=bool(r["chosen"]))]
-                + [cell(_g(r[c], ".4f")) for c in ("val_brier", "val_acc")]
+                [cell(g)] + [cell(plain(r[c])) for c in ("lr", "ratio", "calibrator_lr")]
+                + [cell(num(r["val_nll"]), bold=bool(r["chosen"]))]
+                + [cell(num(r[c])) for c in ("val_brier", "val_acc")]
                 + [cell(r["status"], bold=r["status"] != "complete")]
                 + [cell("chosen" if r["chosen"] else "", bold=bool(r["chosen"]))]
             )  # fmt: skip
@@ -154,7 +149,7 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
     if edges:
         body = [
             [cell(e.protocol), cell(e.dataset), cell(e.group), cell(", ".join(e.used_by))]
-            + [cell(_g(e.lr)), cell(_g(e.ratio)), cell(e.edges or "grid", bold=True)]
+            + [cell(plain(e.lr)), cell(plain(e.ratio)), cell(e.edges or "grid", bold=True)]
             + [cell(e.extensions), cell("yes" if e.cap_reached else "no")]
             for e in edges
         ]
