@@ -18,15 +18,7 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import aggregate, rows, seed_values
-from cogcal.report.stats import (
-    HIGHER_IS_BETTER,
-    PAIRED_RULE,
-    Paired,
-    holm,
-    paired,
-    pairwise_wins,
-    summary_rank,
-)
+from cogcal.report.stats import PAIRED_RULE, Paired, paired_family, pairwise_wins, summary_rank
 from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
 
 #: Metrics of the COG-against-counterpart comparisons.
@@ -160,27 +152,24 @@ def compare_family(
 ) -> list[Comparison]:
     """Paired comparisons ``(dataset, a, b)`` x ``metrics`` of ``measure``
     (:func:`~cogcal.report.frame.seed_values`), Holm-corrected together, with caveats."""
-    values = seed_values(df, measure, protocol=protocol).set_index("seed")
+    values = seed_values(df, measure, protocol=protocol)
     acc = seed_values(df, "test", protocol=protocol, metric="acc")
+    acc = acc.groupby(["dataset", "method"])["value"].mean()
+    todo = [(ds, a, b, m) for ds, a, b in pairs for m in metrics]
+    wanted = [(m, (ds, a), (ds, b)) for ds, a, b, m in todo]
+    tests = paired_family(values, ["dataset", "method"], wanted)
     found = []
-    for ds, a, b in pairs:
-        v = values[values["dataset"] == ds]
-        for metric in metrics:
-            s = [v[(v["method"] == m) & (v["metric"] == metric)]["value"] for m in (a, b)]
-            t = paired(s[0], s[1], higher_is_better=metric in HIGHER_IS_BETTER)
-            if t is None:
-                continue
-            c = Comparison(ds, a, b, metric, t)
-            means = [acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean() for m in (a, b)]  # fmt: skip
-            if all(math.isfinite(x) for x in means) and abs(means[0] - means[1]) > ACC_MARGIN:
-                c.gap = abs(means[0] - means[1])
-            for m in (a, b):
-                k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
-                if k:
-                    c.late[m] = (k, n)
-            found.append(c)
-    for c, t in zip(found, holm([c.test for c in found]), strict=True):
-        c.test = t  # type: ignore[assignment]
+    for (ds, a, b, metric), t in zip(todo, tests, strict=True):
+        if t is None:
+            continue
+        c = Comparison(ds, a, b, metric, t)
+        gap = abs(acc.get((ds, a), math.nan) - acc.get((ds, b), math.nan))
+        c.gap = gap if gap > ACC_MARGIN else None
+        for m in (a, b):
+            k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
+            if k:
+                c.late[m] = (k, n)
+        found.append(c)
     return found
 
 
@@ -392,12 +381,7 @@ def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None
             pairs += [(metric, str(means.idxmin()), m) for m in method_order(means.index) if m != means.idxmin()]  # fmt: skip
     if not pairs:
         return None
-    values = {
-        k: g.set_index("seed")["value"] for k, g in d.reset_index().groupby(["metric", "method"])
-    }
-    tests = holm(
-        [paired(values[(x, a)], values[(x, b)], higher_is_better=False) for x, a, b in pairs]
-    )
+    tests = paired_family(d.reset_index(), "method", pairs)
     clauses = []
     for metric in dict.fromkeys(x for x, _, _ in pairs):
         mine = [(a, b, t) for (x, a, b), t in zip(pairs, tests, strict=True) if x == metric and t is not None]  # fmt: skip

@@ -13,9 +13,9 @@ import re
 import pandas as pd
 
 from cogcal.report._common import slug
-from cogcal.report.blocks import Paragraph, Section, Table
+from cogcal.report.blocks import Paragraph, Section, Table, plain
 from cogcal.report.frame import rows
-from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, holm, paired
+from cogcal.report.stats import PAIRED_RULE, paired_family
 from cogcal.report.tables import LABELS, NAMES, stat_table, stats_of
 
 #: The metrics of the effect table and sentence, in order.
@@ -34,11 +34,6 @@ def effect_ratio(variant: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def effect_key(dataset: str) -> str:
-    """The anchor of :func:`effect_table`."""
-    return f"effect-{slug(dataset)}"
-
-
 def effect_variants(effect: pd.DataFrame, dataset: str) -> list[str]:
     """The variants of ``dataset`` in table order: no schedule, step, then cog-fc by ratio."""
     present = set(effect.loc[effect["dataset"] == dataset, "variant"])
@@ -46,12 +41,6 @@ def effect_variants(effect: pd.DataFrame, dataset: str) -> list[str]:
         (v for v in present if effect_ratio(v) is not None), key=lambda v: effect_ratio(v)
     )
     return [v for v in (NO_SCHEDULE, STEP) if v in present] + ratios
-
-
-def _rates(effect: pd.DataFrame, dataset: str, variant: str, column: str) -> str:
-    vals = rows(effect, dataset=dataset)
-    vals = vals.loc[vals["variant"] == variant, column].dropna().unique()
-    return ", ".join(f"{v:g}" for v in sorted(vals)) or "—"
 
 
 def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> Table | None:
@@ -62,14 +51,15 @@ def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> 
     if not variants:
         return None
     d = rows(effect, dataset=dataset)
-    labels = {
-        v: [v, ", ".join(sorted(set(d.loc[d["variant"] == v, "schedule"]))) or "—"]
-        + [_rates(effect, dataset, v, "lr"), _rates(effect, dataset, v, "calibrator_lr")]
-        for v in variants
-    }
+
+    def used(variant: str, column: str) -> str:
+        values = sorted(d.loc[d["variant"] == variant, column].dropna().unique())
+        return ", ".join(map(plain, values)) or "—"
+
+    labels = {v: [v, *(used(v, c) for c in ("schedule", "lr", "calibrator_lr"))] for v in variants}
     return stat_table(
         f"{dataset}: where COG's effect comes from",
-        effect_key(dataset),
+        f"effect-{slug(dataset)}",
         ["Variant", "Schedule", "λ_f (lr)", "λ_c"],
         [(v, labels[v]) for v in variants],
         [(m, LABELS[m], m) for m in EFFECT_METRICS],
@@ -95,15 +85,7 @@ def effect_sentence(effect: pd.DataFrame, dataset: str, *, split: str = "test") 
     present = effect_variants(effect, dataset)
     effects = [("schedule effect", STEP, NO_SCHEDULE)]
     effects += [("calibrator-rate effect", v, STEP) for v in present if effect_ratio(v)]
-    tests = []
-    for _, a, b in effects:
-        for m in EFFECT_METRICS:
-            s = [
-                d[(d["variant"] == v) & (d["metric"] == m)].set_index("seed")["value"]
-                for v in (a, b)
-            ]
-            tests.append(paired(s[0], s[1], higher_is_better=m in HIGHER_IS_BETTER))
-    tests = holm(tests)
+    tests = paired_family(d, "variant", [(m, a, b) for _, a, b in effects for m in EFFECT_METRICS])
     clauses = []
     for i, (label, a, b) in enumerate(effects):
         mine = tests[i * len(EFFECT_METRICS) : (i + 1) * len(EFFECT_METRICS)]
@@ -140,16 +122,9 @@ def effect_section(effect: pd.DataFrame | None) -> Section | None:
             "the same schedule at each ratio λ_c/λ_f. Rule: " + PAIRED_RULE
         )
     )
-    split = "test" if (effect["split"] == "test").any() else None
-    if effect.empty or split is None:
+    if not (effect["split"] == "test").any():
         sec.blocks.append(Paragraph("effect.csv holds no test-split rows."))
-        return sec
     for dataset in sorted(set(effect["dataset"])):
-        table = effect_table(effect, dataset, split=split)
-        if table is None:
-            continue
-        sec.blocks.append(table)
-        sentence = effect_sentence(effect, dataset, split=split)
-        if sentence:
-            sec.blocks.append(Paragraph(sentence))
+        table, sentence = effect_table(effect, dataset), effect_sentence(effect, dataset)
+        sec.blocks += [table, Paragraph(sentence)] if table is not None and sentence else []
     return sec

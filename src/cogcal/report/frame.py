@@ -48,12 +48,13 @@ def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
         if want is AGGREGATE or want == "":
             return pd.Series(True, index=df.index)  # an absent optional column is blank
         raise ValueError(f"cannot select on {column!r}: the table has no such column.")
-    col = df[column].fillna("").astype(str).str.strip()
+    col = df[column].astype(str).str.strip()
+    blank = df[column].isna() | (col == "")
     if isinstance(want, _Selector):
-        return (col.isin(["", "mean"])) == (want is AGGREGATE)
+        return (blank | (col == "mean")) == (want is AGGREGATE)
     if isinstance(want, Collection) and not isinstance(want, str):
         return df[column].isin(list(want))
-    return col == "" if want == "" else df[column] == want
+    return blank if want == "" else df[column] == want
 
 
 def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:

@@ -33,7 +33,6 @@ _BUDGET_LABELS = {
     "stage2_epochs": "Stage-2 epochs",
     "floor_epoch": "All rates < 1e-8 from epoch",
 }
-_COUNTS = ("trained", "reused", "copied", "skipped", "failed", "interrupted", "diverged")
 FAILED_STATUSES = ("failed", "interrupted", "diverged")
 
 
@@ -60,16 +59,6 @@ def budget_table(meta: Mapping[str, Any] | None) -> Table | None:
         ]
     ]
     return Table("Training budgets per protocol and method family", header, body, notes, "budgets")
-
-
-def count_text(counts: Mapping[str, Any]) -> str:
-    """Run counts as words, known kinds first.
-
-    >>> count_text({"failed": 1, "trained": 56, "copied": 3, "skipped": 0})
-    'trained 56, reused 3, skipped 0, failed 1'
-    """
-    keys = [k for k in _COUNTS if k in counts] + sorted(k for k in counts if k not in _COUNTS)
-    return ", ".join(f"{'reused' if k == 'copied' else k} {plain(counts[k])}" for k in keys)
 
 
 def coverage_rows(df: pd.DataFrame, plan: SeedPlan) -> list[tuple[str, str, str, list[int], int]]:
@@ -100,8 +89,9 @@ def _session_items(meta: Mapping[str, Any]) -> list[Text]:
     if sessions:
         wall = sum(float(s.get("wall_seconds") or 0) for s in sessions)
         text = f"cogcal bench ran {len(sessions)} time(s) into this folder, {wall:.0f} s of wall time in all"
-        if sessions[-1].get("counts"):
-            text += f"; the last session: {count_text(sessions[-1]['counts'])}"
+        counts = sessions[-1].get("counts") or {}  # in the bench's order; copied = reused
+        words = ", ".join(f"{'reused' if k == 'copied' else k} {v}" for k, v in counts.items())
+        text += f"; the last session: {words}" if words else ""
         items.append(text + ".")
     stamp = {k: meta[k] for k in ("cogcal", "torch", "python", "platform") if k in meta}
     items += [f"Software: {plain(stamp)}."] if stamp else []

@@ -51,9 +51,9 @@ def _md_table(t: Table) -> str:
     lines.append("| " + " | ".join(md_escape(h) for h in t.header) + " |")
     lines.append("|" + "|".join("---" for _ in t.header) + "|")
     for row in t.rows:
-        cells = [
-            (f"**{md_escape(c.text)}**" if c.bold and c.text else md_escape(c.text)) for c in row
-        ]
+        cells = (
+            f"**{md_escape(c.text)}**" if c.bold and c.text else md_escape(c.text) for c in row
+        )
         lines.append("| " + " | ".join(cells) + " |")
     for note in t.notes:
         lines += ["", f"*{_md_inline(note)}*"]
@@ -71,12 +71,8 @@ def _md_block(block: Paragraph | Table | Figure | Section, level: int) -> str:
     if isinstance(block, Figure):
         cap = md_escape(block.caption)
         return f"![{cap}]({block.path})\n\n*{cap}*"
-    text = _md_inline(block.text) if block.text else ""
-    if block.items:
-        text = (text + "\n\n" if text else "") + "\n".join(
-            f"- {_md_inline(i)}" for i in block.items
-        )
-    return text
+    items = "\n".join(f"- {_md_inline(i)}" for i in block.items)
+    return "\n\n".join(t for t in (_md_inline(block.text) if block.text else "", items) if t)
 
 
 def render_markdown(title: str, sections: list[Section]) -> str:
@@ -121,9 +117,7 @@ _NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeEΔ=]*(\(\d+ of \d+ seeds?\)
 
 
 def _html_cell(c: Cell) -> str:
-    text = _esc(c.text)
-    if c.bold and c.text:
-        text = f"<b>{text}</b>"
+    text = f"<b>{_esc(c.text)}</b>" if c.bold and c.text else _esc(c.text)
     cls = "" if _NUMERIC.match(c.text) else ' class="t"'
     return f"<td{cls}>{text}</td>"
 
@@ -134,20 +128,14 @@ def _html_table(t: Table) -> str:
         f"<caption>{_esc(t.title)}</caption>",
     ]
     out.append("<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in t.header) + "</tr></thead>")
-    out.append("<tbody>")
-    for row in t.rows:
-        cells = "".join(_html_cell(c) for c in row)
-        out.append(f"<tr>{cells}</tr>")
+    out += ["<tbody>", *("<tr>" + "".join(map(_html_cell, row)) + "</tr>" for row in t.rows)]
     out.append("</tbody></table></div>")
     out += [f'<p class="note">{_html_inline(n)}</p>' for n in t.notes]
     return "\n".join(out)
 
 
 def _data_uri(path: Path) -> str:
-    suffix = path.suffix.lower()
-    mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}.get(
-        suffix, "application/octet-stream"
-    )
+    mime = "image/svg+xml" if path.suffix.lower() == ".svg" else "image/png"
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -139,6 +140,23 @@ def holm(tests: Sequence[Paired | None]) -> list[Paired | None]:
         running = max(running, min(1.0, (m - rank) * tests[i].p))  # type: ignore[union-attr]
         out[i] = replace(tests[i], p_adj=running)  # type: ignore[arg-type]
     return out
+
+
+def paired_family(
+    values: pd.DataFrame, by: str | Sequence[str], tests: Sequence[tuple[str, Any, Any]]
+) -> list[Paired | None]:
+    """One family of paired comparisons of per-seed ``values`` (columns ``seed``, ``metric``,
+    ``value`` and ``by``), Holm-corrected together: per ``(metric, a, b)`` the comparison of
+    the rows whose ``by`` is ``a`` with those whose ``by`` is ``b`` (None: no common seed)."""
+    keys = ["metric", *([by] if isinstance(by, str) else by)]
+    series = {k: g.set_index("seed")["value"] for k, g in values.groupby(keys)}
+
+    def of(metric: str, key: Any) -> pd.Series:
+        return series.get((metric, *(key if isinstance(key, tuple) else (key,))), pd.Series())
+
+    return holm(
+        [paired(of(m, a), of(m, b), higher_is_better=m in HIGHER_IS_BETTER) for m, a, b in tests]
+    )
 
 
 def _wide(df: pd.DataFrame, keys: Sequence[str], metrics: Collection[str]) -> pd.DataFrame:
