@@ -160,12 +160,10 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
 
 
 def _add(blocks: list, table: Table | None) -> None:
-    if table is None:
-        return
-    if not table.rows:  # a table without rows renders badly: say it in words
-        blocks.append(Paragraph(f"{table.title}: " + " ".join(map(str, table.notes))))
-        return
-    blocks.append(table)
+    """Add ``table``; one without rows renders badly, so it is said in words."""
+    if table is not None:
+        words = Paragraph(f"{table.title}: " + " ".join(map(str, table.notes)))
+        blocks.append(table if table.rows else words)
 
 
 def section_verdict(ctx: BenchContext) -> Section:

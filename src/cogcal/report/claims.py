@@ -10,6 +10,7 @@ the verdict says so in the sentence that uses it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -234,13 +235,6 @@ def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | N
     return Table(title, [*header, "Verdict", "Budget caveat"], body, notes, key)
 
 
-def _tally(found: Sequence[Comparison]) -> dict[str, int]:
-    out = {"better": 0, "worse": 0, "undecided": 0}
-    for c in found:
-        out[c.verdict] += 1
-    return out
-
-
 def _join(words: Sequence[str]) -> str:
     words = list(words)
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
@@ -273,7 +267,7 @@ def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: 
     """A claim that the first methods are not worse (``not_worse``) or better than the
     second ones over ``found``: "does not hold" with a decided loss, "holds" with decided
     results and none against, "undecided" without any decided result."""
-    t = _tally(found)
+    t = Counter(c.verdict for c in found)
     losses = [c.text() for c in found if c.verdict == "worse"]
     if not (t["better"] or t["worse"]):
         judgement = "undecided"
@@ -354,7 +348,7 @@ def _cog_sentence(
         found = [c for c in fam.get("cog", []) if c.dataset == dataset]
         if not found:
             continue
-        t = _tally(found)
+        t = Counter(c.verdict for c in found)
         answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
         ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")["value"]  # fmt: skip
         clauses += [

@@ -79,8 +79,6 @@ def aggregate(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
     return rows(df, **selection)
 
 
-#: The measures :func:`seed_values` reads, by name.
-MEASURES: tuple[str, ...] = ("test", "ood", "shift")
 _SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the individual ones
 
 
@@ -104,7 +102,7 @@ def seed_values(df: pd.DataFrame, measure: str, **selection: Any) -> pd.DataFram
         else:
             d = d[~cond.isin(_SUMMARY)] if (~cond.isin(_SUMMARY)).any() else d[cond == "mean"]
     else:
-        raise ValueError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}.")
+        raise ValueError(f"unknown measure {measure!r}; expected test, ood or shift.")
     d = d[np.isfinite(d["value"].astype(float))]
     return d.groupby(keys, as_index=False)["value"].mean()
 
@@ -118,17 +116,13 @@ def protocol_order(protocols: Collection[str]) -> list[str]:
 # --------------------------------------------------------------------------- reading
 
 
-def _bad(path: Path, column: str, df: pd.DataFrame, bad: pd.Series, expected: str) -> ValueError:
-    """An error quoting the first offending lines (line 1 is the header) and values."""
-    where = df.index[bad.to_numpy()]
-    shown = ", ".join(f"line {i + 2}: {df.at[i, column]!r}" for i in where[:_SHOWN])
-    more = f" (and {len(where) - _SHOWN} more)" if len(where) > _SHOWN else ""
-    return ValueError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
-
-
 def _check(path: Path, df: pd.DataFrame, column: str, bad: pd.Series, expected: str) -> None:
-    if bad.any():
-        raise _bad(path, column, df, bad, expected)
+    """An error quoting the first ``bad`` lines (line 1 is the header) and their values."""
+    where = df.index[bad.to_numpy()]
+    if len(where):
+        shown = ", ".join(f"line {i + 2}: {df.at[i, column]!r}" for i in where[:_SHOWN])
+        more = f" (and {len(where) - _SHOWN} more)" if len(where) > _SHOWN else ""
+        raise ValueError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
 
 
 def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> pd.DataFrame:

@@ -33,13 +33,8 @@ def task_difficulty(
     df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc"
 ) -> list[str]:
     """Task names from hardest to easiest: the mean over methods of each method's mean
-    ``metric`` over seeds, ascending (descending for an error metric); ties by name.
-
-    Raises
-    ------
-    ValueError
-        When there are no per-task rows of ``metric``.
-    """
+    ``metric`` over seeds, ascending (descending for an error metric); ties by name;
+    ``ValueError`` without per-task rows of ``metric``."""
     d = rows(per_task_rows(df, dataset, protocol), metric=metric)
     if d.empty:
         raise ValueError(
@@ -142,9 +137,8 @@ def wins_table(
         f"better on all of {names}; 'Mixed' counts the others. The larger count is bold."
     ]
     title = f"{dataset} — {protocol}: pairwise wins over tasks ({names})"
-    return Table(
-        title, header, body, notes, f"mtl-wins-{slug(protocol)}-{slug(dataset)}"
-    ), sentences
+    table = Table(title, header, body, notes, f"mtl-wins-{slug(protocol)}-{slug(dataset)}")
+    return table, sentences
 
 
 def multitask_section(
@@ -165,10 +159,8 @@ def multitask_section(
         for protocol in protocol_order(set(rows(df, dataset=dataset)["protocol"])):
             if per_task_rows(df, dataset, protocol).empty:
                 continue
-            sub = Section(
-                f"{dataset} — {protocol} protocol",
-                key=f"multitask-{slug(protocol)}-{slug(dataset)}",
-            )
+            key = f"multitask-{slug(protocol)}-{slug(dataset)}"
+            sub = Section(f"{dataset} — {protocol} protocol", key=key)
             sub.blocks += [t for t in [multitask_table(df, dataset, protocol, plan=plan)] if t]
             name = f"per_task_{slug(protocol)}_{slug(dataset)}.png"
             if per_task_figure(df, dataset, protocol, Path(figdir) / name):

@@ -157,18 +157,11 @@ def failures_section(
         sec.blocks.append(Paragraph("Every cell has all its planned seeds."))
         return sec
     body = [
-        [
-            cell(p),
-            cell(ds),
-            cell(m),
-            cell(", ".join(map(str, s)) or "none"),
-            cell(f"{len(s)} of {n}", True),
-        ]
+        [*map(cell, (p, ds, m, ", ".join(map(str, s)) or "none")), cell(f"{len(s)} of {n}", True)]
         for ds, p, m, s, n in coverage
     ]
     header = ["Protocol", "Dataset", "Method", "Seeds with results", "Seeds"]
     note = "Their table cells say '(k of n seeds)': the mean is over the seeds present, not the planned ones."
-    sec.blocks.append(
-        Table("Cells with fewer seeds than planned", header, body, [note], "coverage")
-    )
+    title = "Cells with fewer seeds than planned"
+    sec.blocks.append(Table(title, header, body, [note], "coverage"))
     return sec

@@ -81,12 +81,6 @@ def _shift(df: pd.DataFrame, dataset: str, protocol: str) -> tuple[pd.DataFrame,
     return d, sorted(d["condition"].unique())
 
 
-def _by_severity(d: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, severity, metric, seed): the mean over conditions."""
-    d = d[d["severity"].astype(str) != ""]
-    return d.groupby(["method", "severity", "metric", "seed"], as_index=False)["value"].mean()
-
-
 def shift_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     """Tab. 4: accuracy, NLL, Brier and ECE-15 per seed averaged over every (condition,
     severity) recorded, mean ± std over seeds, summary rank (acc, NLL, Brier). None
@@ -117,7 +111,9 @@ def severity_figure(
     from matplotlib.figure import Figure as MplFigure
 
     d, _ = _shift(df, dataset, protocol)
-    d = _by_severity(rows(d, metric=list(metrics)))
+    d = rows(d, metric=list(metrics))
+    d = d[d["severity"] != ""].groupby(["method", "severity", "metric", "seed"], as_index=False)
+    d = d["value"].mean()  # per seed the mean over conditions
     if d.empty or set(d["metric"]) != set(metrics) or d["severity"].nunique() < 2:
         return None
     clean = seed_values(df, "test", dataset=dataset, protocol=protocol, metric=list(metrics))
@@ -196,11 +192,6 @@ def robustness_section(
         for name, reason in sorted((un.get(kind) or {}).items())
     ]
     if items:
-        sec.blocks.append(
-            Section(
-                "Sets not evaluated",
-                [Paragraph("Recorded by the runs:", items=items)],
-                "rob-unavailable",
-            )
-        )
+        said = Paragraph("Recorded by the runs:", items=items)
+        sec.blocks.append(Section("Sets not evaluated", [said], "rob-unavailable"))
     return sec

@@ -189,14 +189,8 @@ _EXPECTED = (
 
 def report_kind(path: str | Path) -> Literal["bench", "run"]:
     """Which report ``path`` gets: ``"bench"`` (it holds ``results.csv``) or ``"run"`` (a
-    finished ``cogcal train`` run folder).
-
-    Raises
-    ------
-    ValueError
-        The path does not exist, is a file, holds an unfinished or diverged run, or is
-        neither kind of folder; the message names what was found and what is expected.
-    """
+    finished ``cogcal train`` run folder); ``ValueError`` naming what was found otherwise
+    (nothing, a file, an unfinished or diverged run, another folder)."""
     from cogcal.train.rundir import RunDir, RunFolderError
 
     path = Path(path)
