@@ -28,28 +28,20 @@ def is_cog(method: str) -> bool:
 
 
 def counterparts() -> dict[str, str]:
-    """COG variant -> the method it is compared with.
-
-    ``COG_PAIRS`` of the registry, plus, for a registered COG variant it does not list,
-    the registered non-COG method trained with the same loss whose post-hoc or second-stage
-    calibrator is the variant's calibrator (none for ``fc``): ``cog-ls`` -> ``ls``,
-    ``cog-focal`` -> ``focal``. Applied to the variants ``COG_PAIRS`` lists, this rule
-    gives the same pairs.
+    """COG variant -> the method it is compared with: ``COG_PAIRS`` of the registry, and
+    for a COG variant it does not list, the non-COG method with the same loss whose
+    post-hoc or second-stage calibrator is the variant's (none for ``fc``).
 
     >>> counterparts()["cog-ts"], counterparts()["cog-ls"]
     ('ts', 'ls')
     """
     pairs = dict(COG_PAIRS)
     for name, m in METHODS.items():
-        if not m.is_cog or name in pairs:
-            continue
-        for other, o in METHODS.items():
-            if o.is_cog or o.loss != m.loss:
-                continue
-            kind = o.posthoc or o.stage2
-            if kind == m.cog or (m.cog == "fc" and kind is None):
-                pairs[name] = other
-                break
+        kind = None if m.cog == "fc" else m.cog
+        same = [o for o, x in METHODS.items() if not x.is_cog and x.loss == m.loss]
+        match = [o for o in same if (METHODS[o].posthoc or METHODS[o].stage2) == kind]
+        if m.is_cog and name not in pairs and match:
+            pairs[name] = match[0]
     return pairs
 
 

@@ -70,14 +70,13 @@ class Section:
 
 
 def num(value: Any, digits: int = 4) -> str:
-    """A number with ``digits`` decimals (``nan`` when not finite; ``—`` for a non-number).
+    """A number with ``digits`` decimals; ``—`` for a missing or non-finite one.
 
     >>> num(0.12345), num(float("nan")), num(None), num(2, 1)
-    ('0.1235', 'nan', '—', '2.0')
+    ('0.1235', '—', '—', '2.0')
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "—"
-    return f"{value:.{digits}f}" if math.isfinite(value) else "nan"
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return f"{value:.{digits}f}" if ok else "—"
 
 
 def plain(value: Any) -> str:

@@ -71,13 +71,13 @@ class BenchContext:
 
     @property
     def found(self) -> dict[str, bool]:
-        return {
-            "bench.json (suite, budgets, sessions)": self.meta is not None,
-            "runs.csv (failures, run times, checkpoints, reliability diagrams)": self.runs
-            is not None,
-            "tuning.csv (selected learning rates, grid edges)": self.tuning is not None,
-            "effect.csv (where COG's effect comes from)": self.effect is not None,
+        files = {
+            "bench.json (suite, budgets, sessions)": self.meta,
+            "runs.csv (failures, run times, checkpoints, reliability diagrams)": self.runs,
+            "tuning.csv (selected learning rates, grid edges)": self.tuning,
+            "effect.csv (where COG's effect comes from)": self.effect,
         }
+        return {name: table is not None for name, table in files.items()}
 
     @cached_property
     def complete(self) -> pd.DataFrame:

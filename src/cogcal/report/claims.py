@@ -19,8 +19,9 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import aggregate, rows, seed_values
+from cogcal.report.schema import METRIC_NAMES as NAMES
 from cogcal.report.stats import PAIRED_RULE, Paired, paired_family, pairwise_wins, summary_rank
-from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
+from cogcal.report.tables import LABELS, cell, comparison_key, fmt, present_pairs
 
 #: Metrics of the COG-against-counterpart comparisons.
 COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")

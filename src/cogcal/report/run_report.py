@@ -138,17 +138,12 @@ def health_section(record: Any) -> Section | None:
             f"change the validation NLL from {num(health.get('nll'))} to "
             f"{num(health.get('nll_temperature'))}; {health.get('steps')} optimizer steps."
         )
-        if findings:
-            section.blocks.append(Paragraph(f"{facts} Warnings:", items=findings))
-        else:
-            section.blocks.append(Paragraph(f"{facts} No warning: calibrated and trained."))
+        said = "Warnings:" if findings else "No warning: calibrated and trained."
+        section.blocks.append(Paragraph(f"{facts} {said}", items=findings))
     if selection:
         rows = [
-            [
-                Cell(num(r.get("lr"), 4)),
-                Cell(num(r.get("ratio"), 3) if r.get("ratio") is not None else "-"),
-                Cell("diverged" if r.get("val_nll") is None else num(r.get("val_nll"))),
-            ]
+            [Cell(num(r.get("lr"))), Cell(num(r.get("ratio"), 3))]
+            + [Cell("diverged" if r.get("val_nll") is None else num(r["val_nll"]))]
             for r in selection.get("table") or []
         ]
         edge = " (at the edge of the grid)" if selection.get("at_edge") else ""

@@ -91,3 +91,5 @@ METRIC_LABELS: dict[str, str] = {
     "auroc": "AUROC ↑",
     "fpr95": "FPR95 ↓",
 }
+#: Metric names in sentences.
+METRIC_NAMES = {m: label.rstrip(" ↑↓") for m, label in METRIC_LABELS.items()} | {"acc": "accuracy"}

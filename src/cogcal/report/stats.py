@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 
 from cogcal.report.frame import aggregate, rows
+from cogcal.report.schema import METRIC_NAMES
 
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
 #: The significance level of the report's statements.
 ALPHA = 0.05
-_NAMES = {"acc": "accuracy", "nll": "NLL", "brier": "Brier", "auroc": "AUROC", "fpr95": "FPR95"}
 
 #: The rule every "better / worse" statement of the report follows (stated in the report).
 PAIRED_RULE = (
@@ -249,12 +249,10 @@ def pairwise_wins(
     if missing:
         raise ValueError(f"metric(s) {missing} are not in the table.")
     wa, wb = wide.xs(a, level="method").align(wide.xs(b, level="method"), join="inner")
-    both = wa[list(better_on)].notna().all(axis=1) & wb[list(better_on)].notna().all(axis=1)
-    wa, wb = wa[both], wb[both]
-    win = pd.Series(True, index=wa.index)
-    for m in better_on:
-        win &= (wa[m] > wb[m]) if m in higher_is_better else (wa[m] < wb[m])
-    return int(win.sum()), int(len(wa))
+    sign = pd.Series({m: 1 if m in higher_is_better else -1 for m in better_on})
+    both = wa[sign.index].notna().all(axis=1) & wb[sign.index].notna().all(axis=1)
+    win = ((wa[sign.index] - wb[sign.index]) * sign > 0).all(axis=1) & both
+    return int(win.sum()), int(both.sum())
 
 
 def format_wins(
@@ -266,7 +264,7 @@ def format_wins(
     >>> format_wins("cog-fc", "ts", 32, 40)
     'cog-fc beats ts on both accuracy and Brier on 32 of 40 tasks (80%).'
     """
-    names = [_NAMES.get(m, m) for m in better_on]
+    names = [METRIC_NAMES.get(m, m) for m in better_on]
     what = names[0] if len(names) == 1 else "both " + " and ".join(names)
     if len(names) > 2:
         what = "all of " + ", ".join(names[:-1]) + f" and {names[-1]}"

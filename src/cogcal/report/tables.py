@@ -21,9 +21,6 @@ from cogcal.report.stats import HIGHER_IS_BETTER, Stat, summary_rank
 
 #: Bin counts of the calibration-error sweep (docs/method.md §3).
 BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
-#: Metric names in sentences.
-NAMES = {"acc": "accuracy", "nll": "NLL", "brier": "Brier", "ece_15": "ECE-15"}
-NAMES |= {"auroc": "AUROC", "fpr95": "FPR95"}
 
 FEWER_SEEDS_NOTE = (
     "A cell marked (k of n seeds) holds fewer seeds than planned (a run failed, diverged or "

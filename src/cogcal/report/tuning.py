@@ -148,9 +148,9 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
     edges = edge_choices(tuning)
     if edges:
         body = [
-            [cell(e.protocol), cell(e.dataset), cell(e.group), cell(", ".join(e.used_by))]
-            + [cell(plain(e.lr)), cell(plain(e.ratio)), cell(e.edges or "grid", bold=True)]
-            + [cell(e.extensions), cell("yes" if e.cap_reached else "no")]
+            [*map(cell, (e.protocol, e.dataset, e.group, ", ".join(e.used_by), plain(e.lr)))]
+            + [cell(plain(e.ratio)), cell(e.edges or "grid", bold=True), cell(e.extensions)]
+            + [cell(plain(e.cap_reached))]
             for e in edges
         ]
         header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio", "Edge"]
@@ -158,10 +158,9 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
             "Choices still on a grid edge after the extensions: the methods using them may do "
             "better with a wider grid; the ratio's upper edge below 1 is a bound of the method."
         ]
+        header += ["Extensions", "Cap reached"]
         title = f"{len(edges)} tuned choice(s) on a grid edge"
-        sec.blocks.append(
-            Table(title, [*header, "Extensions", "Cap reached"], body, notes, "tuning-edges")
-        )
+        sec.blocks.append(Table(title, header, body, notes, "tuning-edges"))
     else:
         sec.blocks.append(Paragraph("Every tuned choice is interior to its grid."))
     sec.blocks.append(chosen_table(tuning))
