@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cogcal._errors import ArgumentError
 from cogcal.report import schema as S
 
 _SHOWN = 5  # bad rows quoted in one error message
@@ -47,7 +48,7 @@ def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
     if column not in df.columns:
         if want is AGGREGATE or want == "":
             return pd.Series(True, index=df.index)  # an absent optional column is blank
-        raise ValueError(f"cannot select on {column!r}: the table has no such column.")
+        raise ArgumentError(f"cannot select on {column!r}: the table has no such column.")
     col = df[column].astype(str).str.strip()
     blank = df[column].isna() | (col == "")
     if isinstance(want, _Selector):
@@ -102,7 +103,7 @@ def seed_values(df: pd.DataFrame, measure: str, **selection: Any) -> pd.DataFram
         else:
             d = d[~cond.isin(_SUMMARY)] if (~cond.isin(_SUMMARY)).any() else d[cond == "mean"]
     else:
-        raise ValueError(f"unknown measure {measure!r}; expected test, ood or shift.")
+        raise ArgumentError(f"unknown measure {measure!r}; expected test, ood or shift.")
     d = d[np.isfinite(d["value"].astype(float))]
     return d.groupby(keys, as_index=False)["value"].mean()
 
@@ -122,7 +123,7 @@ def _check(path: Path, df: pd.DataFrame, column: str, bad: pd.Series, expected: 
     if len(where):
         shown = ", ".join(f"line {i + 2}: {df.at[i, column]!r}" for i in where[:_SHOWN])
         more = f" (and {len(where) - _SHOWN} more)" if len(where) > _SHOWN else ""
-        raise ValueError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
+        raise ArgumentError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
 
 
 def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> pd.DataFrame:
@@ -133,7 +134,7 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
     path = Path(source)
     missing = [c for c in S.RESULT_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(
+        raise ArgumentError(
             f"{path} lacks the column(s) {', '.join(missing)}; results.csv has the columns "
             f"{', '.join(S.RESULT_COLUMNS)} (docs/method.md §6), as `cogcal bench` writes it."
         )
@@ -159,7 +160,7 @@ def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> p
     if dup.any():
         first = df[dup].iloc[0]
         same = df.index[dup & (df[key] == first[key]).all(axis=1)] + 2
-        raise ValueError(
+        raise ArgumentError(
             f"{path}: lines {', '.join(map(str, same))} hold the same result; each (dataset, "
             "method, protocol, seed, split, metric, task, condition, severity) must appear "
             "once. Rebuild results.csv with `cogcal bench`."
@@ -172,14 +173,14 @@ def load_results(folder: str | Path) -> pd.DataFrame:
     ``ValueError`` when it is missing, unreadable or malformed."""
     path = Path(folder) / "results.csv"
     if not path.is_file():
-        raise ValueError(
+        raise ArgumentError(
             f"{str(path)!r} does not exist; run `cogcal bench --out {folder}` first, or pass "
             "the folder that holds results.csv."
         )
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
     except (OSError, ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path} as a CSV table ({err}).") from None
+        raise ArgumentError(f"cannot read {path} as a CSV table ({err}).") from None
     return normalise_results(df.rename(columns=lambda c: str(c).strip()), path)
 
 

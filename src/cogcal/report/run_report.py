@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cogcal import _io
+from cogcal._errors import ArgumentError
 from cogcal.report._common import save_figure, sev_key
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num, plain
 from cogcal.report.render import render_html, render_markdown
@@ -190,39 +191,39 @@ def report_kind(path: str | Path) -> Literal["bench", "run"]:
 
     path = Path(path)
     if not path.exists():
-        raise ValueError(f"{path} does not exist; {_EXPECTED}.")
+        raise ArgumentError(f"{path} does not exist; {_EXPECTED}.")
     if not path.is_dir():
-        raise ValueError(f"{path} is a file, not a folder; {_EXPECTED}.")
+        raise ArgumentError(f"{path} is a file, not a folder; {_EXPECTED}.")
     if (path / "results.csv").is_file():
         return "bench"
     folder = RunDir(path)
     try:
         marked = folder.is_marked() or folder.read_config() is not None
     except RunFolderError as err:
-        raise ValueError(f"{err} ({_EXPECTED}).") from None
+        raise ArgumentError(f"{err} ({_EXPECTED}).") from None
     if marked:
         outcome = folder.read_outcome()
         if outcome is None:
             state = "checkpoints/ to resume from" if folder.has_state() else "no checkpoint"
-            raise ValueError(
+            raise ArgumentError(
                 f"{path} holds an unfinished cogcal run (config.json, {state}, no "
                 f"metrics.json): finish it with `cogcal train ... --resume` first; {_EXPECTED}."
             )
         status = outcome.get("status")
         if status == "diverged":
             why = outcome.get("error") or "a non-finite loss"
-            raise ValueError(
+            raise ArgumentError(
                 f"{path} holds a run that diverged ({why}): it has no metrics to report; "
                 f"{_EXPECTED}."
             )
         if folder.read_record() is not None:
             return "run"
-        raise ValueError(
+        raise ArgumentError(
             f"{path}/metrics.json has status {status!r} or lacks config/val/test; {_EXPECTED}."
         )
     entries = sorted(e.name + ("/" if e.is_dir() else "") for e in path.iterdir())
     shown = ", ".join(entries[:8]) + (f" and {len(entries) - 8} more" if len(entries) > 8 else "")
-    raise ValueError(f"{path} holds {shown or 'nothing'}; {_EXPECTED}.")
+    raise ArgumentError(f"{path} holds {shown or 'nothing'}; {_EXPECTED}.")
 
 
 def build_run_report(run_dir: str | Path) -> Path:
@@ -233,14 +234,14 @@ def build_run_report(run_dir: str | Path) -> Path:
 
     path = Path(run_dir)
     if report_kind(path) != "run":
-        raise ValueError(
+        raise ArgumentError(
             f"{path} is a bench folder (it holds results.csv), not a run folder; build its "
             "report with build_report."
         )
     folder = RunDir(path)
     record = folder.read_record()
     if record is None:  # report_kind checked it; the folder changed since
-        raise ValueError(f"{path} no longer holds a finished run (metrics.json).")
+        raise ArgumentError(f"{path} no longer holds a finished run (metrics.json).")
     cfg, test = record.config, record.test
     who = f"{cfg.get('method', '?')} on {cfg.get('dataset', '?')}"
     summary = (
