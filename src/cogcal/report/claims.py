@@ -264,18 +264,12 @@ class Judgement:
     short: str = ""
 
 
-def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: bool) -> Judgement:
-    """A claim that the first methods are not worse (``not_worse``) or better than the
-    second ones over ``found``: "does not hold" with a decided loss, "holds" with decided
-    results and none against, "undecided" without any decided result."""
+def _direction(found: Sequence[Comparison], claim: str, key: str) -> Judgement:
+    """A claim that the first methods match or beat the second ones over ``found``: "does
+    not hold" with a decided loss, "holds" with a decided win and no loss, else "undecided"."""
     t = Counter(c.verdict for c in found)
     losses = [c.text() for c in found if c.verdict == "worse"]
-    if not (t["better"] or t["worse"]):
-        judgement = "undecided"
-    elif losses:
-        judgement = "does not hold"
-    else:
-        judgement = "holds" if not_worse or t["better"] else "undecided"
+    judgement = "does not hold" if losses else "holds" if t["better"] else "undecided"
     text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
     if losses:
         text += ": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else "")
@@ -327,15 +321,15 @@ def judge_claims(
         return Judgement(CLAIMS[i], NOT_TESTED, why)
 
     return [
-        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True) if cog
+        _direction(cog, CLAIMS[0], f"paired-{p}") if cog
         else untested(0, "no COG variant next to its counterpart."),
-        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True) if fc
+        _direction(fc, CLAIMS[1], f"paired-fc-{p}") if fc
         else untested(1, "cog-fc and an expressive COG variant are not both in it."),
         _rank_claim(df, protocol),
-        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False) if ood
+        _direction(ood, CLAIMS[3], f"paired-ood-{p}") if ood
         else untested(3, "no OOD results of a COG variant and its counterpart."),
         _mtl_claim(df, protocol),
-        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False) if many
+        _direction(many, CLAIMS[5], f"paired-{p}") if many
         else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it."),
     ]  # fmt: skip
 

@@ -72,8 +72,7 @@ def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
 
 
 def aggregate(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
-    """:func:`rows` of the aggregate kind: ``task`` empty or ``mean``, no condition or
-    severity (the in-distribution numbers of a run)."""
+    """:func:`rows` of a run's in-distribution numbers (``task`` empty or ``mean``)."""
     selection.setdefault("task", AGGREGATE)
     selection.setdefault("condition", "")
     selection.setdefault("severity", "")

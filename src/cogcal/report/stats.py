@@ -58,13 +58,9 @@ class Stat:
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired comparison of ``a`` with ``b`` over the seeds both have.
-
-    ``diff`` is the mean of the per-seed differences ``a - b``, ``low``/``high`` its 95%
-    Student-t interval, ``p`` the two-sided paired t-test p-value and ``p_adj`` the
-    Holm-adjusted one (set by :func:`holm`; NaN before). ``higher_is_better`` orients
-    :attr:`verdict`.
-    """
+    """A paired comparison of ``a`` with ``b``: ``diff`` = mean of the per-seed ``a - b``,
+    ``low``/``high`` its 95% Student-t interval, ``p`` the two-sided paired t-test p-value,
+    ``p_adj`` the Holm-adjusted one (:func:`holm`; NaN before)."""
 
     diff: float
     low: float

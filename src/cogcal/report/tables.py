@@ -91,9 +91,8 @@ def stat_table(
     ``head`` names the leading label columns; ``rows`` is ``(row key, labels)`` per row and
     ``columns`` ``(column key, header, metric)`` per value column (the metric orients
     "best"); ``stats[(row key, column key)]`` is a :class:`Stat` (missing: ``—``). The best
-    mean of each column is bold, among the rows of one ``group(row key)`` when given. ``expected(row key)`` is the planned
-    seed count (default: the table's largest); ``rank`` (``{row key: rank}``) adds a
-    ``Rank ↓`` column with the best in bold. The fewer-seeds note is added when needed.
+    mean of each column is bold, per ``group(row key)`` when given; ``expected(row key)``:
+    the planned seeds (default: the most in the table); ``rank``: a ``Rank ↓`` column.
     """
     most = max((s.n for s in stats.values()), default=0)
     grouping = group or (lambda _: None)
