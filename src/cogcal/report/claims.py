@@ -95,14 +95,9 @@ class Checkpoints:
         body = []
         for (p, ds, m, st), g in self.frame.groupby(["protocol", "dataset", "method", "stage"]):
             epochs = ", ".join(str(int(b) + 1) for b in g.sort_values("seed")["best"])
-            k = int(g["last"].sum())
-            body.append(
-                [cell(p), cell(ds), cell(m), cell(st), cell(int(g["budget"].max())), cell(epochs)]
-                + [
-                    cell(", ".join(sorted(set(g["stopped"]) - {""})) or "budget"),
-                    cell(f"{k} of {len(g)}", k > 0),
-                ]
-            )
+            k, stopped = int(g["last"].sum()), ", ".join(sorted(set(g["stopped"]) - {""}))
+            row = (p, ds, m, st, int(g["budget"].max()), epochs, stopped or "budget")
+            body.append([*map(cell, row), cell(f"{k} of {len(g)}", k > 0)])
         order = method_order([r[2].text for r in body])
         body.sort(key=lambda r: (r[0].text, r[1].text, order.index(r[2].text), r[3].text))
         header = ["Protocol", "Dataset", "Method", "Stage", "Budget (epochs)",
@@ -216,12 +211,9 @@ def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | N
         return None
     body = [
         [cell(c.dataset), cell(f"{c.a} vs {c.b}"), cell(LABELS.get(c.metric, c.metric))]
-        + [
-            cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)),
-            cell(c.test.text()),
-            cell(fmt(c.test.p_adj)),
-        ]  # fmt: skip
-        + [cell(c.verdict, bold=c.verdict != "undecided"), cell("; ".join(c.caveats()) or "—")]
+        + [cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)), cell(c.test.text())]
+        + [cell(fmt(c.test.p_adj)), cell(c.verdict, bold=c.verdict != "undecided")]
+        + [cell("; ".join(c.caveats()) or "—")]
         for c in found
     ]
     m = sum(math.isfinite(c.test.p) for c in found)

@@ -38,10 +38,8 @@ def effect_ratio(variant: str) -> float | None:
 def effect_variants(effect: pd.DataFrame, dataset: str) -> list[str]:
     """The variants of ``dataset`` in table order: no schedule, step, then cog-fc by ratio."""
     present = set(effect.loc[effect["dataset"] == dataset, "variant"])
-    ratios = sorted(
-        (v for v in present if effect_ratio(v) is not None), key=lambda v: effect_ratio(v)
-    )
-    return [v for v in (NO_SCHEDULE, STEP) if v in present] + ratios
+    ratios = sorted((r, v) for v in present if (r := effect_ratio(v)) is not None)
+    return [v for v in (NO_SCHEDULE, STEP) if v in present] + [v for _, v in ratios]
 
 
 def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> Table | None:

@@ -272,12 +272,9 @@ def runtime_table(runs: pd.DataFrame | None) -> Table | None:
     for (dataset, protocol, method), grp in r.groupby(["dataset", "protocol", "method"]):
         train = grp["train_seconds"].dropna()
         spread = train.std(ddof=1) if len(train) > 1 else None
-        body.append(
-            [cell(dataset), cell(protocol), cell(method), cell(len(grp))]
-            + [cell(fmt(train.mean(), spread, 1) if len(train) else "—")]
-            + [cell(fmt(grp["total_seconds"].mean(), None, 1))]
-            + [cell(int((grp["copied_from"].astype(str).str.len() > 0).sum()))]
-        )
+        seconds = fmt(train.mean(), spread, 1) if len(train) else "—"
+        total, reused = fmt(grp["total_seconds"].mean(), None, 1), (grp["copied_from"] != "").sum()
+        body.append([*map(cell, (dataset, protocol, method, len(grp), seconds, total, reused))])
     if not body:
         return None
     order = method_order([row[2].text for row in body])
