@@ -12,10 +12,8 @@ from cogcal.report.frame import (
     AGGREGATE,
     INDIVIDUAL,
     SeedPlan,
-    load_effect,
+    load_bench_csv,
     load_results,
-    load_runs,
-    load_tuning,
     rows,
 )
 from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
@@ -114,50 +112,37 @@ def test_seed_plan_from_runs_and_bench_json(tmp_path):
         for s, st in ((0, "complete"), (1, "failed"), (2, "diverged"))
     ]
     write_csv(tmp_path / "runs.csv", RUN_COLUMNS, runs)
-    r = load_runs(tmp_path)
+    r = load_bench_csv(tmp_path, "runs.csv")
+    assert r["run_dir"].tolist() == ["", "", ""] and r["seed"].dtype.kind == "i"
     plan = SeedPlan.from_bench(r, {"suite": {"seeds": [0, 1, 2, 3]}})
     assert plan.planned("d", "paper", "ce") == 3 and plan.planned("d", "paper", "ts") == 4
     assert SeedPlan.from_bench(None, None).planned("d", "paper", "ce") is None
-    runs[1]["status"] = "exploded"
-    write_csv(tmp_path / "runs.csv", RUN_COLUMNS, runs)
-    with pytest.raises(ValueError, match="'exploded'"):
-        load_runs(tmp_path)
 
 
-def test_tuning_and_effect_files(tmp_path):
+def test_tuning_and_effect_files_read_as_the_bench_writes_them(tmp_path):
     write_csv(
         tmp_path / "tuning.csv",
         TUNING_COLUMNS,
         [
-            {"protocol": "fair", "dataset": "d", "group": "ce", "lr": "1e-3", "status": "complete",
-             "chosen": "True", "at_edge": "1", "edges": "lr high;ratio low", "extensions": "2",
-             "cap_reached": "false", "val_nll": "0.5"},
-            {"protocol": "fair", "dataset": "d", "group": "ce", "lr": "1e-2", "status": "diverged",
-             "chosen": "False", "at_edge": "1", "edges": "lr high;ratio low", "extensions": "2",
-             "cap_reached": "false", "val_nll": ""},
+            {"protocol": "fair", "dataset": "d", "group": "ce", "lr": 1e-3, "status": "complete",
+             "chosen": True, "at_edge": True, "edges": "lr high; ratio low", "extensions": 2,
+             "cap_reached": False, "val_nll": 0.5},
+            {"protocol": "fair", "dataset": "d", "group": "ce", "lr": 1e-2, "status": "diverged",
+             "chosen": False, "at_edge": True, "edges": "lr high; ratio low", "extensions": 2,
+             "cap_reached": False, "val_nll": ""},
         ],
     )  # fmt: skip
-    t = load_tuning(tmp_path)
+    t = load_bench_csv(tmp_path, "tuning.csv")
     assert t["chosen"].tolist() == [True, False] and t["at_edge"].all()
-    assert t["edges"].iloc[0] == "lr high, ratio low" and np.isnan(t["val_nll"].iloc[1])
+    assert not t["cap_reached"].any() and np.isnan(t["val_nll"].iloc[1])
+    assert t["edges"].iloc[0] == "lr high; ratio low" and t["schedule"].tolist() == ["", ""]
     write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [])  # a bench stopped before any group
-    assert load_tuning(tmp_path).empty
-    effect_row = {"protocol": "effect", "dataset": "d", "group": "ce", "lr": "1e-2",
-                  "status": "complete", "chosen": "True", "edges": "", "at_edge": "0"}  # fmt: skip
-    write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [effect_row])
-    assert load_tuning(tmp_path)["protocol"].tolist() == ["effect"]
-    write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, [{"protocol": "fair", "dataset": "d",
-              "group": "ce", "lr": "fast", "status": "complete"}])  # fmt: skip
-    with pytest.raises(ValueError, match="column 'lr'.*'fast'"):
-        load_tuning(tmp_path)
+    assert load_bench_csv(tmp_path, "tuning.csv").empty
     row = {"dataset": "d", "variant": "cog-fc (ratio 0.1)", "seed": 0, "split": "test",
            "metric": "nll", "value": 0.3}  # fmt: skip
     write_csv(tmp_path / "effect.csv", EFFECT_COLUMNS, [row])
-    assert load_effect(tmp_path)["value"].tolist() == [0.3]
-    write_csv(tmp_path / "effect.csv", EFFECT_COLUMNS, [{**row, "variant": "cog-fc (fast)"}])
-    with pytest.raises(ValueError, match="line 2: 'cog-fc \\(fast\\)'"):
-        load_effect(tmp_path)
-    assert load_tuning(tmp_path / "none") is None and load_effect(tmp_path / "none") is None
+    assert load_bench_csv(tmp_path, "effect.csv")["value"].tolist() == [0.3]
+    assert load_bench_csv(tmp_path / "none", "tuning.csv") is None
 
 
 def test_report_imports_no_bench_lightning_or_plots():

@@ -17,12 +17,12 @@ from cogcal.report.stats import (
     Paired,
     format_wins,
     holm,
-    mean_std,
     paired,
     pairwise_wins,
     pareto_front,
     summary_rank,
 )
+from cogcal.report.tables import stats_of
 
 COLS = list(RESULT_COLUMNS)
 
@@ -38,36 +38,17 @@ def _rows(rows):
     return pd.DataFrame(out, columns=COLS)
 
 
-def test_mean_std_sample_std_and_single_seed():
+def test_stats_of_sample_std_single_seed_and_nan():
     df = _rows(
         [("c10", "ce", s, "acc", v) for s, v in enumerate([0.90, 0.92, 0.97])]
-        + [("c10", "ts", 0, "acc", 0.91)]
+        + [("c10", "ts", 0, "acc", 0.91), ("c10", "ts", 1, "acc", np.nan)]
     )
-    out = mean_std(df).set_index("method")
-    assert out.loc["ce", "mean"] == pytest.approx(np.mean([0.90, 0.92, 0.97]))
-    assert out.loc["ce", "std"] == pytest.approx(np.std([0.90, 0.92, 0.97], ddof=1))
-    assert out.loc["ce", "n"] == 3
-    assert out.loc["ts", "std"] == 0.0 and out.loc["ts", "n"] == 1  # single seed: 0, not NaN
-    assert list(mean_std(df).columns) == [
-        "dataset",
-        "method",
-        "protocol",
-        "split",
-        "metric",
-        "mean",
-        "std",
-        "n",
-    ]
-
-
-def test_mean_std_refuses_to_mix_tasks():
-    df = _rows([("celeba", "ce", 0, "acc", 0.9, "smile"), ("celeba", "ce", 0, "acc", 0.7, "hat")])
-    with pytest.raises(ValueError, match="task"):
-        mean_std(df)
-    out = mean_std(df, by=("dataset", "method", "metric", "task"))
-    assert sorted(out["mean"]) == [0.7, 0.9]
-    with pytest.raises(ValueError, match="lacks the column"):
-        mean_std(df.drop(columns="value"))
+    out = stats_of(df, ("method",))
+    assert out["ce"].mean == pytest.approx(np.mean([0.90, 0.92, 0.97]))
+    assert out["ce"].std == pytest.approx(np.std([0.90, 0.92, 0.97], ddof=1)) and out["ce"].n == 3
+    assert out["ts"].n == 1 and np.isnan(out["ts"].std)  # NaN is no seed; one seed, no spread
+    by_task = stats_of(df.assign(task=["a", "b", "a", "a", "a"]), ("method", "task"))
+    assert by_task[("ce", "b")].n == 1 and by_task[("ce", "a")].n == 2
 
 
 def test_summary_rank_ties_share_best_rank():

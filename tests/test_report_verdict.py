@@ -17,7 +17,7 @@ from cogcal.report.blocks import Link
 from cogcal.report.build import build_report
 from cogcal.report.claims import Checkpoints, families, judge_claims, verdict_section
 from cogcal.report.effect import effect_sentence, effect_table
-from cogcal.report.frame import load_effect, load_tuning, normalise_results
+from cogcal.report.frame import load_bench_csv, normalise_results
 from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, TUNING_COLUMNS
 from cogcal.report.tuning import edge_choices, grid_table
 from test_report_render import result_row, write_csv, write_run
@@ -171,7 +171,7 @@ def _tuning(tmp_path, at_edge: bool):
          "chosen": True, "at_edge": False, "extensions": 0, "cap_reached": False}
     )  # fmt: skip
     write_csv(tmp_path / "tuning.csv", TUNING_COLUMNS, rows)
-    return load_tuning(tmp_path)
+    return load_bench_csv(tmp_path, "tuning.csv")
 
 
 EFFECT = {  # variant: (nll, brier, ece_15, acc)
@@ -194,7 +194,7 @@ def _effect(tmp_path, effect=EFFECT):
                      "metric": metric, "value": v + off}
                 )  # fmt: skip
     write_csv(tmp_path / "effect.csv", EFFECT_COLUMNS, rows)
-    return load_effect(tmp_path)
+    return load_bench_csv(tmp_path, "effect.csv")
 
 
 def test_edge_choices_and_tuning_table(tmp_path):

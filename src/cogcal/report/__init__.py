@@ -1,14 +1,9 @@
 """Reports on top of :mod:`cogcal.metrics`: result tables, reliability diagrams, and the
-``report.md`` / ``report.html`` of a bench folder or of one run folder.
+``report.md`` / ``report.html`` of a bench folder (:func:`build_report`) or of one run
+folder (:func:`build_run_report`); :func:`build_any` takes either.
 
-This layer needs pandas (the bench report's tables) and matplotlib (figures), which the
-core does not. Every name is imported lazily from its submodule, so importing
-``cogcal.report`` loads neither, and the aggregation works without matplotlib.
-
-Entry points: :func:`build_any` (any folder: dispatches on :func:`report_kind`),
-:func:`build_report` (a ``cogcal bench`` folder), :func:`build_run_report` (a
-``cogcal train`` run folder), :func:`load_results` (``results.csv`` checked and
-normalised).
+Names are imported lazily from their submodules, so importing ``cogcal.report`` loads
+neither pandas nor matplotlib.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ _WHERE = {
         "build": "build_any build_report",
         "run_report": "report_kind build_run_report",
         "frame": "load_results",
-        "stats": "format_wins mean_std pairwise_wins pareto_front summary_rank",
+        "stats": "format_wins pairwise_wins pareto_front summary_rank",
         "diagrams": "plot_reliability plot_reliability_per_task reliability_diagram",
     }.items()
     for name in names.split()

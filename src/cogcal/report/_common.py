@@ -1,14 +1,13 @@
-"""Small helpers shared by the report sections: the methods registry as the report sees it.
+"""The methods registry as the report sees it, and small shared helpers.
 
-The registry (:mod:`cogcal.train.methods`) defines which methods are COG variants and
-which post-hoc method each is paired with (``COG_PAIRS``); the report only looks them up.
-A results table may name methods the registry does not know (a plugin, an older name):
-they count as non-COG and have no counterpart.
+A results table may name methods the registry does not know (a plugin): they count as
+non-COG and have no counterpart.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,28 +28,20 @@ def is_cog(method: str) -> bool:
 
 
 def counterparts() -> dict[str, str]:
-    """COG variant -> the method it is compared with.
-
-    ``COG_PAIRS`` of the registry, plus, for a registered COG variant it does not list,
-    the registered non-COG method trained with the same loss whose post-hoc or second-stage
-    calibrator is the variant's calibrator (none for ``fc``): ``cog-ls`` -> ``ls``,
-    ``cog-focal`` -> ``focal``. Applied to the variants ``COG_PAIRS`` lists, this rule
-    gives the same pairs.
+    """COG variant -> the method it is compared with: ``COG_PAIRS`` of the registry, and
+    for a COG variant it does not list, the non-COG method with the same loss whose
+    post-hoc or second-stage calibrator is the variant's (none for ``fc``).
 
     >>> counterparts()["cog-ts"], counterparts()["cog-ls"]
     ('ts', 'ls')
     """
     pairs = dict(COG_PAIRS)
     for name, m in METHODS.items():
-        if not m.is_cog or name in pairs:
-            continue
-        for other, o in METHODS.items():
-            if o.is_cog or o.loss != m.loss:
-                continue
-            kind = o.posthoc or o.stage2
-            if kind == m.cog or (m.cog == "fc" and kind is None):
-                pairs[name] = other
-                break
+        kind = None if m.cog == "fc" else m.cog
+        same = [o for o, x in METHODS.items() if not x.is_cog and x.loss == m.loss]
+        match = [o for o in same if (METHODS[o].posthoc or METHODS[o].stage2) == kind]
+        if m.is_cog and name not in pairs and match:
+            pairs[name] = match[0]
     return pairs
 
 
@@ -70,8 +61,22 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
 
 
-def save_png(fig: Any, path: str | Path, dpi: int = 100) -> Path:
-    """Write a matplotlib figure as PNG, atomically (the report's figures)."""
+def sev_key(severity: Any) -> tuple[float, str]:
+    """Sort key of a shift severity: numerically, non-numbers last."""
+    try:
+        return float(severity), str(severity)
+    except ValueError:
+        return math.inf, str(severity)
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 100) -> Path:
+    """Write a matplotlib figure atomically, in the format its suffix names."""
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ValueError(
+            f"cannot tell the image format of {str(path)!r}: use a file name ending in .png, "
+            ".svg or .pdf."
+        )
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return _io.write_bytes(Path(path), buf.getvalue())
+    fig.savefig(buf, format=path.suffix.lower()[1:], dpi=dpi)
+    return _io.write_bytes(path, buf.getvalue())

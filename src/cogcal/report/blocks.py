@@ -6,6 +6,7 @@ Plain dataclasses (no pandas, no matplotlib): the section builders produce them 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,16 @@ class Section:
     title: str
     blocks: list[Paragraph | Table | Figure | Section] = field(default_factory=list)
     key: str = ""
+
+
+def num(value: Any, digits: int = 4) -> str:
+    """A number with ``digits`` decimals; ``—`` for a missing or non-finite one.
+
+    >>> num(0.12345), num(float("nan")), num(None), num(2, 1)
+    ('0.1235', '—', '—', '2.0')
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return f"{value:.{digits}f}" if ok else "—"
 
 
 def plain(value: Any) -> str:

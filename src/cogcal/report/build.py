@@ -1,14 +1,9 @@
-"""Build ``report.md`` and ``report.html`` of a bench folder, or of one run folder.
+"""Build ``report.md`` and ``report.html`` of a bench folder (:func:`build_report`) or of
+one run folder (:func:`build_any` dispatches on :func:`report_kind`).
 
-``cogcal report DIR`` calls :func:`build_any` (:func:`report_kind` tells which report a
-folder gets). A bench report (:func:`build_report`) is recomputed from the folder's files
-(:mod:`cogcal.report.schema`): ``results.csv`` (required, read once by
-:func:`cogcal.report.frame.load_results`) and, when present, ``runs.csv`` (failures, run
-times, the run folders whose records and saved test logits give the checkpoint epochs and
-the reliability diagrams), ``tuning.csv``, ``effect.csv`` and ``bench.json``. The report is
-a list of section builders (:data:`SECTIONS`), each ``(context) -> Section or None``, run
-in order on one :class:`BenchContext`; the first is the verdict. A run folder is read only
-through :class:`cogcal.train.rundir.RunDir`.
+A bench report is recomputed from the folder's files: :data:`SECTIONS` are builders
+``(context) -> Section or None`` run in order on one :class:`BenchContext`, the verdict
+first. Run folders are read only through :class:`cogcal.train.rundir.RunDir`.
 """
 
 from __future__ import annotations
@@ -23,29 +18,18 @@ import numpy as np
 import pandas as pd
 
 from cogcal import _io
+from cogcal.report import claims as C
 from cogcal.report import frame as F
+from cogcal.report import overview as O
 from cogcal.report import tables as T
-from cogcal.report._common import is_cog, save_png, slug
+from cogcal.report._common import is_cog, save_figure, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table, Text
-from cogcal.report.claims import (
-    Checkpoints,
-    claims_section,
-    families,
-    judge_claims,
-    verdict_section,
-)
 from cogcal.report.effect import effect_section
 from cogcal.report.multitask import multitask_section
-from cogcal.report.overview import (
-    FAILED_STATUSES,
-    coverage_rows,
-    failures_section,
-    overview_section,
-)
 from cogcal.report.render import render_html, render_markdown
 from cogcal.report.robustness import robustness_section, unavailable_sets
 from cogcal.report.run_report import build_run_report, report_kind
-from cogcal.report.stats import mean_std, pareto_front, summary_rank
+from cogcal.report.stats import pareto_front, summary_rank
 from cogcal.report.tuning import edge_choices, tuning_section
 
 __all__ = ["SECTIONS", "BenchContext", "build_any", "build_report", "load_context"]
@@ -79,21 +63,21 @@ class BenchContext:
 
     @cached_property
     def coverage(self) -> list[tuple[str, str, str, list[int], int]]:
-        return coverage_rows(self.results, self.plan)
+        return O.coverage_rows(self.results, self.plan)
 
     @property
     def failed_runs(self) -> int:
-        return 0 if self.runs is None else int(self.runs["status"].isin(FAILED_STATUSES).sum())
+        return 0 if self.runs is None else int(self.runs["status"].isin(O.FAILED_STATUSES).sum())
 
     @property
     def found(self) -> dict[str, bool]:
-        return {
-            "bench.json (suite, budgets, sessions)": self.meta is not None,
-            "runs.csv (failures, run times, checkpoints, reliability diagrams)": self.runs
-            is not None,
-            "tuning.csv (selected learning rates, grid edges)": self.tuning is not None,
-            "effect.csv (where COG's effect comes from)": self.effect is not None,
+        files = {
+            "bench.json (suite, budgets, sessions)": self.meta,
+            "runs.csv (failures, run times, checkpoints, reliability diagrams)": self.runs,
+            "tuning.csv (selected learning rates, grid edges)": self.tuning,
+            "effect.csv (where COG's effect comes from)": self.effect,
         }
+        return {name: table is not None for name, table in files.items()}
 
     @cached_property
     def complete(self) -> pd.DataFrame:
@@ -103,26 +87,25 @@ class BenchContext:
         return self.runs[(self.runs["status"] == "complete") & (self.runs["run_dir"] != "")]
 
     @cached_property
-    def checkpoints(self) -> Checkpoints:
+    def checkpoints(self) -> C.Checkpoints:
         """The checkpoint epoch of every complete run (from its record)."""
         r = self.complete
         keys = zip(r["dataset"], r["protocol"], r["method"], r["seed"], r["run_dir"], strict=True)
-        return Checkpoints.read([(d, p, m, int(s), self._path(f)) for d, p, m, s, f in keys])
+        return C.Checkpoints.read([(d, p, m, int(s), self._path(f)) for d, p, m, s, f in keys])
 
     @cached_property
     def families(self) -> dict[str, dict[str, Any]]:
         """The paired comparison families per protocol (:func:`~cogcal.report.claims.families`)."""
-        return {p: families(self.results, p, self.checkpoints) for p in self.protocols}
+        return {p: C.families(self.results, p, self.checkpoints) for p in self.protocols}
 
     @cached_property
     def claims(self) -> dict[str, Any]:
         """The judged claims per protocol (class counts from ``bench.json``)."""
-        info = (self.meta or {}).get("datasets")
-        info = info if isinstance(info, dict) else {}
-        classes = {
-            str(k): int(v.get("num_classes") or 0) for k, v in info.items() if isinstance(v, dict)
+        info = (self.meta or {}).get("datasets") or {}
+        classes = {k: int(v.get("num_classes") or 0) for k, v in info.items()}
+        return {
+            p: C.judge_claims(self.results, p, self.families[p], classes) for p in self.protocols
         }
-        return {p: judge_claims(self.results, p, self.families[p], classes) for p in self.protocols}
 
     def _path(self, run_dir: str) -> Path:
         path = Path(run_dir)
@@ -138,19 +121,13 @@ class BenchContext:
 
 
 def load_context(results_dir: str | Path) -> BenchContext:
-    """Load and check every file of a bench folder; ``ValueError`` naming the file and
-    line when ``results.csv`` is missing or a file is malformed."""
+    """Read every file of a bench folder; ``ValueError`` when ``results.csv`` is missing or
+    malformed (:func:`~cogcal.report.frame.load_results`)."""
     root = Path(results_dir)
-    runs, meta = F.load_runs(root), F.read_bench_json(root)
-    return BenchContext(
-        root,
-        F.load_results(root),
-        runs,
-        F.load_tuning(root),
-        F.load_effect(root),
-        meta,
-        F.SeedPlan.from_bench(runs, meta),
-    )
+    runs, meta = F.load_bench_csv(root, "runs.csv"), F.read_bench_json(root)
+    tuning, effect = F.load_bench_csv(root, "tuning.csv"), F.load_bench_csv(root, "effect.csv")
+    plan = F.SeedPlan.from_bench(runs, meta)
+    return BenchContext(root, F.load_results(root), runs, tuning, effect, meta, plan)
 
 
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
@@ -159,14 +136,16 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
     d = F.aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:
         return None
-    stats = mean_std(d, by=("method", "metric"))
-    wide = stats.pivot(index="method", columns="metric", values=["mean", "std"]).dropna()
+    stats = T.stats_of(d, ("method", "metric"))
     front = pareto_front(d, x="ece_15", y="acc", split=None)
     fig = MplFigure(figsize=(6.4, 4.6), layout="constrained")
     ax = fig.subplots()
-    for method, r in wide.iterrows():
-        x, y, c = r[("mean", "ece_15")], r[("mean", "acc")], "red" if is_cog(method) else "blue"
-        ax.errorbar(x, y, xerr=r[("std", "ece_15")], yerr=r[("std", "acc")], fmt="o",
+    for method in dict.fromkeys(m for m, _ in stats):
+        e, a = stats.get((method, "ece_15")), stats.get((method, "acc"))
+        if e is None or a is None or not np.isfinite([e.mean, a.mean]).all():
+            continue
+        x, y, c = e.mean, a.mean, "red" if is_cog(method) else "blue"
+        ax.errorbar(x, y, xerr=np.nan_to_num(e.std), yerr=np.nan_to_num(a.std), fmt="o",
                     color=f"tab:{c}", ms=6, capsize=2, lw=0.8)  # fmt: skip
         ax.annotate(str(method), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.plot(front["ece_15"], front["acc"], "o--", color="0.4", mfc="none", ms=13, lw=1,
@@ -177,16 +156,14 @@ def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) ->
            title=f"{dataset}, {protocol} protocol: accuracy vs calibration")  # fmt: skip
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def _add(blocks: list, table: Table | None) -> None:
-    if table is None:
-        return
-    if not table.rows:  # a table without rows renders badly: say it in words
-        blocks.append(Paragraph(f"{table.title}: " + " ".join(map(str, table.notes))))
-        return
-    blocks.append(table)
+    """Add ``table``; one without rows renders badly, so it is said in words."""
+    if table is not None:
+        words = Paragraph(f"{table.title}: " + " ".join(map(str, table.notes)))
+        blocks.append(table if table.rows else words)
 
 
 def section_verdict(ctx: BenchContext) -> Section:
@@ -203,13 +180,12 @@ def section_verdict(ctx: BenchContext) -> Section:
     if ctx.coverage or ctx.failed_runs:
         text = f"{len(ctx.coverage)} result cell(s) hold fewer seeds than planned, {ctx.failed_runs} run(s) failed, "
         details.append([text + "diverged or were interrupted (", Link("failures", "failures"), ")."])  # fmt: skip
-    return verdict_section(ctx.results, ctx.families, ctx.claims, ctx.datasets, details)
+    return C.verdict_section(ctx.results, ctx.families, ctx.claims, ctx.datasets, details)
 
 
 def section_overview(ctx: BenchContext) -> Section:
     """Suite, budgets, run counts, datasets and protocols."""
-    sec = overview_section(ctx.results, ctx.meta, ctx.runs, ctx.found, short_cells=len(ctx.coverage),
-                           failed_runs=ctx.failed_runs)  # fmt: skip
+    sec = O.overview_section(ctx.results, ctx.meta, ctx.runs, ctx.found)
     sec.blocks += [Paragraph("results.csv holds no finished run yet.")] if ctx.results.empty else []
     return sec
 
@@ -219,8 +195,8 @@ def section_complexity(ctx: BenchContext) -> Section | None:
     if ctx.results.empty:
         return None
     methods = [*ctx.results["method"], *(ctx.runs["method"] if ctx.runs is not None else [])]
-    info = (ctx.meta or {}).get("datasets")
-    table = T.complexity_table(list(dict.fromkeys(methods)), info if isinstance(info, dict) else {})
+    info = (ctx.meta or {}).get("datasets") or {}
+    table = T.complexity_table(list(dict.fromkeys(methods)), info)
     return Section("Complexity", [table], "complexity")
 
 
@@ -235,7 +211,9 @@ def section_comparison(ctx: BenchContext) -> Section | None:
 
 def section_claims(ctx: BenchContext) -> Section | None:
     """The paper's claims, the paired comparisons behind them, the checkpoint epochs."""
-    return None if ctx.results.empty else claims_section(ctx.families, ctx.claims, ctx.checkpoints)
+    return (
+        None if ctx.results.empty else C.claims_section(ctx.families, ctx.claims, ctx.checkpoints)
+    )
 
 
 def section_pairwise(ctx: BenchContext) -> Section | None:
@@ -275,7 +253,7 @@ def _reliability_figure(
     pooled = {m: tuple(np.concatenate(a) for a in zip(*v, strict=True)) for m, v in data.items()}
     title = f"{dataset}, {protocol}, {len(seeds)} seed(s) pooled: {note}"
     title += " (pooled over tasks)" if task == "multilabel" else ""
-    save_png(plot_reliability(pooled, None, n_bins=15, title=title, task=task), path)
+    save_figure(plot_reliability(pooled, None, n_bins=15, title=title, task=task), path)
     return seeds
 
 
@@ -346,7 +324,7 @@ SECTIONS: tuple[Callable[[BenchContext], Section | None], ...] = (
     section_robustness,
     lambda ctx: tuning_section(ctx.tuning),
     section_runtimes,
-    lambda ctx: failures_section(ctx.runs, ctx.coverage),
+    lambda ctx: O.failures_section(ctx.runs, ctx.coverage),
 )
 
 #: Tables of one protocol and dataset, by the start of their key, whose methods a tuned

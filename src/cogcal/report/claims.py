@@ -1,22 +1,16 @@
 """The verdict that opens a bench report, and "The paper's claims at this scale".
 
-Every statement rests on paired comparisons (:func:`cogcal.report.stats.paired`),
-Holm-corrected over their family (:data:`cogcal.report.stats.PAIRED_RULE`). The families,
-per protocol (:func:`families`): each COG variant against its counterpart
-(:func:`cogcal.report._common.counterparts`) on test NLL, Brier, ECE-15 and accuracy over
-every dataset; cog-fc against the expressive COG variants; COG against its counterpart on
-OOD AUROC / FPR95 and on the shift averages; and, per dataset, the best method on each
-metric against every other method.
-
-A comparison is **budget-bound** when its methods' test accuracies differ by more than
-:data:`ACC_MARGIN`, or when one of them did not converge: in some seed its kept checkpoint
-(best validation Brier) is the last epoch of a stage that ran its whole budget, so it was
-still improving (:class:`Checkpoints`). The verdict says so in the sentence that uses it.
+Every statement rests on paired comparisons Holm-corrected over their family
+(:data:`cogcal.report.stats.PAIRED_RULE`; the families: :func:`families`). A comparison is
+**budget-bound** when its methods' test accuracies differ by more than :data:`ACC_MARGIN`
+or one of them was still improving at the last epoch of its budget (:class:`Checkpoints`);
+the verdict says so in the sentence that uses it.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,16 +19,9 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import aggregate, rows, seed_values
-from cogcal.report.stats import (
-    HIGHER_IS_BETTER,
-    PAIRED_RULE,
-    Paired,
-    holm,
-    paired,
-    pairwise_wins,
-    summary_rank,
-)
-from cogcal.report.tables import LABELS, NAMES, cell, comparison_key, fmt, present_pairs
+from cogcal.report.schema import METRIC_NAMES as NAMES
+from cogcal.report.stats import PAIRED_RULE, Paired, paired_family, pairwise_wins, summary_rank
+from cogcal.report.tables import LABELS, cell, comparison_key, fmt, present_pairs
 
 #: Metrics of the COG-against-counterpart comparisons.
 COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
@@ -82,27 +69,14 @@ class Checkpoints:
                 t = (record.timing or {}).get(stage) if record is not None else None
                 if not isinstance(t, dict) or "best_epoch" not in t:
                     continue
-                ran, best, stopped = (
-                    int(t.get("epochs_run", 0)),
-                    int(t["best_epoch"]),
-                    str(t.get("stopped") or ""),
-                )
+                ran, best = int(t.get("epochs_run", 0)), int(t["best_epoch"])
+                stopped = str(t.get("stopped") or "")
                 budget = record.config.get(budget)  # type: ignore[union-attr]
                 budget = int(budget) if isinstance(budget, int | float) else ran
                 last = best == ran - 1 and ran >= budget and stopped != "patience"
                 out.append((*key, stage, budget, ran, best, stopped, last))
-        cols = [
-            "dataset",
-            "protocol",
-            "method",
-            "seed",
-            "stage",
-            "budget",
-            "ran",
-            "best",
-            "stopped",
-        ]
-        return cls(pd.DataFrame(out, columns=[*cols, "last"]))
+        cols = ["dataset", "protocol", "method", "seed", "stage", "budget", "ran", "best"]
+        return cls(pd.DataFrame(out, columns=[*cols, "stopped", "last"]))
 
     def late(self, dataset: str, protocol: str, method: str) -> tuple[int, int]:
         """``(seeds whose checkpoint is a last epoch, seeds)`` of one method."""
@@ -121,14 +95,9 @@ class Checkpoints:
         body = []
         for (p, ds, m, st), g in self.frame.groupby(["protocol", "dataset", "method", "stage"]):
             epochs = ", ".join(str(int(b) + 1) for b in g.sort_values("seed")["best"])
-            k = int(g["last"].sum())
-            body.append(
-                [cell(p), cell(ds), cell(m), cell(st), cell(int(g["budget"].max())), cell(epochs)]
-                + [
-                    cell(", ".join(sorted(set(g["stopped"]) - {""})) or "budget"),
-                    cell(f"{k} of {len(g)}", k > 0),
-                ]
-            )
+            k, stopped = int(g["last"].sum()), ", ".join(sorted(set(g["stopped"]) - {""}))
+            row = (p, ds, m, st, int(g["budget"].max()), epochs, stopped or "budget")
+            body.append([*map(cell, row), cell(f"{k} of {len(g)}", k > 0)])
         order = method_order([r[2].text for r in body])
         body.sort(key=lambda r: (r[0].text, r[1].text, order.index(r[2].text), r[3].text))
         header = ["Protocol", "Dataset", "Method", "Stage", "Budget (epochs)",
@@ -180,27 +149,24 @@ def compare_family(
 ) -> list[Comparison]:
     """Paired comparisons ``(dataset, a, b)`` x ``metrics`` of ``measure``
     (:func:`~cogcal.report.frame.seed_values`), Holm-corrected together, with caveats."""
-    values = seed_values(df, measure, protocol=protocol).set_index("seed")
+    values = seed_values(df, measure, protocol=protocol)
     acc = seed_values(df, "test", protocol=protocol, metric="acc")
+    acc = acc.groupby(["dataset", "method"])["value"].mean()
+    todo = [(ds, a, b, m) for ds, a, b in pairs for m in metrics]
+    wanted = [(m, (ds, a), (ds, b)) for ds, a, b, m in todo]
+    tests = paired_family(values, ["dataset", "method"], wanted)
     found = []
-    for ds, a, b in pairs:
-        v = values[values["dataset"] == ds]
-        for metric in metrics:
-            s = [v[(v["method"] == m) & (v["metric"] == metric)]["value"] for m in (a, b)]
-            t = paired(s[0], s[1], higher_is_better=metric in HIGHER_IS_BETTER)
-            if t is None:
-                continue
-            c = Comparison(ds, a, b, metric, t)
-            means = [acc.loc[(acc["dataset"] == ds) & (acc["method"] == m), "value"].mean() for m in (a, b)]  # fmt: skip
-            if all(math.isfinite(x) for x in means) and abs(means[0] - means[1]) > ACC_MARGIN:
-                c.gap = abs(means[0] - means[1])
-            for m in (a, b):
-                k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
-                if k:
-                    c.late[m] = (k, n)
-            found.append(c)
-    for c, t in zip(found, holm([c.test for c in found]), strict=True):
-        c.test = t  # type: ignore[assignment]
+    for (ds, a, b, metric), t in zip(todo, tests, strict=True):
+        if t is None:
+            continue
+        c = Comparison(ds, a, b, metric, t)
+        gap = abs(acc.get((ds, a), math.nan) - acc.get((ds, b), math.nan))
+        c.gap = gap if gap > ACC_MARGIN else None
+        for m in (a, b):
+            k, n = checkpoints.late(ds, protocol, m) if checkpoints else (0, 0)
+            if k:
+                c.late[m] = (k, n)
+        found.append(c)
     return found
 
 
@@ -245,12 +211,9 @@ def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | N
         return None
     body = [
         [cell(c.dataset), cell(f"{c.a} vs {c.b}"), cell(LABELS.get(c.metric, c.metric))]
-        + [
-            cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)),
-            cell(c.test.text()),
-            cell(fmt(c.test.p_adj)),
-        ]  # fmt: skip
-        + [cell(c.verdict, bold=c.verdict != "undecided"), cell("; ".join(c.caveats()) or "—")]
+        + [cell(", ".join(f"{x:+.3f}" for x in c.test.diffs)), cell(c.test.text())]
+        + [cell(fmt(c.test.p_adj)), cell(c.verdict, bold=c.verdict != "undecided")]
+        + [cell("; ".join(c.caveats()) or "—")]
         for c in found
     ]
     m = sum(math.isfinite(c.test.p) for c in found)
@@ -263,13 +226,6 @@ def paired_table(found: Sequence[Comparison], title: str, key: str) -> Table | N
     ]
     header = ["Dataset", "Comparison", "Metric", "Per-seed differences", "Δ [95% CI]", "p (Holm)"]
     return Table(title, [*header, "Verdict", "Budget caveat"], body, notes, key)
-
-
-def _tally(found: Sequence[Comparison]) -> dict[str, int]:
-    out = {"better": 0, "worse": 0, "undecided": 0}
-    for c in found:
-        out[c.verdict] += 1
-    return out
 
 
 def _join(words: Sequence[str]) -> str:
@@ -300,18 +256,12 @@ class Judgement:
     short: str = ""
 
 
-def _direction(found: Sequence[Comparison], claim: str, key: str, *, not_worse: bool) -> Judgement:
-    """A claim that the first methods are not worse (``not_worse``) or better than the
-    second ones over ``found``: "does not hold" with a decided loss, "holds" with decided
-    results and none against, "undecided" without any decided result."""
-    t = _tally(found)
+def _direction(found: Sequence[Comparison], claim: str, key: str) -> Judgement:
+    """A claim that the first methods match or beat the second ones over ``found``: "does
+    not hold" with a decided loss, "holds" with a decided win and no loss, else "undecided"."""
+    t = Counter(c.verdict for c in found)
     losses = [c.text() for c in found if c.verdict == "worse"]
-    if not (t["better"] or t["worse"]):
-        judgement = "undecided"
-    elif losses:
-        judgement = "does not hold"
-    else:
-        judgement = "holds" if not_worse or t["better"] else "undecided"
+    judgement = "does not hold" if losses else "holds" if t["better"] else "undecided"
     text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
     if losses:
         text += ": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else "")
@@ -363,15 +313,15 @@ def judge_claims(
         return Judgement(CLAIMS[i], NOT_TESTED, why)
 
     return [
-        _direction(cog, CLAIMS[0], f"paired-{p}", not_worse=True) if cog
+        _direction(cog, CLAIMS[0], f"paired-{p}") if cog
         else untested(0, "no COG variant next to its counterpart."),
-        _direction(fc, CLAIMS[1], f"paired-fc-{p}", not_worse=True) if fc
+        _direction(fc, CLAIMS[1], f"paired-fc-{p}") if fc
         else untested(1, "cog-fc and an expressive COG variant are not both in it."),
         _rank_claim(df, protocol),
-        _direction(ood, CLAIMS[3], f"paired-ood-{p}", not_worse=False) if ood
+        _direction(ood, CLAIMS[3], f"paired-ood-{p}") if ood
         else untested(3, "no OOD results of a COG variant and its counterpart."),
         _mtl_claim(df, protocol),
-        _direction(many, CLAIMS[5], f"paired-{p}", not_worse=False) if many
+        _direction(many, CLAIMS[5], f"paired-{p}") if many
         else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it."),
     ]  # fmt: skip
 
@@ -385,7 +335,7 @@ def _cog_sentence(
         found = [c for c in fam.get("cog", []) if c.dataset == dataset]
         if not found:
             continue
-        t = _tally(found)
+        t = Counter(c.verdict for c in found)
         answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
         ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")["value"]  # fmt: skip
         clauses += [
@@ -412,12 +362,7 @@ def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None
             pairs += [(metric, str(means.idxmin()), m) for m in method_order(means.index) if m != means.idxmin()]  # fmt: skip
     if not pairs:
         return None
-    values = {
-        k: g.set_index("seed")["value"] for k, g in d.reset_index().groupby(["metric", "method"])
-    }
-    tests = holm(
-        [paired(values[(x, a)], values[(x, b)], higher_is_better=False) for x, a, b in pairs]
-    )
+    tests = paired_family(d.reset_index(), "method", pairs)
     clauses = []
     for metric in dict.fromkeys(x for x, _, _ in pairs):
         mine = [(a, b, t) for (x, a, b), t in zip(pairs, tests, strict=True) if x == metric and t is not None]  # fmt: skip

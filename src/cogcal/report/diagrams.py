@@ -1,13 +1,8 @@
-"""Reliability diagrams (matplotlib, headless).
+"""Reliability diagrams (matplotlib, headless): per-bin accuracy against confidence, the
+gap to the diagonal shaded, the bin counts beneath, the ECE in the legend.
 
-Figures are built with :class:`matplotlib.figure.Figure` directly, never through
-``pyplot``, so nothing here selects a backend or opens a window: saving works on any
-machine and the user's own ``pyplot`` state is untouched.
-
-A reliability diagram shows, for equal-width confidence bins, the accuracy of each bin
-(bars) against the diagonal ``accuracy = confidence``; the gap between each bar and the
-bin's mean confidence is shaded, the bin counts are drawn beneath, and the ECE of the
-binning is given in the legend.
+Figures are built with :class:`matplotlib.figure.Figure`, never through ``pyplot``: no
+backend is selected, no window opens, the user's ``pyplot`` state is untouched.
 """
 
 from __future__ import annotations
@@ -22,10 +17,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cogcal.metrics import reliability_bins
+from cogcal.report._common import save_figure
 
 __all__ = ["plot_reliability", "plot_reliability_per_task", "reliability_diagram"]
 
-_FORMATS = (".png", ".svg", ".pdf")
 _BAR = "#3b75af"
 _GAP = "#d62728"
 
@@ -158,18 +153,6 @@ def reliability_diagram(
     return ax.get_figure()
 
 
-def _save(fig: Figure, path: str | Path, dpi: int) -> Path:
-    path = Path(path)
-    if path.suffix.lower() not in _FORMATS:
-        raise ValueError(
-            f"cannot tell the image format of {str(path)!r}: use a file name ending in "
-            f"{', '.join(_FORMATS)}."
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
-
-
 def plot_reliability(
     methods: Mapping[str, Any],
     path: str | Path | None = None,
@@ -210,7 +193,7 @@ def plot_reliability(
     if title:
         fig.suptitle(title)
     if path is not None:
-        _save(fig, path, dpi)
+        save_figure(fig, path, dpi)
     return fig
 
 
@@ -269,5 +252,5 @@ def plot_reliability_per_task(
     if title:
         fig.suptitle(title)
     if path is not None:
-        _save(fig, path, dpi)
+        save_figure(fig, path, dpi)
     return fig

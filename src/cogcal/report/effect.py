@@ -1,27 +1,23 @@
 """The "Where COG's effect comes from" section, from ``effect.csv``.
 
-Per dataset, three kinds of runs (:data:`cogcal.report.schema.EFFECT_VARIANTS`): ``ce``
-without a schedule (the paper's baseline recipe), ``ce`` with the step schedule COG uses,
-and ``cog-fc`` (the final layer on the slower rate λ_c = ratio × λ_f) with the same
-schedule at each ratio. Two differences separate COG from the paper's baseline:
-
-* the **schedule effect**: ``ce (step schedule)`` against ``ce (no schedule)``;
-* the **calibrator-rate effect**: ``cog-fc (ratio R)`` against ``ce (step schedule)``.
-
-Each is judged per metric with a paired comparison over the seeds (Holm over the
-dataset's comparisons; :data:`cogcal.report.stats.PAIRED_RULE`), and one generated
-sentence per dataset says which differences are decided.
+Per dataset: ``ce`` without a schedule (the paper's baseline recipe), ``ce`` with COG's
+step schedule, and ``cog-fc`` with that schedule at each ratio λ_c/λ_f. The schedule
+effect (step against none) and the calibrator-rate effect (cog-fc against ce with the
+step schedule) are judged with paired comparisons, Holm over the dataset's comparisons.
 """
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from cogcal.report._common import slug
-from cogcal.report.blocks import Paragraph, Section, Table
-from cogcal.report.frame import effect_ratio, rows
-from cogcal.report.stats import HIGHER_IS_BETTER, PAIRED_RULE, holm, paired
-from cogcal.report.tables import LABELS, NAMES, stat_table, stats_of
+from cogcal.report.blocks import Paragraph, Section, Table, plain
+from cogcal.report.frame import rows
+from cogcal.report.schema import METRIC_NAMES as NAMES
+from cogcal.report.stats import PAIRED_RULE, paired_family
+from cogcal.report.tables import LABELS, stat_table, stats_of
 
 #: The metrics of the effect table and sentence, in order.
 EFFECT_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
@@ -29,24 +25,21 @@ NO_SCHEDULE = "ce (no schedule)"
 STEP = "ce (step schedule)"
 
 
-def effect_key(dataset: str) -> str:
-    """The anchor of :func:`effect_table`."""
-    return f"effect-{slug(dataset)}"
+def effect_ratio(variant: str) -> float | None:
+    """The ratio λ_c/λ_f of an ``effect.csv`` variant ``"cog-fc (ratio R)"`` (else None).
+
+    >>> effect_ratio("cog-fc (ratio 0.1)"), effect_ratio("ce (step schedule)")
+    (0.1, None)
+    """
+    m = re.fullmatch(r"cog-fc \(ratio ([0-9.eE+-]+)\)", variant)
+    return float(m.group(1)) if m else None
 
 
 def effect_variants(effect: pd.DataFrame, dataset: str) -> list[str]:
     """The variants of ``dataset`` in table order: no schedule, step, then cog-fc by ratio."""
     present = set(effect.loc[effect["dataset"] == dataset, "variant"])
-    ratios = sorted(
-        (v for v in present if effect_ratio(v) is not None), key=lambda v: effect_ratio(v)
-    )
-    return [v for v in (NO_SCHEDULE, STEP) if v in present] + ratios
-
-
-def _rates(effect: pd.DataFrame, dataset: str, variant: str, column: str) -> str:
-    vals = rows(effect, dataset=dataset)
-    vals = vals.loc[vals["variant"] == variant, column].dropna().unique()
-    return ", ".join(f"{v:g}" for v in sorted(vals)) or "—"
+    ratios = sorted((r, v) for v in present if (r := effect_ratio(v)) is not None)
+    return [v for v in (NO_SCHEDULE, STEP) if v in present] + [v for _, v in ratios]
 
 
 def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> Table | None:
@@ -57,14 +50,15 @@ def effect_table(effect: pd.DataFrame, dataset: str, *, split: str = "test") -> 
     if not variants:
         return None
     d = rows(effect, dataset=dataset)
-    labels = {
-        v: [v, ", ".join(sorted(set(d.loc[d["variant"] == v, "schedule"]))) or "—"]
-        + [_rates(effect, dataset, v, "lr"), _rates(effect, dataset, v, "calibrator_lr")]
-        for v in variants
-    }
+
+    def used(variant: str, column: str) -> str:
+        values = sorted(d.loc[d["variant"] == variant, column].dropna().unique())
+        return ", ".join(map(plain, values)) or "—"
+
+    labels = {v: [v, *(used(v, c) for c in ("schedule", "lr", "calibrator_lr"))] for v in variants}
     return stat_table(
         f"{dataset}: where COG's effect comes from",
-        effect_key(dataset),
+        f"effect-{slug(dataset)}",
         ["Variant", "Schedule", "λ_f (lr)", "λ_c"],
         [(v, labels[v]) for v in variants],
         [(m, LABELS[m], m) for m in EFFECT_METRICS],
@@ -90,15 +84,7 @@ def effect_sentence(effect: pd.DataFrame, dataset: str, *, split: str = "test") 
     present = effect_variants(effect, dataset)
     effects = [("schedule effect", STEP, NO_SCHEDULE)]
     effects += [("calibrator-rate effect", v, STEP) for v in present if effect_ratio(v)]
-    tests = []
-    for _, a, b in effects:
-        for m in EFFECT_METRICS:
-            s = [
-                d[(d["variant"] == v) & (d["metric"] == m)].set_index("seed")["value"]
-                for v in (a, b)
-            ]
-            tests.append(paired(s[0], s[1], higher_is_better=m in HIGHER_IS_BETTER))
-    tests = holm(tests)
+    tests = paired_family(d, "variant", [(m, a, b) for _, a, b in effects for m in EFFECT_METRICS])
     clauses = []
     for i, (label, a, b) in enumerate(effects):
         mine = tests[i * len(EFFECT_METRICS) : (i + 1) * len(EFFECT_METRICS)]
@@ -135,16 +121,9 @@ def effect_section(effect: pd.DataFrame | None) -> Section | None:
             "the same schedule at each ratio λ_c/λ_f. Rule: " + PAIRED_RULE
         )
     )
-    split = "test" if (effect["split"] == "test").any() else None
-    if effect.empty or split is None:
+    if not (effect["split"] == "test").any():
         sec.blocks.append(Paragraph("effect.csv holds no test-split rows."))
-        return sec
     for dataset in sorted(set(effect["dataset"])):
-        table = effect_table(effect, dataset, split=split)
-        if table is None:
-            continue
-        sec.blocks.append(table)
-        sentence = effect_sentence(effect, dataset, split=split)
-        if sentence:
-            sec.blocks.append(Paragraph(sentence))
+        table, sentence = effect_table(effect, dataset), effect_sentence(effect, dataset)
+        sec.blocks += [table, Paragraph(sentence)] if table is not None and sentence else []
     return sec

@@ -1,15 +1,11 @@
-"""The report's one normalised view of a bench folder's tables, and its one set of filters.
+"""The report's one reader of a bench folder's tables, and its one row filter (:func:`rows`).
 
-:func:`load_results` reads ``results.csv`` once, checks it (columns, splits, protocols,
-seeds, numeric values, no duplicate rows) and normalises it: ``task``, ``condition`` and
-``severity`` are strings with ``""`` for an empty cell, ``seed`` is an ``int``, ``value``
-a float. A value that is not a number is an error naming the line and the value; it is
-never dropped. ``nan`` (a run's non-finite value) stays ``NaN`` and is not counted as a
-seed, so a cell that has it shows fewer seeds than planned.
-
-:func:`load_runs`, :func:`load_tuning` and :func:`load_effect` do the same for
-``runs.csv``, ``tuning.csv`` and ``effect.csv`` (:mod:`cogcal.report.schema`), and
-:func:`rows` is the only row filter the report's sections use.
+:func:`load_results` reads ``results.csv`` (the file a user points ``cogcal report`` at)
+and checks it: a missing column, a bad cell (named by line and value) or a duplicate row
+is an error, never dropped. ``task``, ``condition`` and ``severity`` become strings
+(``""`` when empty), ``seed`` an ``int``, ``value`` a float; ``nan`` stays ``NaN`` and is
+not counted as a seed. The tables the bench writes for itself (``runs.csv``,
+``tuning.csv``, ``effect.csv``, ``bench.json``) are read as written (:func:`load_bench_csv`).
 
 >>> import pandas as pd
 >>> df = pd.DataFrame({"dataset": "d", "method": ["ce", "ce"], "split": "test",
@@ -23,8 +19,6 @@ seed, so a cell that has it shows fewer seeds than planned.
 from __future__ import annotations
 
 import json
-import math
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,62 +27,43 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cogcal._errors import ArgumentError
 from cogcal.report import schema as S
 
 _SHOWN = 5  # bad rows quoted in one error message
 _NAN_TEXT = frozenset({"nan", "NaN", "NAN", "inf", "-inf", "Infinity", "-Infinity"})
 
 
-class _Selector:
-    """A row selection that is not an equality test (see :func:`rows`)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
+class _Selector(str):
+    """A ``task`` selection that is not an equality test (see :func:`rows`)."""
 
 
-#: Keep every value of the column (the default of :func:`rows`).
-ANY = _Selector("ANY")
 #: ``task``: the aggregate rows (empty, or ``"mean"`` of a multi-task run).
 AGGREGATE = _Selector("AGGREGATE")
 #: ``task``: the rows of one individual task (neither empty nor ``"mean"``).
 INDIVIDUAL = _Selector("INDIVIDUAL")
 
 
-def blank(s: pd.Series) -> pd.Series:
-    """Whether each cell is empty (NaN or whitespace only)."""
-    return s.isna() | (s.astype(str).str.strip() == "")
-
-
 def _mask(df: pd.DataFrame, column: str, want: Any) -> pd.Series:
-    if want is ANY:
-        return pd.Series(True, index=df.index)
     if column not in df.columns:
-        if want is AGGREGATE or want is None or (isinstance(want, str) and want == ""):
+        if want is AGGREGATE or want == "":
             return pd.Series(True, index=df.index)  # an absent optional column is blank
-        raise ValueError(f"cannot select on {column!r}: the table has no such column.")
-    col = df[column]
-    if want is AGGREGATE or want is INDIVIDUAL:
-        if column != "task":
-            raise ValueError(f"{want!r} selects task rows only, not {column!r}.")
-        agg = blank(col) | (col.astype(str).str.strip() == "mean")
-        return agg if want is AGGREGATE else ~agg
-    if want is None or want == "":
-        return blank(col)
+        raise ArgumentError(f"cannot select on {column!r}: the table has no such column.")
+    col = df[column].astype(str).str.strip()
+    blank = df[column].isna() | (col == "")
+    if isinstance(want, _Selector):
+        return (blank | (col == "mean")) == (want is AGGREGATE)
     if isinstance(want, Collection) and not isinstance(want, str):
-        return col.isin(list(want))
-    return col == want
+        return df[column].isin(list(want))
+    return blank if want == "" else df[column] == want
 
 
 def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
     """The rows of ``df`` matching every selection ``column=want``.
 
-    ``want`` is :data:`ANY` (no selection), a value (equality), a collection of values
-    (membership) or ``""`` (the empty cell); ``task`` also takes :data:`AGGREGATE` (empty
-    or ``"mean"``) and :data:`INDIVIDUAL` (a task name). The result is a selection of
-    ``df``: copy it before assigning to it.
+    ``want`` is a value (equality), a collection of values (membership) or ``""`` (the
+    empty cell); ``task`` also takes :data:`AGGREGATE` (empty or ``"mean"``) and
+    :data:`INDIVIDUAL` (a task name). Copy the result before assigning to it.
     """
     keep = pd.Series(True, index=df.index)
     for column, want in selection.items():
@@ -97,16 +72,13 @@ def rows(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
 
 
 def aggregate(df: pd.DataFrame, **selection: Any) -> pd.DataFrame:
-    """:func:`rows` of the aggregate kind: ``task`` empty or ``mean``, no condition or
-    severity (the in-distribution numbers of a run)."""
+    """:func:`rows` of a run's in-distribution numbers (``task`` empty or ``mean``)."""
     selection.setdefault("task", AGGREGATE)
     selection.setdefault("condition", "")
     selection.setdefault("severity", "")
     return rows(df, **selection)
 
 
-#: The measures :func:`seed_values` reads, by name.
-MEASURES: tuple[str, ...] = ("test", "ood", "shift")
 _SUMMARY = ("mean", "pooled")  # conditions the runner adds on top of the individual ones
 
 
@@ -130,7 +102,7 @@ def seed_values(df: pd.DataFrame, measure: str, **selection: Any) -> pd.DataFram
         else:
             d = d[~cond.isin(_SUMMARY)] if (~cond.isin(_SUMMARY)).any() else d[cond == "mean"]
     else:
-        raise ValueError(f"unknown measure {measure!r}; expected one of {', '.join(MEASURES)}.")
+        raise ArgumentError(f"unknown measure {measure!r}; expected test, ood or shift.")
     d = d[np.isfinite(d["value"].astype(float))]
     return d.groupby(keys, as_index=False)["value"].mean()
 
@@ -144,278 +116,101 @@ def protocol_order(protocols: Collection[str]) -> list[str]:
 # --------------------------------------------------------------------------- reading
 
 
-def _read_csv(path: Path, required: tuple[str, ...], what: str) -> pd.DataFrame:
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
-    except pd.errors.EmptyDataError:
-        raise ValueError(
-            f"{path} is empty; expected a header line with the columns {', '.join(required)}."
-        ) from None
-    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path} as a CSV table ({err}).") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{path} lacks the column(s) {', '.join(missing)}; {what} has the columns "
-            f"{', '.join(required)} (docs/method.md §6; cogcal.report.schema)."
-        )
-    return df.apply(lambda c: c.str.strip())
-
-
-def _lines(index: pd.Index) -> list[int]:
-    """CSV line numbers of frame rows (line 1 is the header)."""
-    return [int(i) + 2 for i in index]
-
-
-def _bad(path: Path, column: str, df: pd.DataFrame, bad: pd.Series, expected: str) -> ValueError:
-    """An error quoting the first offending lines of ``column`` and their values."""
+def _check(path: Path, df: pd.DataFrame, column: str, bad: pd.Series, expected: str) -> None:
+    """An error quoting the first ``bad`` lines (line 1 is the header) and their values."""
     where = df.index[bad.to_numpy()]
-    shown = ", ".join(
-        f"line {line}: {df.at[i, column]!r}"
-        for line, i in zip(_lines(where[:_SHOWN]), where[:_SHOWN], strict=True)
-    )
-    more = f" (and {len(where) - _SHOWN} more)" if len(where) > _SHOWN else ""
-    return ValueError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
-
-
-def _numbers(
-    path: Path, df: pd.DataFrame, column: str, *, allow_blank: bool, expected: str = "numbers"
-) -> pd.Series:
-    """``column`` as floats; a non-numeric cell is an error naming its line and value."""
-    text = df[column]
-    out = pd.to_numeric(text.where(text != "", None), errors="coerce").astype(float)
-    bad = out.isna() & ~text.isin(_NAN_TEXT)
-    if allow_blank:
-        bad &= text != ""
-    if bad.any():
-        what = expected + (" (or an empty cell)" if allow_blank else "")
-        raise _bad(path, column, df, bad, what)
-    return out
-
-
-def _integers(
-    path: Path, df: pd.DataFrame, column: str, *, allow_blank: bool, minimum: int = 0
-) -> pd.Series:
-    """``column`` as integers (``"3"`` or ``"3.0"``); blank cells become ``<NA>``."""
-    text = df[column]
-    num = pd.to_numeric(text.where(text != "", None), errors="coerce")
-    ok = num.notna() & np.isfinite(num.astype(float)) & (num.astype(float) % 1 == 0)
-    ok &= num.astype(float) >= minimum
-    bad = ~ok & ((text != "") | (not allow_blank))
-    if bad.any():
-        raise _bad(path, column, df, bad, f"integers >= {minimum}")
-    return num.astype("Int64")
-
-
-_TRUE = {"true", "1", "yes", "y", "t"}
-_FALSE = {"false", "0", "no", "n", "f", ""}
-
-
-def _booleans(path: Path, df: pd.DataFrame, column: str) -> pd.Series:
-    low = df[column].str.lower()
-    bad = ~low.isin(_TRUE | _FALSE)
-    if bad.any():
-        raise _bad(path, column, df, bad, "true/false (or 1/0)")
-    return low.isin(_TRUE)
-
-
-def _choices(path: Path, df: pd.DataFrame, column: str, allowed: Collection[str]) -> None:
-    bad = ~df[column].isin(list(allowed))
-    if bad.any():
-        raise _bad(path, column, df, bad, f"one of {', '.join(allowed)}")
-
-
-def _nonempty(path: Path, df: pd.DataFrame, column: str) -> None:
-    bad = df[column] == ""
-    if bad.any():
-        raise _bad(path, column, df, bad, "a name (it is empty)")
+    if len(where):
+        shown = ", ".join(f"line {i + 2}: {df.at[i, column]!r}" for i in where[:_SHOWN])
+        more = f" (and {len(where) - _SHOWN} more)" if len(where) > _SHOWN else ""
+        raise ArgumentError(f"{path}: column {column!r} must hold {expected}; found {shown}{more}.")
 
 
 def normalise_results(df: pd.DataFrame, source: str | Path = "results.csv") -> pd.DataFrame:
-    """Check and normalise a ``results.csv`` table given as strings (see the module doc):
-    the :data:`~cogcal.report.schema.RESULT_COLUMNS` (others dropped), ``seed`` int,
-    ``value`` float, ``severity`` a string without a ``.0`` suffix. ``source`` is named in
-    errors.
-
-    Raises
-    ------
-    ValueError
-        A missing column, an empty dataset/method/metric, an unknown split or protocol, a
-        seed that is not a non-negative integer, a value that is not a number, a condition
-        or severity on a val/test row, a severity that is not an integer, or the same result
-        twice; the message names the file, the line(s) and the value(s).
-    """
+    """Check and normalise a ``results.csv`` table given as strings (see the module doc);
+    ``ValueError`` naming ``source``, the line(s) and the value(s) of a missing column, an
+    unknown split or protocol, a bad seed or value, a condition or severity on a val/test
+    row, an OOD row without its set, or the same result twice."""
     path = Path(source)
     missing = [c for c in S.RESULT_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(
+        raise ArgumentError(
             f"{path} lacks the column(s) {', '.join(missing)}; results.csv has the columns "
-            f"{', '.join(S.RESULT_COLUMNS)} (docs/method.md §6)."
+            f"{', '.join(S.RESULT_COLUMNS)} (docs/method.md §6), as `cogcal bench` writes it."
         )
-    df = df[list(S.RESULT_COLUMNS)].copy()
-    for col in S.RESULT_COLUMNS:
-        df[col] = df[col].fillna("").astype(str).str.strip()
-    for col in ("dataset", "method", "metric"):
-        _nonempty(path, df, col)
-    _choices(path, df, "split", S.SPLITS)
-    _choices(path, df, "protocol", S.PROTOCOLS)
-    seeds = _integers(path, df, "seed", allow_blank=False)
-    values = _numbers(path, df, "value", allow_blank=False)
+    df = df[list(S.RESULT_COLUMNS)].fillna("").astype(str).apply(lambda c: c.str.strip())
+    _check(path, df, "split", ~df["split"].isin(S.SPLITS), f"one of {', '.join(S.SPLITS)}")
+    _check(path, df, "protocol", ~df["protocol"].isin(S.PROTOCOLS), " or ".join(S.PROTOCOLS))
+    seed = pd.to_numeric(df["seed"], errors="coerce")
+    _check(path, df, "seed", ~(seed >= 0) | (seed % 1 != 0), "integers >= 0")
+    value = pd.to_numeric(df["value"].where(df["value"] != ""), errors="coerce")
+    _check(path, df, "value", value.isna() & ~df["value"].isin(_NAN_TEXT), "numbers")
+    severity = pd.to_numeric(df["severity"].where(df["severity"] != ""), errors="coerce")
+    bad = (df["severity"] != "") & (~(severity >= 1) | (severity % 1 != 0))
+    _check(path, df, "severity", bad, "integers >= 1")
     in_dist = df["split"].isin(["val", "test"])
     for col in ("condition", "severity"):
-        bad = in_dist & (df[col] != "")
-        if bad.any():
-            raise _bad(path, col, df, bad, "an empty cell on val/test rows")
-    bad = (df["split"] == "ood") & (df["condition"] == "")
-    if bad.any():
-        raise _bad(path, "condition", df, bad, "the OOD set's name on ood rows")
-    sev = _integers(path, df, "severity", allow_blank=True, minimum=1)
-    df["severity"] = sev.astype(str).where(sev.notna(), "")
-    df["seed"] = seeds.astype(int)
-    df["value"] = values
+        _check(path, df, col, in_dist & (df[col] != ""), "an empty cell on val/test rows")
+    ood = (df["split"] == "ood") & (df["condition"] == "")
+    _check(path, df, "condition", ood, "the OOD set's name on ood rows")
+    df["seed"], df["value"] = seed.astype(int), value.astype(float)
+    df["severity"] = severity.map(lambda v: "" if pd.isna(v) else str(int(v)))
     key = [c for c in S.RESULT_COLUMNS if c != "value"]
     dup = df.duplicated(key, keep=False)
     if dup.any():
         first = df[dup].iloc[0]
-        same = df.index[dup & (df[key] == first[key]).all(axis=1)]
-        raise ValueError(
-            f"{path}: lines {', '.join(map(str, _lines(same)))} hold the same result "
-            f"({', '.join(f'{k}={first[k]!r}' for k in key if first[k] != '')}) more than once; "
-            "each (dataset, method, protocol, seed, split, metric, task, condition, severity) "
-            "must appear once. Rebuild results.csv with `cogcal bench`."
+        same = df.index[dup & (df[key] == first[key]).all(axis=1)] + 2
+        raise ArgumentError(
+            f"{path}: lines {', '.join(map(str, same))} hold the same result; each (dataset, "
+            "method, protocol, seed, split, metric, task, condition, severity) must appear "
+            "once. Rebuild results.csv with `cogcal bench`."
         )
     return df.reset_index(drop=True)
 
 
 def load_results(folder: str | Path) -> pd.DataFrame:
     """Read, check and normalise ``folder/results.csv`` (:func:`normalise_results`);
-    ``ValueError`` naming the line when it is missing, unreadable or malformed."""
+    ``ValueError`` when it is missing, unreadable or malformed."""
     path = Path(folder) / "results.csv"
     if not path.is_file():
-        raise ValueError(
+        raise ArgumentError(
             f"{str(path)!r} does not exist; run `cogcal bench --out {folder}` first, or pass "
             "the folder that holds results.csv."
         )
-    return normalise_results(_read_csv(path, S.RESULT_COLUMNS, "results.csv"), path)
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[])
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise ArgumentError(f"cannot read {path} as a CSV table ({err}).") from None
+    return normalise_results(df.rename(columns=lambda c: str(c).strip()), path)
 
 
-def _optional_csv(
-    folder: str | Path, name: str, columns: tuple[str, ...], nonempty: tuple[str, ...]
-) -> tuple[Path, pd.DataFrame] | None:
-    """``folder/name`` read with its ``columns`` checked and ``nonempty`` ones filled, or
-    None when the file is absent."""
+#: The text columns of the tables the bench writes (the others are numbers or flags).
+_TEXT = {
+    "runs.csv": ("dataset method protocol status model schedule copied_from run_dir log"),
+    "tuning.csv": "protocol dataset group used_by schedule status edges",
+    "effect.csv": "dataset variant schedule split metric",
+}
+
+
+def load_bench_csv(folder: str | Path, name: str) -> pd.DataFrame | None:
+    """``runs.csv``, ``tuning.csv`` or ``effect.csv`` of a bench folder as the bench wrote
+    it (:mod:`cogcal.report.schema`; not re-checked), empty text cells ``""``; None when
+    the file is absent."""
     path = Path(folder) / name
     if not path.is_file():
         return None
-    df = _read_csv(path, columns, name)
-    for col in nonempty:
-        _nonempty(path, df, col)
-    return path, df
-
-
-def load_runs(folder: str | Path) -> pd.DataFrame | None:
-    """``folder/runs.csv`` checked (status, seed, seconds), or None when absent."""
-    found = _optional_csv(folder, "runs.csv", S.RUN_COLUMNS, ("dataset", "method"))
-    if found is None:
-        return None
-    path, df = found
-    _choices(path, df, "protocol", S.PROTOCOLS)
-    _choices(path, df, "status", S.RUN_STATUSES)
-    df["seed"] = _integers(path, df, "seed", allow_blank=False).astype(int)
-    for col in ("train_seconds", "total_seconds", "lr", "calibrator_lr"):
-        df[col] = _numbers(path, df, col, allow_blank=True)
-    df["epochs"] = _integers(path, df, "epochs", allow_blank=True, minimum=0)
-    return df
-
-
-def load_tuning(folder: str | Path) -> pd.DataFrame | None:
-    """``folder/tuning.csv`` checked (numbers, flags), or None when absent."""
-    found = _optional_csv(folder, "tuning.csv", S.TUNING_COLUMNS, ("dataset", "group", "status"))
-    if found is None:
-        return None
-    path, df = found
-    _choices(path, df, "protocol", S.TUNING_PROTOCOLS)
-    df["lr"] = _numbers(path, df, "lr", allow_blank=False)
-    for col in ("ratio", "calibrator_lr", "val_nll", "val_brier", "val_acc"):
-        df[col] = _numbers(path, df, col, allow_blank=True)
-    for col in ("chosen", "at_edge", "cap_reached"):
-        df[col] = _booleans(path, df, col)
-    df["extensions"] = _integers(path, df, "extensions", allow_blank=True).fillna(0).astype(int)
-    df["edges"] = pd.Series(
-        [", ".join(p.strip() for p in re.split(r"[;,|]", e) if p.strip()) for e in df["edges"]],
-        index=df.index,
-        dtype=object,
-    )
-    return df
-
-
-_RATIO = re.compile(r"^cog-fc \(ratio ([^)]+)\)$")
-
-
-def effect_ratio(variant: str) -> float | None:
-    """The ratio λ_c/λ_f of an ``effect.csv`` variant ``"cog-fc (ratio R)"`` (else None).
-
-    >>> effect_ratio("cog-fc (ratio 0.1)"), effect_ratio("ce (step schedule)")
-    (0.1, None)
-    """
-    m = _RATIO.match(variant)
-    if not m:
-        return None
-    try:
-        value = float(m.group(1))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value > 0 else None
-
-
-def load_effect(folder: str | Path) -> pd.DataFrame | None:
-    """``folder/effect.csv`` checked (variants, seeds, numbers), or None when absent."""
-    found = _optional_csv(folder, "effect.csv", S.EFFECT_COLUMNS, ("dataset", "metric"))
-    if found is None:
-        return None
-    path, df = found
-    fixed = set(S.EFFECT_VARIANTS) - {"cog-fc (ratio R)"}
-    ratio_ok = df["variant"].map(lambda v: effect_ratio(v) is not None).astype(bool)
-    ok = df["variant"].isin(fixed) | ratio_ok
-    if not ok.all():
-        raise _bad(
-            path,
-            "variant",
-            df,
-            ~ok,
-            "'ce (no schedule)', 'ce (step schedule)' or 'cog-fc (ratio R)' with R a positive "
-            "number",
-        )
-    _choices(path, df, "split", S.SPLITS)
-    df["seed"] = _integers(path, df, "seed", allow_blank=False).astype(int)
-    df["value"] = _numbers(path, df, "value", allow_blank=False)
-    for col in ("lr", "calibrator_lr"):
-        df[col] = _numbers(path, df, col, allow_blank=True)
-    dup = df.duplicated(["dataset", "variant", "seed", "split", "metric"], keep=False)
-    if dup.any():
-        raise _bad(path, "variant", df, dup, "one row per (dataset, variant, seed, split, metric)")
+    text = _TEXT[name].split()
+    df = pd.read_csv(path, dtype=dict.fromkeys(text, str))
+    df[text] = df[text].fillna("")
+    for flag in ("chosen", "at_edge", "cap_reached"):
+        if flag in df.columns:
+            df[flag] = df[flag].eq(True)
     return df
 
 
 def read_bench_json(folder: str | Path) -> dict[str, Any] | None:
-    """``folder/bench.json`` as a dict, None when absent.
-
-    Raises
-    ------
-    ValueError
-        The file exists but is not a JSON object.
-    """
+    """``folder/bench.json`` as written by the bench, None when absent."""
     path = Path(folder) / "bench.json"
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read {path} as JSON ({err}).") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a JSON object (found {type(data).__name__}).")
-    return data
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 # --------------------------------------------------------------------------- seeds
@@ -425,8 +220,7 @@ def read_bench_json(folder: str | Path) -> dict[str, Any] | None:
 class SeedPlan:
     """How many seeds each (dataset, protocol, method) cell was planned with.
 
-    From ``runs.csv`` (one row per planned run) when present, else from the suite's
-    ``seeds`` in ``bench.json``; :meth:`planned` returns None when neither says.
+    From ``runs.csv`` when present, else from the suite's ``seeds`` in ``bench.json``.
     """
 
     cells: Mapping[tuple[str, str, str], int]
@@ -438,13 +232,8 @@ class SeedPlan:
         if runs is not None and not runs.empty:
             counts = runs.groupby(["dataset", "protocol", "method"])["seed"].nunique()
             cells = {tuple(map(str, k)): int(v) for k, v in counts.items()}  # type: ignore[misc]
-        default = None
-        suite = (meta or {}).get("suite")
-        seeds = suite.get("seeds") if isinstance(suite, Mapping) else None
-        if isinstance(seeds, list | tuple) and seeds:
-            default = len(seeds)
-        elif isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
-            default = seeds
+        seeds = ((meta or {}).get("suite") or {}).get("seeds")  # a list in bench.json
+        default = len(seeds) if seeds else None
         return cls(cells, default)
 
     def planned(self, dataset: str, protocol: str, method: str) -> int | None:

@@ -1,10 +1,7 @@
-"""Multi-task sections of the report (paper §4.3: Tab. 6, Fig. 6, pairwise win counts).
+"""The multi-task section of the report (paper §4.3: Tab. 6, Fig. 6, win counts).
 
-Multi-task rows of ``results.csv`` (docs/method.md §6) carry ``task`` = a task name, plus
-``task = "mean"`` rows with the unweighted mean over tasks. The Tab. 6 table uses those
-means (computing them from the per-task rows when a run wrote none); the per-task figure,
-tables and win counts use the per-task rows. Tasks are ordered by difficulty: the mean
-accuracy over methods (each method's mean over seeds), ascending, hardest first.
+Tab. 6 uses the ``task = "mean"`` rows (computed from the per-task rows when a run wrote
+none); the figure and the win counts use the per-task rows, hardest task first.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, save_png, slug
+from cogcal.report._common import is_cog, method_order, save_figure, slug
 from cogcal.report.blocks import Figure, Paragraph, Section, Table
 from cogcal.report.frame import INDIVIDUAL, SeedPlan, protocol_order, rows
 from cogcal.report.stats import HIGHER_IS_BETTER, format_wins, pairwise_wins
@@ -36,13 +33,8 @@ def task_difficulty(
     df: pd.DataFrame, dataset: str, protocol: str, metric: str = "acc"
 ) -> list[str]:
     """Task names from hardest to easiest: the mean over methods of each method's mean
-    ``metric`` over seeds, ascending (descending for an error metric); ties by name.
-
-    Raises
-    ------
-    ValueError
-        When there are no per-task rows of ``metric``.
-    """
+    ``metric`` over seeds, ascending (descending for an error metric); ties by name;
+    ``ValueError`` without per-task rows of ``metric``."""
     d = rows(per_task_rows(df, dataset, protocol), metric=metric)
     if d.empty:
         raise ValueError(
@@ -104,16 +96,8 @@ def per_task_figure(
     for ax, metric in zip(axes, metrics, strict=True):
         for i, me in enumerate(methods):
             ys = [means.get((me, metric, t), np.nan) for t in order]
-            style = dict(lw=1.5, fmt="o-") if is_cog(me) else dict(lw=1.0, fmt="s--")
-            ax.plot(
-                range(len(order)),
-                ys,
-                style.pop("fmt"),
-                color=cmap(i % cmap.N),
-                label=me,
-                ms=4,
-                **style,
-            )
+            fmt, lw = ("o-", 1.5) if is_cog(me) else ("s--", 1.0)
+            ax.plot(range(len(order)), ys, fmt, color=cmap(i % cmap.N), label=me, ms=4, lw=lw)
         ax.set_ylabel(LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     axes[-1].set_xticks(range(len(order)))
@@ -121,7 +105,7 @@ def per_task_figure(
     axes[-1].set_xlabel("task, hardest (lowest mean accuracy over methods) first")
     axes[0].legend(fontsize=8, loc="best", ncols=2)
     fig.suptitle(f"{dataset}, {protocol} protocol: per-task test metrics (solid: COG)")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def wins_table(
@@ -153,9 +137,8 @@ def wins_table(
         f"better on all of {names}; 'Mixed' counts the others. The larger count is bold."
     ]
     title = f"{dataset} — {protocol}: pairwise wins over tasks ({names})"
-    return Table(
-        title, header, body, notes, f"mtl-wins-{slug(protocol)}-{slug(dataset)}"
-    ), sentences
+    table = Table(title, header, body, notes, f"mtl-wins-{slug(protocol)}-{slug(dataset)}")
+    return table, sentences
 
 
 def multitask_section(
@@ -176,10 +159,8 @@ def multitask_section(
         for protocol in protocol_order(set(rows(df, dataset=dataset)["protocol"])):
             if per_task_rows(df, dataset, protocol).empty:
                 continue
-            sub = Section(
-                f"{dataset} — {protocol} protocol",
-                key=f"multitask-{slug(protocol)}-{slug(dataset)}",
-            )
+            key = f"multitask-{slug(protocol)}-{slug(dataset)}"
+            sub = Section(f"{dataset} — {protocol} protocol", key=key)
             sub.blocks += [t for t in [multitask_table(df, dataset, protocol, plan=plan)] if t]
             name = f"per_task_{slug(protocol)}_{slug(dataset)}.png"
             if per_task_figure(df, dataset, protocol, Path(figdir) / name):

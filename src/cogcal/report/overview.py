@@ -1,12 +1,9 @@
 """The overview of a bench report and its failures section.
 
-The overview states the suite, the training budgets per method family and protocol
-(``bench.json`` ``budgets``, top level or under ``suite``, as ``{protocol: {family:
-{field: value}}}`` or a list of ``{"protocol", "family", field: value}`` records), the run
-counts of the bench sessions and of ``runs.csv``, the datasets, methods and seeds, and
-which files were not found. The failures section lists every run that failed, diverged
-or was interrupted, and every (dataset, protocol, method) cell with fewer seeds than
-planned.
+The overview states the suite, the training budgets per protocol and method family
+(``bench.json`` ``budgets``), the run counts, the datasets, methods and seeds, and which
+files were not found. The failures section lists every run that failed, diverged or was
+interrupted, and every cell with fewer seeds than planned.
 """
 
 from __future__ import annotations
@@ -36,32 +33,15 @@ _BUDGET_LABELS = {
     "stage2_epochs": "Stage-2 epochs",
     "floor_epoch": "All rates < 1e-8 from epoch",
 }
-_COUNTS = ("trained", "reused", "copied", "skipped", "failed", "interrupted", "diverged")
 FAILED_STATUSES = ("failed", "interrupted", "diverged")
-
-
-def _budget_records(meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    if not isinstance(meta, Mapping):
-        return []
-    budgets = meta.get("budgets")
-    if budgets is None and isinstance(meta.get("suite"), Mapping):
-        budgets = meta["suite"].get("budgets")
-    if isinstance(budgets, list):
-        return [dict(r) for r in budgets if isinstance(r, Mapping)]
-    if not isinstance(budgets, Mapping):
-        return []
-    return [
-        {"protocol": str(p), "family": str(f), **fields}
-        for p, families in budgets.items()
-        if isinstance(families, Mapping)
-        for f, fields in families.items()
-        if isinstance(fields, Mapping)
-    ]
 
 
 def budget_table(meta: Mapping[str, Any] | None) -> Table | None:
     """The training budget per protocol and method family (``bench.json``)."""
-    records = _budget_records(meta)
+    budgets = (meta or {}).get("budgets") or {}
+    records = [
+        {"protocol": p, "family": f, **v} for p, fam in budgets.items() for f, v in fam.items()
+    ]
     if not records:
         return None
     fields = list(dict.fromkeys(k for r in records for k in r if k not in ("protocol", "family")))
@@ -79,16 +59,6 @@ def budget_table(meta: Mapping[str, Any] | None) -> Table | None:
         ]
     ]
     return Table("Training budgets per protocol and method family", header, body, notes, "budgets")
-
-
-def count_text(counts: Mapping[str, Any]) -> str:
-    """Run counts as words, known kinds first.
-
-    >>> count_text({"failed": 1, "trained": 56, "copied": 3, "skipped": 0})
-    'trained 56, reused 3, skipped 0, failed 1'
-    """
-    keys = [k for k in _COUNTS if k in counts] + sorted(k for k in counts if k not in _COUNTS)
-    return ", ".join(f"{'reused' if k == 'copied' else k} {plain(counts[k])}" for k in keys)
 
 
 def coverage_rows(df: pd.DataFrame, plan: SeedPlan) -> list[tuple[str, str, str, list[int], int]]:
@@ -111,23 +81,20 @@ def coverage_rows(df: pd.DataFrame, plan: SeedPlan) -> list[tuple[str, str, str,
 
 def _session_items(meta: Mapping[str, Any]) -> list[Text]:
     items: list[Text] = []
-    suite = meta.get("suite") if isinstance(meta.get("suite"), Mapping) else {}
+    suite = meta.get("suite") or {}
     if suite.get("name"):
         desc = f" — {suite['description']}" if suite.get("description") else ""
         items.append(f"Suite: {suite['name']}{desc}.")
-    sessions = [s for s in meta.get("sessions") or [] if isinstance(s, Mapping)]
+    sessions = meta.get("sessions") or []
     if sessions:
         wall = sum(float(s.get("wall_seconds") or 0) for s in sessions)
         text = f"cogcal bench ran {len(sessions)} time(s) into this folder, {wall:.0f} s of wall time in all"
-        if isinstance(sessions[-1].get("counts"), Mapping) and sessions[-1]["counts"]:
-            text += f"; the last session: {count_text(sessions[-1]['counts'])}"
+        counts = sessions[-1].get("counts") or {}  # in the bench's order; copied = reused
+        words = ", ".join(f"{'reused' if k == 'copied' else k} {v}" for k, v in counts.items())
+        text += f"; the last session: {words}" if words else ""
         items.append(text + ".")
-    machine = meta.get("machine")
-    if isinstance(machine, Mapping) and machine:
-        items.append(f"Machine: {plain(machine)}.")
-    elif meta.get("torch") or meta.get("platform"):
-        stamp = {k: meta[k] for k in ("cogcal", "torch", "python", "platform") if k in meta}
-        items.append(f"Software: {plain(stamp)}.")
+    stamp = {k: meta[k] for k in ("cogcal", "torch", "python", "platform") if k in meta}
+    items += [f"Software: {plain(stamp)}."] if stamp else []
     return items
 
 
@@ -136,13 +103,9 @@ def overview_section(
     meta: Mapping[str, Any] | None,
     runs: pd.DataFrame | None,
     found: Mapping[str, bool],
-    *,
-    short_cells: int = 0,
-    failed_runs: int = 0,
 ) -> Section:
     """The overview: suite, budgets, run counts, datasets/methods/seeds, protocols."""
-    meta = meta if isinstance(meta, Mapping) else None
-    items = _session_items(meta) if meta is not None else []
+    items = _session_items(meta) if meta else []
     if runs is not None and not runs.empty:
         status = runs["status"].value_counts()
         reused = int(((runs["status"] == "complete") & (runs["copied_from"] != "")).sum())
@@ -163,11 +126,6 @@ def overview_section(
         "fitted or selected on the test split (checkpoints by validation Brier, learning "
         "rates by validation cross-entropy, post-hoc calibrators fitted on validation)."
     )
-    if short_cells or failed_runs:
-        text = f"{short_cells} cell(s) with fewer seeds than planned, {failed_runs} run(s) "
-        items.append(
-            [text + "failed, diverged or interrupted (", Link("failures", "failures"), ")."]
-        )
     absent = [name for name, ok in found.items() if not ok]
     if absent:
         items.append("Not found, sections skipped: " + ", ".join(absent) + ".")
@@ -199,18 +157,11 @@ def failures_section(
         sec.blocks.append(Paragraph("Every cell has all its planned seeds."))
         return sec
     body = [
-        [
-            cell(p),
-            cell(ds),
-            cell(m),
-            cell(", ".join(map(str, s)) or "none"),
-            cell(f"{len(s)} of {n}", True),
-        ]
+        [*map(cell, (p, ds, m, ", ".join(map(str, s)) or "none")), cell(f"{len(s)} of {n}", True)]
         for ds, p, m, s, n in coverage
     ]
     header = ["Protocol", "Dataset", "Method", "Seeds with results", "Seeds"]
     note = "Their table cells say '(k of n seeds)': the mean is over the seeds present, not the planned ones."
-    sec.blocks.append(
-        Table("Cells with fewer seeds than planned", header, body, [note], "coverage")
-    )
+    title = "Cells with fewer seeds than planned"
+    sec.blocks.append(Table(title, header, body, [note], "coverage"))
     return sec

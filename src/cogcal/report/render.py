@@ -1,14 +1,8 @@
 """Render a report (sections of paragraphs, tables and figures) to Markdown and HTML.
 
-``report.md`` links the figures under ``figures/``; ``report.html`` is self-contained:
-styles inline and every image embedded as a base64 ``data:`` URI, so it opens offline
-and can be mailed as one file. No scripts, no external resources.
-
-All text is escaped for its format: HTML special characters in ``report.html``, and in
-``report.md`` the characters Markdown gives a meaning (``\\ ` * _ [ ] < > | #`` and a
-leading ``-``/``+``), so a method or dataset name such as ``a|b`` or ``my_*net*`` shows
-as written and cannot break a table. Tables and keyed sections carry an anchor (an
-``id`` in HTML, an ``<a id>`` line in Markdown) that :class:`Link` points to.
+``report.html`` is self-contained (inline styles, images embedded as ``data:`` URIs, no
+scripts). Text is escaped for its format, so a name such as ``a|b`` or ``my_*net*`` shows
+as written; tables and keyed sections carry the anchors :class:`Link` points to.
 """
 
 from __future__ import annotations
@@ -42,14 +36,9 @@ def md_escape(text: str) -> str:
 
 def _md_inline(text: Text) -> str:
     parts = [text] if isinstance(text, str) else text
-    out = []
-    for part in parts:
-        if isinstance(part, Link):
-            out.append(f"[{md_escape(part.text)}](#{part.key})")
-        else:
-            out.append(_MD_ESCAPED.sub(r"\\\1", str(part).replace("\n", " ")))
-    joined = "".join(out)
-    return "\\" + joined if joined[:1] in ("-", "+") else joined
+    return "".join(
+        f"[{md_escape(p.text)}](#{p.key})" if isinstance(p, Link) else md_escape(p) for p in parts
+    )
 
 
 def _anchor(key: str) -> str:
@@ -62,9 +51,9 @@ def _md_table(t: Table) -> str:
     lines.append("| " + " | ".join(md_escape(h) for h in t.header) + " |")
     lines.append("|" + "|".join("---" for _ in t.header) + "|")
     for row in t.rows:
-        cells = [
-            (f"**{md_escape(c.text)}**" if c.bold and c.text else md_escape(c.text)) for c in row
-        ]
+        cells = (
+            f"**{md_escape(c.text)}**" if c.bold and c.text else md_escape(c.text) for c in row
+        )
         lines.append("| " + " | ".join(cells) + " |")
     for note in t.notes:
         lines += ["", f"*{_md_inline(note)}*"]
@@ -82,12 +71,8 @@ def _md_block(block: Paragraph | Table | Figure | Section, level: int) -> str:
     if isinstance(block, Figure):
         cap = md_escape(block.caption)
         return f"![{cap}]({block.path})\n\n*{cap}*"
-    text = _md_inline(block.text) if block.text else ""
-    if block.items:
-        text = (text + "\n\n" if text else "") + "\n".join(
-            f"- {_md_inline(i)}" for i in block.items
-        )
-    return text
+    items = "\n".join(f"- {_md_inline(i)}" for i in block.items)
+    return "\n\n".join(t for t in (_md_inline(block.text) if block.text else "", items) if t)
 
 
 def render_markdown(title: str, sections: list[Section]) -> str:
@@ -132,9 +117,7 @@ _NUMERIC = re.compile(r"^[\s\d.,±\-+−—\[\]/%naeEΔ=]*(\(\d+ of \d+ seeds?\)
 
 
 def _html_cell(c: Cell) -> str:
-    text = _esc(c.text)
-    if c.bold and c.text:
-        text = f"<b>{text}</b>"
+    text = f"<b>{_esc(c.text)}</b>" if c.bold and c.text else _esc(c.text)
     cls = "" if _NUMERIC.match(c.text) else ' class="t"'
     return f"<td{cls}>{text}</td>"
 
@@ -145,20 +128,14 @@ def _html_table(t: Table) -> str:
         f"<caption>{_esc(t.title)}</caption>",
     ]
     out.append("<thead><tr>" + "".join(f"<th>{_esc(h)}</th>" for h in t.header) + "</tr></thead>")
-    out.append("<tbody>")
-    for row in t.rows:
-        cells = "".join(_html_cell(c) for c in row)
-        out.append(f"<tr>{cells}</tr>")
+    out += ["<tbody>", *("<tr>" + "".join(map(_html_cell, row)) + "</tr>" for row in t.rows)]
     out.append("</tbody></table></div>")
     out += [f'<p class="note">{_html_inline(n)}</p>' for n in t.notes]
     return "\n".join(out)
 
 
 def _data_uri(path: Path) -> str:
-    suffix = path.suffix.lower()
-    mime = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg"}.get(
-        suffix, "application/octet-stream"
-    )
+    mime = "image/svg+xml" if path.suffix.lower() == ".svg" else "image/png"
     return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 

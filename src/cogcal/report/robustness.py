@@ -1,14 +1,9 @@
-"""Robustness sections of the report: OOD detection and covariate shift (paper Tab. 3/4).
+"""OOD detection and covariate shift sections of the report (paper Tab. 3/4).
 
-Everything is computed from the ``split == "ood"`` and ``split == "shift"`` rows of
-``results.csv`` (docs/method.md §6): ``condition`` names the OOD set or the corruption,
-``severity`` is 1-5 for shift rows. The runner also writes summary conditions, ``pooled``
-(all OOD sets scored together) and ``mean`` (shift, averaged over conditions per
-severity); the tables show ``pooled`` as its own column and never average ``mean``
-together with the individual conditions, so nothing is counted twice. COG against its
-counterpart on these numbers is compared paired in the claims section
-(:mod:`cogcal.report.claims`). Which sets a run could not evaluate is only in its record
-(``metrics.json``, ``"unavailable"``); :func:`unavailable_sets` reads it.
+From the ``ood`` and ``shift`` rows of ``results.csv``; the runner's summary conditions
+``pooled`` (every OOD set scored together) and ``mean`` (shift, per severity) are shown
+apart and never averaged with the individual ones. The paired COG comparisons on these
+numbers are in the claims section.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cogcal.report._common import is_cog, method_order, save_png, slug
+from cogcal.report._common import is_cog, method_order, save_figure, sev_key, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
@@ -86,12 +81,6 @@ def _shift(df: pd.DataFrame, dataset: str, protocol: str) -> tuple[pd.DataFrame,
     return d, sorted(d["condition"].unique())
 
 
-def _by_severity(d: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, severity, metric, seed): the mean over conditions."""
-    d = d[d["severity"].astype(str) != ""]
-    return d.groupby(["method", "severity", "metric", "seed"], as_index=False)["value"].mean()
-
-
 def shift_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     """Tab. 4: accuracy, NLL, Brier and ECE-15 per seed averaged over every (condition,
     severity) recorded, mean ± std over seeds, summary rank (acc, NLL, Brier). None
@@ -108,13 +97,6 @@ def shift_table(df: pd.DataFrame, dataset: str, protocol: str) -> Table | None:
     return ranked_table(d, title, f"shift-{slug(protocol)}-{slug(dataset)}", SHIFT_METRICS, notes)
 
 
-def _sev_key(s: str) -> tuple[float, str]:
-    try:
-        return float(s), s
-    except ValueError:
-        return np.inf, s
-
-
 def severity_figure(
     df: pd.DataFrame,
     dataset: str,
@@ -129,7 +111,9 @@ def severity_figure(
     from matplotlib.figure import Figure as MplFigure
 
     d, _ = _shift(df, dataset, protocol)
-    d = _by_severity(rows(d, metric=list(metrics)))
+    d = rows(d, metric=list(metrics))
+    d = d[d["severity"] != ""].groupby(["method", "severity", "metric", "seed"], as_index=False)
+    d = d["value"].mean()  # per seed the mean over conditions
     if d.empty or set(d["metric"]) != set(metrics) or d["severity"].nunique() < 2:
         return None
     clean = seed_values(df, "test", dataset=dataset, protocol=protocol, metric=list(metrics))
@@ -141,7 +125,7 @@ def severity_figure(
     cmap = colormaps["tab10" if len(methods) <= 10 else "tab20"]
     for ax, metric in zip(axes, metrics, strict=True):
         for i, me in enumerate(methods):
-            pts = sorted((_sev_key(k[2])[0], s) for k, s in stats.items() if k[:2] == (me, metric))
+            pts = sorted((sev_key(k[2])[0], s) for k, s in stats.items() if k[:2] == (me, metric))
             cog = is_cog(me)
             ax.errorbar(
                 [x for x, _ in pts], [s.mean for _, s in pts], yerr=[np.nan_to_num(s.std) for _, s in pts],
@@ -153,7 +137,7 @@ def severity_figure(
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{dataset}, {protocol} protocol: covariate shift (solid: COG)")
-    return save_png(fig, path)
+    return save_figure(fig, path)
 
 
 def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:
@@ -208,11 +192,6 @@ def robustness_section(
         for name, reason in sorted((un.get(kind) or {}).items())
     ]
     if items:
-        sec.blocks.append(
-            Section(
-                "Sets not evaluated",
-                [Paragraph("Recorded by the runs:", items=items)],
-                "rob-unavailable",
-            )
-        )
+        said = Paragraph("Recorded by the runs:", items=items)
+        sec.blocks.append(Section("Sets not evaluated", [said], "rob-unavailable"))
     return sec

@@ -1,29 +1,11 @@
-"""The files a bench folder holds for the report: one schema, used by the bench (which
-writes them) and the report (which reads them).
+"""The columns of the tables of a bench folder: written by the bench
+(:mod:`cogcal.bench.results`, which describes each row), read by the report.
 
-``results.csv`` (docs/method.md §6): tidy, one value per row, columns
-:data:`RESULT_COLUMNS`; ``split`` in {val, test, shift, ood}; ``task`` is ``mean`` or a
-task name for multi-task datasets, empty otherwise; ``condition`` names a corruption or an
-OOD set and ``severity`` 1-5 for shift, both empty otherwise.
-
-``runs.csv``: one row per planned run (:data:`RUN_COLUMNS`): status (``complete``,
-``diverged``, ``failed``, ``interrupted``), the resolved learning rates and schedule,
-run times, and where a reused run was copied from.
-
-``tuning.csv``: one row per trained grid point of every tuning group
-(:data:`TUNING_COLUMNS`); ``protocol`` is one of :data:`TUNING_PROTOCOLS` (``effect`` is
-the learning-rate search of the effect comparison's CE without a schedule); ``group`` is the method trained at the points and ``used_by``
-the methods (space-separated) whose seed runs use the chosen point; ``chosen`` marks the
-selected point; ``at_edge``/``edges``/``extensions``/``cap_reached`` describe the group's
-final choice and repeat on each of its rows.
-
-``effect.csv``: the runs of the "Where COG's effect comes from" comparison
-(:data:`EFFECT_COLUMNS`), one value per row; ``variant`` is one of ``ce (no schedule)``,
-``ce (step schedule)`` or ``cog-fc (ratio R)``.
-
-``bench.json``: the suite, per-protocol budgets per method family (epochs, schedule,
-step size, early stopping, stage-2 epochs, the epoch at which the 1e-8 floor is reached),
-dataset facts, machine stamp and one entry per bench session with its counts.
+``results.csv`` (docs/method.md §6) is tidy, one value per row; ``split`` is one of
+:data:`SPLITS`, ``task`` is ``mean`` or a task name for multi-task datasets, ``condition``
+names a corruption or an OOD set and ``severity`` is 1-5 for shift rows, all empty
+otherwise. ``runs.csv`` has one row per planned run, ``tuning.csv`` one per trained grid
+point, ``effect.csv`` one value per row of the effect comparison.
 """
 
 from __future__ import annotations
@@ -32,8 +14,6 @@ from __future__ import annotations
 PROTOCOLS: tuple[str, ...] = ("paper", "fair")
 #: The ``protocol`` of the effect comparison's folders and tuning rows.
 EFFECT = "effect"
-#: Protocols a ``tuning.csv`` row may name.
-TUNING_PROTOCOLS: tuple[str, ...] = (*PROTOCOLS, EFFECT)
 
 RESULT_COLUMNS: tuple[str, ...] = (
     "dataset",
@@ -49,7 +29,6 @@ RESULT_COLUMNS: tuple[str, ...] = (
 )
 SPLITS: tuple[str, ...] = ("val", "test", "shift", "ood")
 
-RUN_STATUSES: tuple[str, ...] = ("complete", "diverged", "failed", "interrupted")
 RUN_COLUMNS: tuple[str, ...] = (
     "dataset",
     "method",
@@ -112,3 +91,5 @@ METRIC_LABELS: dict[str, str] = {
     "auroc": "AUROC ↑",
     "fpr95": "FPR95 ↓",
 }
+#: Metric names in sentences.
+METRIC_NAMES = {m: label.rstrip(" ↑↓") for m, label in METRIC_LABELS.items()} | {"acc": "accuracy"}

@@ -1,14 +1,9 @@
-"""The report's statistics: means over seeds, summary ranks, win counts, the Pareto front,
-and the paired tests every "better" / "worse" statement of the report rests on.
+"""The report's statistics: summary ranks, win counts, the Pareto front, and the paired
+tests every "better" / "worse" statement rests on (:data:`PAIRED_RULE`).
 
-Every method of a (dataset, protocol) cell is trained on the same seeds, and a seed fixes
-the data split and the network's initialisation, so two methods are compared **paired**:
-per seed the difference ``a - b``, then its mean and a 95% Student-t interval
-(:func:`paired`). A difference is *decided* only when its Holm-adjusted p-value (paired
-t-test, two-sided; :func:`holm`) over the comparisons of its family is below 0.05, which
-implies that its 95% interval excludes 0. With fewer than 2 paired seeds a comparison is
-*undecided*. Everything takes the tidy ``results.csv`` frame
-(:func:`cogcal.report.frame.load_results`) and never needs matplotlib.
+Methods of a (dataset, protocol) cell share each seed's data split and initialisation,
+so they are compared per seed (:func:`paired`), Holm-corrected over a family
+(:func:`holm`). Nothing here needs matplotlib.
 """
 
 from __future__ import annotations
@@ -16,31 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from cogcal.report.frame import aggregate, rows
-
-__all__ = [
-    "HIGHER_IS_BETTER",
-    "PAIRED_RULE",
-    "Paired",
-    "Stat",
-    "format_wins",
-    "holm",
-    "mean_std",
-    "paired",
-    "pairwise_wins",
-    "pareto_front",
-    "summary_rank",
-]
+from cogcal.report.schema import METRIC_NAMES
 
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
 #: The significance level of the report's statements.
 ALPHA = 0.05
-_NAMES = {"acc": "accuracy", "nll": "NLL", "brier": "Brier", "auroc": "AUROC", "fpr95": "FPR95"}
 
 #: The rule every "better / worse" statement of the report follows (stated in the report).
 PAIRED_RULE = (
@@ -76,13 +58,9 @@ class Stat:
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired comparison of ``a`` with ``b`` over the seeds both have.
-
-    ``diff`` is the mean of the per-seed differences ``a - b``, ``low``/``high`` its 95%
-    Student-t interval, ``p`` the two-sided paired t-test p-value and ``p_adj`` the
-    Holm-adjusted one (set by :func:`holm`; NaN before). ``higher_is_better`` orients
-    :attr:`verdict`.
-    """
+    """A paired comparison of ``a`` with ``b``: ``diff`` = mean of the per-seed ``a - b``,
+    ``low``/``high`` its 95% Student-t interval, ``p`` the two-sided paired t-test p-value,
+    ``p_adj`` the Holm-adjusted one (:func:`holm`; NaN before)."""
 
     diff: float
     low: float
@@ -160,37 +138,21 @@ def holm(tests: Sequence[Paired | None]) -> list[Paired | None]:
     return out
 
 
-def mean_std(
-    df: pd.DataFrame,
-    by: Sequence[str] = ("dataset", "method", "protocol", "split", "metric"),
-) -> pd.DataFrame:
-    """Mean, sample standard deviation (``ddof=1``; 0.0 for one seed) and count ``n`` of
-    ``value`` over seeds, one row per ``by`` cell; ``ValueError`` when a column is missing
-    or a cell holds a seed twice (``by`` mixes per-task, per-condition or per-severity rows).
+def paired_family(
+    values: pd.DataFrame, by: str | Sequence[str], tests: Sequence[tuple[str, Any, Any]]
+) -> list[Paired | None]:
+    """One family of paired comparisons of per-seed ``values`` (columns ``seed``, ``metric``,
+    ``value`` and ``by``), Holm-corrected together: per ``(metric, a, b)`` the comparison of
+    the rows whose ``by`` is ``a`` with those whose ``by`` is ``b`` (None: no common seed)."""
+    keys = ["metric", *([by] if isinstance(by, str) else by)]
+    series = {k: g.set_index("seed")["value"] for k, g in values.groupby(keys)}
 
-    >>> df = pd.DataFrame({"dataset": "d", "method": "ce", "protocol": "paper",
-    ...                    "split": "test", "metric": "acc", "seed": [0, 1, 2],
-    ...                    "value": [0.90, 0.92, 0.94]})
-    >>> mean_std(df).round(4).to_dict("records")
-    [{'dataset': 'd', 'method': 'ce', 'protocol': 'paper', 'split': 'test', 'metric': 'acc', 'mean': 0.92, 'std': 0.02, 'n': 3}]
-    """
-    by = list(by)
-    missing = [c for c in [*by, "value"] if c not in df.columns]
-    if missing:
-        raise ValueError(f"the results table lacks the column(s) {missing}; pass results.csv rows.")
-    if "seed" in df.columns:
-        dup = df.duplicated([*by, "seed"], keep=False)
-        if dup.any():
-            row = df[dup].iloc[0]
-            raise ValueError(
-                f"the cell {dict(row[by])} holds seed {row['seed']!r} more than once, so `by` "
-                "mixes rows that are not repeats; add task / condition / severity to `by` or "
-                "filter the table first."
-            )
-    g = df.groupby(by, dropna=False, sort=True)["value"]
-    out = g.agg(mean="mean", std=lambda v: v.std(ddof=1), n="count").reset_index()
-    out["std"] = out["std"].fillna(0.0)
-    return out
+    def of(metric: str, key: Any) -> pd.Series:
+        return series.get((metric, *(key if isinstance(key, tuple) else (key,))), pd.Series())
+
+    return holm(
+        [paired(of(m, a), of(m, b), higher_is_better=m in HIGHER_IS_BETTER) for m, a, b in tests]
+    )
 
 
 def _wide(df: pd.DataFrame, keys: Sequence[str], metrics: Collection[str]) -> pd.DataFrame:
@@ -283,12 +245,10 @@ def pairwise_wins(
     if missing:
         raise ValueError(f"metric(s) {missing} are not in the table.")
     wa, wb = wide.xs(a, level="method").align(wide.xs(b, level="method"), join="inner")
-    both = wa[list(better_on)].notna().all(axis=1) & wb[list(better_on)].notna().all(axis=1)
-    wa, wb = wa[both], wb[both]
-    win = pd.Series(True, index=wa.index)
-    for m in better_on:
-        win &= (wa[m] > wb[m]) if m in higher_is_better else (wa[m] < wb[m])
-    return int(win.sum()), int(len(wa))
+    sign = pd.Series({m: 1 if m in higher_is_better else -1 for m in better_on})
+    both = wa[sign.index].notna().all(axis=1) & wb[sign.index].notna().all(axis=1)
+    win = ((wa[sign.index] - wb[sign.index]) * sign > 0).all(axis=1) & both
+    return int(win.sum()), int(both.sum())
 
 
 def format_wins(
@@ -300,7 +260,7 @@ def format_wins(
     >>> format_wins("cog-fc", "ts", 32, 40)
     'cog-fc beats ts on both accuracy and Brier on 32 of 40 tasks (80%).'
     """
-    names = [_NAMES.get(m, m) for m in better_on]
+    names = [METRIC_NAMES.get(m, m) for m in better_on]
     what = names[0] if len(names) == 1 else "both " + " and ".join(names)
     if len(names) > 2:
         what = "all of " + ", ".join(names[:-1]) + f" and {names[-1]}"

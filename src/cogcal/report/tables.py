@@ -1,11 +1,7 @@
-"""The report's tables. One helper, :func:`stat_table`, makes every "mean ± std over seeds,
-best in bold" table of the report (comparison, bin sweep, OOD, shift, multi-task, effect);
-the others (complexity, run times, paired comparisons, checkpoints) are plain lists.
-
-Each function returns a :class:`~cogcal.report.blocks.Table`, rendered to Markdown and
-HTML by :mod:`cogcal.report.render`. A cell over fewer seeds than planned says so
-(``0.812 ± 0.010 (2 of 3 seeds)``): the plan comes from ``runs.csv``
-(:class:`~cogcal.report.frame.SeedPlan`), or, without it, from the table's largest count.
+"""The report's tables. :func:`stat_table` is the one "mean ± std over seeds, best in bold"
+table (comparison, bin sweep, OOD, shift, multi-task, effect); a cell over fewer seeds
+than planned (:class:`~cogcal.report.frame.SeedPlan`) says so: ``0.812 ± 0.010 (2 of 3
+seeds)``. The others (complexity, run times) are plain lists.
 """
 
 from __future__ import annotations
@@ -25,9 +21,6 @@ from cogcal.report.stats import HIGHER_IS_BETTER, Stat, summary_rank
 
 #: Bin counts of the calibration-error sweep (docs/method.md §3).
 BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
-#: Metric names in sentences.
-NAMES = {"acc": "accuracy", "nll": "NLL", "brier": "Brier", "ece_15": "ECE-15"}
-NAMES |= {"auroc": "AUROC", "fpr95": "FPR95"}
 
 FEWER_SEEDS_NOTE = (
     "A cell marked (k of n seeds) holds fewer seeds than planned (a run failed, diverged or "
@@ -98,9 +91,8 @@ def stat_table(
     ``head`` names the leading label columns; ``rows`` is ``(row key, labels)`` per row and
     ``columns`` ``(column key, header, metric)`` per value column (the metric orients
     "best"); ``stats[(row key, column key)]`` is a :class:`Stat` (missing: ``—``). The best
-    mean of each column is bold, among the rows of one ``group(row key)`` when given. ``expected(row key)`` is the planned
-    seed count (default: the table's largest); ``rank`` (``{row key: rank}``) adds a
-    ``Rank ↓`` column with the best in bold. The fewer-seeds note is added when needed.
+    mean of each column is bold, per ``group(row key)`` when given; ``expected(row key)``:
+    the planned seeds (default: the most in the table); ``rank``: a ``Rank ↓`` column.
     """
     most = max((s.n for s in stats.values()), default=0)
     grouping = group or (lambda _: None)
@@ -239,11 +231,7 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
     calibration data, stages and extra hyperparameters of each method."""
     from cogcal.train.methods import METHODS
 
-    sized = {
-        name: i
-        for name, i in (datasets or {}).items()
-        if isinstance(i, dict) and i.get("num_classes") and i.get("feature_dim")
-    }
+    sized = {n: i for n, i in datasets.items() if i.get("num_classes") and i.get("feature_dim")}
     header = ["Method", "Family", "Extra parameters"]
     header += [f"{name} (K={i['num_classes']}, d={i['feature_dim']})" for name, i in sized.items()]
     header += ["Calibration data", "Stages", "Extra hyperparameters", "Description"]
@@ -254,13 +242,11 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
             body.append([cell(name)] + [cell("?")] * (len(header) - 1))
             continue
         row = [cell(name), cell(m.family), cell(m.extra_parameters_formula())]
-        for info in sized.values():
-            try:
-                k, d = int(info["num_classes"]), int(info["feature_dim"])
-                n = m.extra_parameters(k, d, task=info.get("task") or "multiclass")
-                row.append(cell(f"{n:,}"))
-            except (TypeError, ValueError):
-                row.append(cell("?"))
+        for i in sized.values():
+            n = m.extra_parameters(
+                i["num_classes"], i["feature_dim"], task=i.get("task") or "multiclass"
+            )
+            row.append(cell(f"{n:,}"))
         row += [
             cell("yes (validation split)" if m.needs_calibration_data else "no"),
             cell(m.stages),
@@ -286,12 +272,9 @@ def runtime_table(runs: pd.DataFrame | None) -> Table | None:
     for (dataset, protocol, method), grp in r.groupby(["dataset", "protocol", "method"]):
         train = grp["train_seconds"].dropna()
         spread = train.std(ddof=1) if len(train) > 1 else None
-        body.append(
-            [cell(dataset), cell(protocol), cell(method), cell(len(grp))]
-            + [cell(fmt(train.mean(), spread, 1) if len(train) else "—")]
-            + [cell(fmt(grp["total_seconds"].mean(), None, 1))]
-            + [cell(int((grp["copied_from"].astype(str).str.len() > 0).sum()))]
-        )
+        seconds = fmt(train.mean(), spread, 1) if len(train) else "—"
+        total, reused = fmt(grp["total_seconds"].mean(), None, 1), (grp["copied_from"] != "").sum()
+        body.append([*map(cell, (dataset, protocol, method, len(grp), seconds, total, reused))])
     if not body:
         return None
     order = method_order([row[2].text for row in body])

@@ -4,26 +4,21 @@ One tuning group trains the points of a log-spaced grid (λ_f, and the ratio λ_
 COG methods), extends the grid outward while its choice lies on an edge, and picks the
 point with the lowest validation NLL (docs/method.md §1). A choice still on an edge when
 the extensions stop (``at_edge``; ``cap_reached`` when the cap stopped them) may hold its
-methods back: the report notes it under the tables it affects (:func:`edge_notes`) and
-lists it in the tuning section, which shows every trained point.
+methods back: the report notes it under the tables it affects and lists it in the tuning
+section, which shows every trained point.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from cogcal.report._common import method_order, slug
-from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
+from cogcal.report.blocks import Paragraph, Section, Table, Text, num, plain
 from cogcal.report.frame import protocol_order
 from cogcal.report.tables import cell
-
-
-def _g(x: Any, spec: str = "g") -> str:
-    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:{spec}}"
 
 
 @dataclass(frozen=True)
@@ -46,7 +41,7 @@ class EdgeChoice:
         >>> EdgeChoice("fair", "d", "ce", ("ce", "ts"), 0.01, None, "lr high", 2, True).text()
         'fair/d ce (used by ce, ts): lr 0.01 on the lr high edge after 2 extension(s), cap reached'
         """
-        point = f"lr {_g(self.lr)}" + (f", ratio {_g(self.ratio)}" if self.ratio else "")
+        point = f"lr {plain(self.lr)}" + (f", ratio {plain(self.ratio)}" if self.ratio else "")
         why = ", cap reached" if self.cap_reached else ", the grid could not extend further"
         return (
             f"{self.protocol}/{self.dataset} {self.group} (used by {', '.join(self.used_by)}): "
@@ -79,37 +74,9 @@ def edge_choices(tuning: pd.DataFrame | None) -> list[EdgeChoice]:
         row = chosen if chosen is not None else grp.iloc[0]
         ratio = float(row["ratio"]) if pd.notna(row["ratio"]) else None
         extensions, cap = int(grp["extensions"].max()), bool(grp["cap_reached"].any())
-        out.append(
-            EdgeChoice(
-                p,
-                ds,
-                g,
-                _used_by(grp, g),
-                float(row["lr"]),
-                ratio,
-                str(row["edges"]),
-                extensions,
-                cap,
-            )
-        )
+        used, lr, edges = _used_by(grp, g), float(row["lr"]), str(row["edges"])
+        out.append(EdgeChoice(p, ds, g, used, lr, ratio, edges, extensions, cap))
     return out
-
-
-def edge_notes(
-    tuning: pd.DataFrame | None, protocol: str, dataset: str, methods: list[str] | None = None
-) -> list[Text]:
-    """Notes for a table of ``protocol``/``dataset`` (showing ``methods``): one per tuned
-    choice at a grid edge that a shown method uses, linking to the tuning points."""
-    return [
-        [
-            f"Grid edge: {e.text()}; these methods may do better with a wider grid (",
-            Link("tuning points", grid_key(protocol, dataset)),
-            ").",
-        ]  # fmt: skip
-        for e in edge_choices(tuning)
-        if (e.protocol, e.dataset) == (protocol, dataset)
-        and (methods is None or set(methods) & set(e.used_by))
-    ]
 
 
 def grid_key(protocol: str, dataset: str) -> str:
@@ -125,13 +92,13 @@ def chosen_table(tuning: pd.DataFrame) -> Table:
         edge = (str(grp["edges"].iloc[0]) or "yes") if at else "no"
         edge += " (cap reached)" if at and grp["cap_reached"].any() else ""
         picked = (
-            [_g(row[c]) for c in ("lr", "ratio", "calibrator_lr")]
+            [plain(row[c]) for c in ("lr", "ratio", "calibrator_lr")]
             if row is not None
             else ["none (every point diverged)", "—", "—"]
         )
         body.append(
             [cell(p), cell(ds), cell(g), cell(", ".join(_used_by(grp, g))), *map(cell, picked)]
-            + [cell(_g(row["val_nll"], ".4f") if row is not None else "—"), cell(len(grp))]
+            + [cell(num(row["val_nll"]) if row is not None else "—"), cell(len(grp))]
             + [cell(int(grp["extensions"].max())), cell(edge, bold=at)]
         )
     header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio λ_c/λ_f", "λ_c"]
@@ -154,9 +121,9 @@ def grid_table(tuning: pd.DataFrame, protocol: str, dataset: str) -> Table | Non
     for (_, _, g), grp, _ in _groups(d):
         for _, r in grp.sort_values(["lr", "ratio"], na_position="first").iterrows():
             body.append(
-                [cell(g)] + [cell(_g(r[c])) for c in ("lr", "ratio", "calibrator_lr")]
-                + [cell(_g(r["val_nll"], ".4f"), bold=bool(r["chosen"]))]
-                + [cell(_g(r[c], ".4f")) for c in ("val_brier", "val_acc")]
+                [cell(g)] + [cell(plain(r[c])) for c in ("lr", "ratio", "calibrator_lr")]
+                + [cell(num(r["val_nll"]), bold=bool(r["chosen"]))]
+                + [cell(num(r[c])) for c in ("val_brier", "val_acc")]
                 + [cell(r["status"], bold=r["status"] != "complete")]
                 + [cell("chosen" if r["chosen"] else "", bold=bool(r["chosen"]))]
             )  # fmt: skip
@@ -181,9 +148,9 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
     edges = edge_choices(tuning)
     if edges:
         body = [
-            [cell(e.protocol), cell(e.dataset), cell(e.group), cell(", ".join(e.used_by))]
-            + [cell(_g(e.lr)), cell(_g(e.ratio)), cell(e.edges or "grid", bold=True)]
-            + [cell(e.extensions), cell("yes" if e.cap_reached else "no")]
+            [*map(cell, (e.protocol, e.dataset, e.group, ", ".join(e.used_by), plain(e.lr)))]
+            + [cell(plain(e.ratio)), cell(e.edges or "grid", bold=True), cell(e.extensions)]
+            + [cell(plain(e.cap_reached))]
             for e in edges
         ]
         header = ["Protocol", "Dataset", "Tuned as", "Used by", "λ_f (lr)", "Ratio", "Edge"]
@@ -191,10 +158,9 @@ def tuning_section(tuning: pd.DataFrame | None) -> Section | None:
             "Choices still on a grid edge after the extensions: the methods using them may do "
             "better with a wider grid; the ratio's upper edge below 1 is a bound of the method."
         ]
+        header += ["Extensions", "Cap reached"]
         title = f"{len(edges)} tuned choice(s) on a grid edge"
-        sec.blocks.append(
-            Table(title, [*header, "Extensions", "Cap reached"], body, notes, "tuning-edges")
-        )
+        sec.blocks.append(Table(title, header, body, notes, "tuning-edges"))
     else:
         sec.blocks.append(Paragraph("Every tuned choice is interior to its grid."))
     sec.blocks.append(chosen_table(tuning))
