@@ -17,6 +17,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
+
 import numpy as np
 import torch
 
@@ -128,9 +133,7 @@ def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
         finally:
             _HELD[key] -= 1
         return
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: no flock, no cross-process lock
+    if fcntl is None:  # pragma: no cover - Windows: no flock, no cross-process lock
         yield
         return
     for _ in range(20):

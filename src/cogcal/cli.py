@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import os
 import signal
 import sys
 import traceback
@@ -30,12 +31,22 @@ from pathlib import Path
 from typing import NoReturn
 
 import cogcal
+import cogcal.report
+import cogcal.train
 from cogcal._errors import ArgumentError, Interrupted, cli_message
 from cogcal.data import list_datasets
 from cogcal.models import list_models
 from cogcal.report.schema import PROTOCOLS
+from cogcal.train.checkup import findings_of
 from cogcal.train.config import add_arguments, config_from_args
-from cogcal.train.methods import list_methods
+from cogcal.train.methods import get_method, list_methods
+from cogcal.train.rundir import RunDir, lock_folder
+from cogcal.train.tuning import Grid
+
+# Start-up cost: the modules behind the commands load when a command runs, so that
+# `cogcal --help` does not pay their import time (python -X importtime): the training loop
+# via cogcal.train.run/tune, cogcal.load_run and cogcal.report.build_any (the packages'
+# lazy attributes; the report needs pandas), cogcal.bench and cogcal.train.predict below.
 
 __all__ = ["main", "build_parser", "UserError"]
 
@@ -52,8 +63,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _methods_lines() -> str:
-    from cogcal.train.methods import get_method
-
     width = max(map(len, list_methods()))
     return "\n".join(f"  {m:{width}s}  {get_method(m).description}" for m in list_methods())
 
@@ -98,11 +107,9 @@ def _default_out(dataset: str, method: str, seed: int) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from cogcal.train.runner import run
-
     out = args.out if args.out is not None else _default_out(args.dataset, args.method, args.seed)
     config = config_from_args(args, out=out)
-    result = run(config, resume=args.resume, overwrite=args.overwrite)
+    result = cogcal.train.run(config, resume=args.resume, overwrite=args.overwrite)
     if result.get("status") != "complete":
         return 0  # another process of a multi-device run: rank 0 reports
     print(_summary(result))  # --no-progress removes the bars only
@@ -115,10 +122,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_health(record: dict) -> None:
-    """The run's health-check findings (validation only), one warning line each, with the
-    end-of-run summary (``--no-progress`` leaves them to metrics.json and the report)."""
-    from cogcal.train.checkup import findings_of
-
+    """The run's health-check findings (validation only), one warning line each."""
     for message in findings_of(record):
         print(f"cogcal: warning: {message}", file=sys.stderr)
 
@@ -149,10 +153,6 @@ def _parse_grid(text: str, flag: str) -> list[float]:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from cogcal.train.methods import get_method
-    from cogcal.train.runner import tune
-    from cogcal.train.tuning import Grid
-
     method = get_method(args.method)
     ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios") if method.is_cog else None
     grid = Grid(
@@ -164,7 +164,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--max-extensions must be >= 0, got {args.max_extensions}.")
     out = args.out or f"runs/tune-{_default_out(args.dataset, args.method, args.seed)[5:]}"
     config = config_from_args(args, out=out)
-    summary = tune(config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite)
+    summary = cogcal.train.tune(
+        config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite
+    )
     # --no-progress removes the bars only
     for row in summary["table"]:
         point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
@@ -200,16 +202,12 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from cogcal.bench.suites import list_suites, suite_description
+    from cogcal.bench import run_bench, suites  # start-up cost (see the imports)
 
     if args.list:
-        for name in list_suites():
-            print(f"{name:16s} {suite_description(name)}")
+        for name in suites.list_suites():
+            print(f"{name:16s} {suites.suite_description(name)}")
         return 0
-    import os
-
-    from cogcal.bench import run_bench
-
     protocols = None
     if args.protocol is not None:
         protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
@@ -269,8 +267,7 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from cogcal.train.assemble import load_run
-    from cogcal.train.predict import predict
+    from cogcal.train.predict import predict  # start-up cost (see the imports)
 
     out = Path(args.out) if args.out is not None else None
     if out is not None and out.exists() and not args.overwrite:
@@ -279,7 +276,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out} is the --input file; choose another file.")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
-    run = load_run(args.run, which=args.which)
+    run = cogcal.load_run(args.run, which=args.which)
     result = predict(run, args.input, batch_size=args.batch_size, progress=args.progress)
     result.write_csv(out)
     for note in result.notes:
@@ -313,13 +310,10 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from cogcal.report import build_any
-    from cogcal.train.rundir import lock_folder
-
     directory = Path(args.directory)
     with lock_folder(directory, what=f"folder {directory}", create=False):  # before reading
         try:
-            html = build_any(directory)
+            html = cogcal.report.build_any(directory)
         except ArgumentError:
             raise
         except ValueError as err:  # build_any's documented refusal of the folder: user input
@@ -529,8 +523,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _started(args: argparse.Namespace) -> bool:
     """Whether the interrupted command had started something that can be resumed (a run
     folder with a checkpoint or a config.json of cogcal's)."""
-    from cogcal.train.rundir import RunDir
-
     if args.command not in ("train", "tune"):
         return True
     default = _default_out(args.dataset, args.method, args.seed)

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from cogcal._checks import (
     ProbabilitiesAsLogitsWarning,
@@ -1049,8 +1050,6 @@ class StreamingMetrics:
         StreamingMetrics
             ``self``.
         """
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return self
         if self._local is not None or dist.get_world_size(group) == 1:

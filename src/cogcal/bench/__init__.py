@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import cogcal
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
 from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool, check_reachable
@@ -48,6 +51,9 @@ from cogcal.bench.suites import (
     list_suites,
     load_suite,
 )
+from cogcal.data import load_dataset
+from cogcal.models import create_model
+from cogcal.train.methods import METHODS, get_method
 from cogcal.train.rundir import RunDir, is_bench_folder, lock_folder, write_bench_meta
 
 __all__ = [
@@ -131,19 +137,12 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
     ValueError
         One sentence saying what is missing and how to get it.
     """
-    if suite.requires_gpu:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ArgumentError(
-                f"suite {suite.name!r} needs a CUDA GPU and torch.cuda.is_available() is "
-                "False here; run it on a GPU machine, or run `cogcal bench --suite quick` "
-                "on this CPU."
-            )
-    from cogcal.data import load_dataset
-    from cogcal.models import create_model
-    from cogcal.train.methods import METHODS, get_method
-
+    if suite.requires_gpu and not torch.cuda.is_available():
+        raise ArgumentError(
+            f"suite {suite.name!r} needs a CUDA GPU and torch.cuda.is_available() is "
+            "False here; run it on a GPU machine, or run `cogcal bench --suite quick` "
+            "on this CPU."
+        )
     info: dict[str, Any] = {}
     for entry in suite.datasets:
         try:
@@ -246,7 +245,7 @@ def _now() -> str:
 
 def _children_cpu() -> float:
     """CPU seconds (user + system) used by finished child processes (the workers)."""
-    import resource
+    import resource  # here: POSIX only, and `cogcal bench --list` must work without it
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -437,6 +436,7 @@ def _run_locked(
     )
     write_bench_meta(out, _meta(suite, jobs, data_root, info, sessions))
     if report:
+        # here: the bench report needs pandas, which `cogcal bench --list` need not import
         from cogcal.report.build import build_report
 
         try:
@@ -482,10 +482,6 @@ def _write_failures(out: Path, jobs: list[Job], blocked: list[Blocked]) -> Path:
 def _meta(
     suite: Suite, jobs: int, data_root: Path, info: dict[str, Any], sessions: list[dict]
 ) -> dict[str, Any]:
-    import torch
-
-    import cogcal
-
     return {
         "suite": suite.to_dict(),
         "budgets": budgets(suite),

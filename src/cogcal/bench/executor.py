@@ -49,9 +49,13 @@ import traceback
 from collections.abc import Callable, Iterable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import cogcal.train
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
 from cogcal.train.config import TrainConfig, result_fields
@@ -179,9 +183,8 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
 
 def train_run(config: dict[str, Any], resume: bool = False) -> dict[str, Any]:
     """The default runner: ``cogcal.train.run(TrainConfig.from_dict(config), resume=...)``."""
-    from cogcal.train import run
-
-    return run(TrainConfig.from_dict(config), resume=resume)
+    # cogcal.train.run loads the training loop on first use (start-up cost of `bench --list`)
+    return cogcal.train.run(TrainConfig.from_dict(config), resume=resume)
 
 
 def _resolve(runner: str) -> Callable[..., Any]:
@@ -214,8 +217,6 @@ def _watch_parent() -> None:
         return
 
     def wait() -> None:
-        from multiprocessing.connection import wait as mp_wait
-
         mp_wait([parent.sentinel])
         os._exit(3)
 
@@ -226,8 +227,6 @@ def _init_worker(threads: int, runner: str, warm: tuple[str, ...]) -> None:
     """Pool initializer: signals, parent watch, thread count, warm imports."""
     _install_worker_signals()
     _watch_parent()
-    import torch
-
     torch.set_num_threads(max(1, threads))
     for module in warm:
         importlib.import_module(module)
@@ -291,8 +290,6 @@ def _execute(runner: str, config: dict[str, Any], resume: bool = False) -> dict[
 
 def _ray_execute(threads: int, runner: str, config: dict[str, Any], resume: bool) -> dict:
     """A Ray task: the same job as in a local worker, with the thread count set per task."""
-    import torch
-
     _install_worker_signals()
     torch.set_num_threads(max(1, threads))
     return _execute(runner, config, resume)

@@ -19,9 +19,12 @@ import io
 import math
 import zlib
 from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from PIL import Image
 
 __all__ = [
     "CIFAR_C_CORRUPTIONS",
@@ -127,11 +130,17 @@ def _speckle_noise(x: Array, severity: int, rng: np.random.Generator) -> Array:
 # ----------------------------------------------------------------------------- blur
 
 
-def _gauss(x: Array, sigma: float) -> Array:
-    from scipy.ndimage import gaussian_filter
+def _ndimage() -> ModuleType:
+    """``scipy.ndimage``, imported on first use (start-up cost: most of a second by
+    ``python -X importtime``, which ``cogcal --help`` and runs without shifts never need)."""
+    import scipy.ndimage
 
+    return scipy.ndimage
+
+
+def _gauss(x: Array, sigma: float) -> Array:
     # Spatial axes only, edge pixels repeated (scikit-image's `gaussian` defaults).
-    return gaussian_filter(x, sigma=(0, sigma, sigma, 0), mode="nearest", truncate=4.0)
+    return _ndimage().gaussian_filter(x, sigma=(0, sigma, sigma, 0), mode="nearest", truncate=4.0)
 
 
 def _gaussian_blur(x: Array, severity: int, rng: np.random.Generator) -> Array:
@@ -161,33 +170,28 @@ def _glass_blur(x: Array, severity: int, rng: np.random.Generator) -> Array:
 def _disk_kernel(radius: float, alias_blur: float) -> Array:
     # An aliased disk on a 17x17 grid, normalised, then smoothed by a 3x3 Gaussian with
     # mirrored borders; cropped to its non-zero support (exact: the rest is zero).
-    from scipy.ndimage import correlate1d
-
     r = np.arange(-8, 9, dtype=np.float64)
     xx, yy = np.meshgrid(r, r)
     disk = (xx**2 + yy**2 <= radius**2).astype(np.float64)
     disk /= disk.sum()
     g = np.exp(-(np.arange(-1, 2) ** 2) / (2.0 * alias_blur**2))
     g /= g.sum()
-    k = correlate1d(correlate1d(disk, g, axis=0, mode="mirror"), g, axis=1, mode="mirror")
+    nd = _ndimage()
+    k = nd.correlate1d(nd.correlate1d(disk, g, axis=0, mode="mirror"), g, axis=1, mode="mirror")
     rows, cols = np.nonzero(k > 0)
     return k[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
 
 
 def _defocus_blur(x: Array, severity: int, rng: np.random.Generator) -> Array:
-    from scipy.ndimage import correlate
-
     radius, alias = _DEFOCUS_BLUR[severity - 1]
     k = _disk_kernel(radius, alias).astype(np.float32)
-    return correlate(x, k[None, :, :, None], mode="mirror")
+    return _ndimage().correlate(x, k[None, :, :, None], mode="mirror")
 
 
 def _clipped_zoom(x: Array, factor: float) -> Array:
     # Zoom into the centre by `factor` with bilinear interpolation, keeping the size. The
     # output size is round(crop * factor) and end points map onto end points, as in
     # scipy.ndimage.zoom(order=1), which torch's align_corners=True reproduces (faster).
-    import torch.nn.functional as F
-
     _, h, w, _ = x.shape
     ch, cw = math.ceil(h / factor), math.ceil(w / factor)
     top, left = (h - ch) // 2, (w - cw) // 2
@@ -284,8 +288,6 @@ def _saturate(x: Array, severity: int, rng: np.random.Generator) -> Array:
 
 
 def _pil_map(x: Array, fn: Callable[[object], object]) -> Array:
-    from PIL import Image
-
     q = np.rint(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
     out = np.empty_like(q)
     for i in range(q.shape[0]):
@@ -296,8 +298,6 @@ def _pil_map(x: Array, fn: Callable[[object], object]) -> Array:
 
 
 def _jpeg_compression(x: Array, severity: int, rng: np.random.Generator) -> Array:
-    from PIL import Image
-
     quality = _JPEG_QUALITY[severity - 1]
 
     def jpeg(img: object) -> object:
@@ -312,8 +312,6 @@ def _jpeg_compression(x: Array, severity: int, rng: np.random.Generator) -> Arra
 
 
 def _pixelate(x: Array, severity: int, rng: np.random.Generator) -> Array:
-    from PIL import Image
-
     c = _PIXELATE[severity - 1]
     h, w = x.shape[1:3]
     small = (int(w * c), int(h * c))
@@ -463,8 +461,6 @@ def rotate_images(x: torch.Tensor, degrees: float, *, chunk: int = 4096) -> torc
     torch.Tensor
         The rotated batch, same dtype, shape and device as ``x``.
     """
-    import torch.nn.functional as F
-
     if not isinstance(x, torch.Tensor) or x.ndim != 4:
         raise ValueError("`x` must be a torch.Tensor of shape (N, C, H, W).")
     if x.dtype != torch.uint8 and not x.is_floating_point():

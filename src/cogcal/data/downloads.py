@@ -38,6 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no flock
+    fcntl = None  # type: ignore[assignment]
+
+from tqdm import tqdm
+
+from cogcal import __version__
 from cogcal._errors import ArgumentError
 from cogcal.data.corruptions import CIFAR_C_CORRUPTIONS
 
@@ -359,14 +367,10 @@ def md5sum(path: Path) -> str:
 
 
 def _user_agent() -> str:
-    from cogcal import __version__
-
     return f"cogcal/{__version__} (python urllib)"
 
 
 def _progress_bar(total: int | None, initial: int, desc: str, enabled: bool) -> Any:
-    from tqdm import tqdm
-
     return tqdm(
         total=total,
         initial=initial,
@@ -579,9 +583,7 @@ def _lock(path: Path, what: str, progress: bool) -> Iterator[None]:
     Serialises the downloads of one dataset into one data root across processes (e.g. the
     parallel runs of a benchmark all started with ``--download``).
     """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: no flock; concurrent downloads unsupported
+    if fcntl is None:  # pragma: no cover - Windows: no flock; concurrent downloads unsupported
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)

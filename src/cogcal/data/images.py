@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 __all__ = ["GRAYSCALE_MODES", "IMAGE_EXTENSIONS", "resize_center_crop"]
 
@@ -46,8 +47,6 @@ def resize_center_crop(image: Any, size: int, *, mode: str = "RGB") -> np.ndarra
     >>> resize_center_crop(Image.new("L", (20, 40), 7), 8, mode="L")[0, 0, :3].tolist()
     [7, 7, 7]
     """
-    from PIL import Image
-
     if mode not in ("RGB", "L"):
         raise ValueError(f"`mode` must be 'RGB' or 'L', got {mode!r}.")
     if image.mode.startswith("I;16"):

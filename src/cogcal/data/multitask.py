@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from cogcal._io import save_npz
 from cogcal.data.base import (
@@ -36,6 +37,8 @@ from cogcal.data.base import (
     missing_files_error,
     register_dataset,
 )
+from cogcal.data.downloads import describe
+from cogcal.data.images import resize_center_crop
 
 __all__ = [
     "CELEBA_ATTRIBUTES",
@@ -104,15 +107,11 @@ def celeba_preprocess(image: Any, size: int = CELEBA_IMAGE_SIZE) -> np.ndarray:
     numpy.ndarray
         ``uint8`` array of shape ``(3, size, size)``.
     """
-    from cogcal.data.images import resize_center_crop
-
     return resize_center_crop(image, size, mode="RGB")
 
 
 def _decode_image(path: Path) -> np.ndarray:
     """Decode and preprocess one CelebA image (see :func:`celeba_preprocess`)."""
-    from PIL import Image
-
     try:
         with Image.open(path) as img:
             return celeba_preprocess(img, CELEBA_IMAGE_SIZE)
@@ -383,8 +382,6 @@ def _load_celeba(root: Path) -> Dataset:
     if not img_dir.is_dir():
         missing.append(img_dir)
     if missing:
-        from cogcal.data.downloads import describe
-
         raise missing_files_error(
             "celeba",
             root,

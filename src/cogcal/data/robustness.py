@@ -43,6 +43,7 @@ from cogcal.data.corruptions import (
     CIFAR_C_CORRUPTIONS,
     CORRUPTIONS,
     NOT_COVERED,
+    _ndimage,
     corrupt,
     rotate_images,
 )
@@ -588,9 +589,9 @@ def _digits_shift(x: np.ndarray, cond: str, severity: int, seed: int) -> np.ndar
         rng = np.random.default_rng([seed, 2, severity])
         out = x + rng.normal(0.0, value, size=x.shape)
     elif cond == "gaussian_blur":
-        from scipy.ndimage import gaussian_filter
-
-        out = gaussian_filter(x.astype(np.float64), sigma=(0, 0, value, value), mode="constant")
+        out = _ndimage().gaussian_filter(
+            x.astype(np.float64), sigma=(0, 0, value, value), mode="constant"
+        )
     else:  # contrast
         means = x.mean(axis=(2, 3), keepdims=True)
         out = (x - means) * value + means

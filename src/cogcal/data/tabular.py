@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import random
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -113,8 +115,6 @@ def _generate_raw(args: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     so that shifted sets can be standardised with the clean set's constants. The global
     ``random``/``numpy.random`` states, which the package seeds, are restored afterwards.
     """
-    from types import SimpleNamespace
-
     get_templates, transform = _import_mnist1d()
     ns = SimpleNamespace(**args)
     templates = get_templates()
@@ -315,8 +315,6 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray, str]:
     pandas when installed); ``load_digits`` is the fallback if the file is not found.
     Returns images ``(1797, 1, 8, 8)`` float32 with values 0..16, labels, and the source.
     """
-    import importlib.util
-
     spec = importlib.util.find_spec("sklearn")
     if spec is None:
         raise ImportError(
@@ -333,6 +331,7 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray, str]:
         table = np.loadtxt(path, delimiter=",")
         images, target, source = table[:, :-1], table[:, -1], str(path)
     else:  # pragma: no cover - other scikit-learn layouts
+        # Here: sklearn.datasets costs seconds of start-up (it imports pandas).
         from sklearn.datasets import load_digits
 
         bunch = load_digits()

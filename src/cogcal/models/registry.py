@@ -160,7 +160,7 @@ def register_model(
 
     Examples
     --------
-    >>> import torch
+    >>> import math, torch
     >>> from cogcal.models import Backbone, create_model, register_model
     >>> class Linear(Backbone):
     ...     def __init__(self, num_classes, input_shape):

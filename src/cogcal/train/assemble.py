@@ -9,8 +9,10 @@ logits. Nothing here imports Lightning: a deployed model loads without it.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,12 +180,9 @@ class LoadedRun:
         input record: mean, std, scale, image size, feature columns). Needs the ``onnx``
         package (``pip install onnx``).
         """
-        import json
-        import warnings
-
         try:
             import onnx
-        except ImportError:
+        except ImportError:  # an optional dependency
             raise ImportError("to_onnx needs the onnx package: pip install onnx") from None
         shape = self.input_shape
         if not shape:

@@ -23,6 +23,7 @@ from typing import TextIO
 
 import numpy as np
 import torch
+from PIL import Image
 from tqdm.auto import tqdm
 
 from cogcal import _io
@@ -304,8 +305,6 @@ def _read_npy(path: Path, run: LoadedRun) -> Inputs:
 
 
 def _read_images(path: Path, run: LoadedRun, *, progress: bool) -> Inputs:
-    from PIL import Image
-
     shape = tuple(run.input_shape or ())
     if path.is_dir():
         files = sorted(

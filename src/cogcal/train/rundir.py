@@ -135,7 +135,8 @@ def same_config(a: Mapping[str, Any] | TrainConfig, b: Mapping[str, Any] | Train
     compared too; only the fields documented as not changing results (display, paths,
     downloads) and fields the method does not use are ignored.
 
-    >>> same_config(TrainConfig(method="ce"), TrainConfig(method="ce", lr=1e-4, out="x"))
+    >>> same_config(TrainConfig(method="ce", preset="paper"),
+    ...             TrainConfig(method="ce", preset="paper", lr=1e-4, out="x"))
     True
     >>> same_config(TrainConfig(method="ce"), TrainConfig(method="ls"))
     False

@@ -19,6 +19,7 @@ The test split is only ever evaluated, never used for fitting, tuning or selecti
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import sys
 import time
@@ -33,7 +34,8 @@ from torch import nn
 
 from cogcal import _io
 from cogcal.cog import CalibratedModel
-from cogcal.data import BatchLoader, Dataset, load_dataset, with_augment
+from cogcal.data import BatchLoader, Dataset, load_dataset, ood_sets, shift_sets, with_augment
+from cogcal.data.robustness import ROBUSTNESS_DATASETS, shift_conditions
 from cogcal.metrics import evaluate, ood
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
@@ -95,9 +97,6 @@ def _robustness(
     ``"pooled"``; ``shift[condition][severity] = {metric: value}`` plus ``"mean"`` over
     conditions per severity; ``unavailable`` names the sets that could not be loaded.
     """
-    from cogcal.data import ood_sets, shift_sets
-    from cogcal.data.robustness import ROBUSTNESS_DATASETS, shift_conditions
-
     if data.name not in ROBUSTNESS_DATASETS:
         reason = f"no OOD or shift sets are defined for {data.name!r}"
         return {}, {}, {"ood": {"all": reason}, "shift": {"all": reason}}
@@ -514,8 +513,6 @@ def search_points(
     appending one row per point to ``rows``; returns each point's record and, when trained
     in this call, its model. ``model`` (copied for each point) replaces the backbone;
     points in ``known`` (from an earlier search into ``out``) are reused as they are."""
-    import copy
-
     runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
     while points := search.next_points():
         for point in points:

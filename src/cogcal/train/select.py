@@ -30,15 +30,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from cogcal.cog import CalibratedModel
+from cogcal.train.assemble import (
+    final_model,
+    load_run,
+    posthoc_calibrator,
+    stage1_model,
+)
+from cogcal.train.checkpoints import load_checkpoint
 from cogcal.train.checkup import SELECTED
 from cogcal.train.config import ConfigError, TrainConfig
+from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.methods import get_method
 from cogcal.train.rundir import RunDir, RunFolderError
 from cogcal.train.sources import DataSource
-from cogcal.train.tuning import SELECTION_RULE, Grid, GridSearch, point_label
+from cogcal.train.tuning import SELECTION_RULE, Grid, GridSearch, point_label, write_tables
 
 __all__ = [
     "describe_budget",
@@ -119,6 +128,7 @@ def select_and_train(
     ``overwrite`` replaces a finished run in ``config.out`` and points of another
     configuration.
     """
+    # here: an import cycle (runner.run calls select_and_train, whose points train via run)
     from cogcal.train.runner import search_points
 
     if config.devices * config.num_nodes > 1:
@@ -187,12 +197,8 @@ def select_and_train(
         summary["max_runs"] = MAX_RUNS if method.is_cog else 3
         summary["seconds"] = time.perf_counter() - started
         summary["folder"] = str(folder)
-        from cogcal.train.tuning import write_tables
-
         write_tables(folder, summary)
         if search.best is None:
-            from cogcal.train.loop import NonFiniteLossError
-
             raise NonFiniteLossError(
                 f"every learning rate tried in {folder} diverged "
                 f"({', '.join(r['run'] for r in rows)}); pass a smaller --lr."
@@ -268,13 +274,8 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
 
 def _load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
     """The model of a finished run folder (a reused chosen point)."""
-    from cogcal.train.assemble import load_run
-
     if model is None:
         return load_run(path).model
-    from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model
-    from cogcal.train.checkpoints import load_checkpoint
-
     saved = RunDir(path).read_config() or {}
     method = get_method(str(saved["method"]))
     task = str(saved.get("task", "multiclass"))
@@ -287,8 +288,6 @@ def _load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
     stage1.load_state_dict(load_checkpoint(Path(path) / "checkpoints" / "best.ckpt")["model"])
     calibrator = None
     if method.posthoc:
-        import torch
-
         calibrator = posthoc_calibrator(method.posthoc, task)
         calibrator.load_state_dict(torch.load(Path(path) / "calibrator.pt", weights_only=True))
         calibrator.requires_grad_(False)
