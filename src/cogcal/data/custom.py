@@ -3,7 +3,8 @@
 - :func:`load_image_folder`: torchvision ``ImageFolder`` layout (one subfolder per class),
   optionally split into ``train/``, ``val/``, ``test/``; decoded with PIL, resized and
   centre-cropped to square ``uint8`` images stored like CIFAR.
-- :func:`load_csv`: a table with a header row; numeric feature columns, one class column.
+- :func:`~cogcal.data.tables.load_csv` (in :mod:`cogcal.data.tables`): a table with a header
+  row; numeric feature columns, one class column.
 - :func:`load_plugin`: ``package.module:function`` returning a :class:`Dataset` or a mapping
   of splits.
 - :func:`dataset_from_splits`: in-memory splits (tensors, arrays, torch datasets) to a
@@ -17,7 +18,6 @@ records the split rule and a content fingerprint, so a run can tell that its dat
 
 from __future__ import annotations
 
-import csv
 import difflib
 import hashlib
 import importlib
@@ -55,7 +55,6 @@ __all__ = [
     "USER_SPLIT_RULE",
     "DatasetPluginError",
     "dataset_from_splits",
-    "load_csv",
     "load_image_folder",
     "load_plugin",
     "split_indices",
@@ -72,8 +71,6 @@ USER_SPLIT_RULE = (
     f"(seed {SPLIT_SEED}), then 20% of the rest as validation (seed {SPLIT_SEED + 1}); "
     "the same rule as digits"
 )
-#: Cell values of a CSV file read as missing (compared lower-case, after stripping).
-MISSING_TOKENS = ("", "na", "n/a", "nan", "null", "none", "?")
 
 _DECODE_CHUNK = 256
 
@@ -505,292 +502,6 @@ def load_image_folder(
         augment=None,
         info=info,
         default_model="cnn",
-    )
-
-
-# =========================================================================== csv
-
-
-def _is_missing(value: str) -> bool:
-    return value.strip().lower() in MISSING_TOKENS
-
-
-def _parse_numeric(values: list[str]) -> tuple[np.ndarray | None, int | None]:
-    """Floats of a column, or (None, first bad row index) if a value is not a finite number."""
-    try:
-        arr = np.asarray(values, dtype=np.float64)
-    except ValueError:
-        arr = None
-    if arr is not None and np.isfinite(arr).all():
-        return arr, None
-    for i, v in enumerate(values):
-        try:
-            f = float(v)
-        except ValueError:
-            return None, i
-        if not np.isfinite(f):
-            return None, i
-    return None, 0  # pragma: no cover - numpy and float() disagree
-
-
-_INT64 = np.iinfo(np.int64)
-
-
-def _int_like(values: list[str]) -> tuple[np.ndarray | None, int | None]:
-    """Integer labels as int64, else None; and the index of the first label that is an
-    integer beyond int64 (or a float too large to be an exact integer), else None."""
-    try:
-        exact = [int(v) for v in values]  # exact at any size ("10**30" digits included)
-    except ValueError:
-        exact = None
-    if exact is not None:
-        for i, v in enumerate(exact):
-            if not _INT64.min <= v <= _INT64.max:
-                return None, i
-        return np.asarray(exact, dtype=np.int64), None
-    try:
-        arr = np.asarray(values, dtype=np.float64)
-    except ValueError:
-        return None, None
-    if not np.isfinite(arr).all() or not np.array_equal(arr, np.round(arr)):
-        return None, None
-    big = np.flatnonzero(np.abs(arr) >= 2.0**53)  # not every integer is a float there
-    if big.size:
-        return None, int(big[0])
-    return arr.astype(np.int64), None
-
-
-def load_csv(
-    path: str | os.PathLike[str], *, target: str | None, normalization: str = "auto"
-) -> Dataset:
-    """Load a classification table: a header row, numeric feature columns, a class column.
-
-    The file is UTF-8 (a byte-order mark is ignored), comma-separated (tab-separated for
-    ``.tsv``/``.tab`` files), with one header row naming the columns. ``target`` names the
-    class column; its values may be strings or integers (class names are the sorted distinct
-    values). Every other column is a feature and must be numeric. Splits follow
-    :data:`USER_SPLIT_RULE`. Features are stored raw (float32) and standardised per column
-    by :meth:`Dataset.transform` with the mean/std of the *training split only* (a column
-    constant on it gets std 1).
-
-    Parameters
-    ----------
-    path : str or Path
-        The file (relative to the working directory).
-    target : str
-        Name of the class column.
-    normalization : {"auto", "none"}
-        ``"auto"``: per-column standardisation as above; ``"none"``: raw values.
-
-    Raises
-    ------
-    ArgumentError
-        ``target`` missing or not a column; non-numeric feature columns; missing values;
-        a target with fewer than 2 classes or non-integer numbers; a ragged row.
-    DatasetNotFoundError
-        The file does not exist.
-    """
-    spec = os.fspath(path)
-    file = Path(spec).expanduser()
-    name = f"csv:{spec}"
-    if not file.is_file():
-        raise _not_found(name, file, "a file")
-    try:
-        raw = file.read_bytes()
-        text = raw.decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise DatasetCorruptError(
-            f"cannot read {file}: {type(err).__name__}: {err} (a UTF-8 text file is expected)."
-        ) from None
-    delimiter = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    rows: list[list[str]] = []
-    lines: list[int] = []
-    try:
-        for row in reader:
-            if not row or all(not cell.strip() for cell in row):
-                continue  # blank line
-            rows.append(row)
-            lines.append(reader.line_num)
-    except csv.Error as err:
-        raise DatasetCorruptError(f"{file}, line {reader.line_num}: {err}.") from None
-    if not rows:
-        raise _err(f"dataset {name!r}: {file} is empty; expected a header row, then data rows.")
-    header = [h.strip() for h in rows[0]]
-    if any(not h for h in header):
-        raise _err(
-            f"dataset {name!r}: the header row (line {lines[0]}) has an empty column name "
-            f"(column {header.index('') + 1}); name every column."
-        )
-    dupes = sorted({h for h in header if header.count(h) > 1})
-    if dupes:
-        raise _err(f"dataset {name!r}: duplicate column name(s) {', '.join(dupes)}.")
-    columns = ", ".join(header)
-    if target is None:
-        raise _err(
-            f"dataset {name!r} needs `target`, the name of the class column; columns: {columns}.",
-            f"--dataset {name} needs --target COLUMN, the class column; columns: {columns}.",
-        )
-    if not isinstance(target, str) or target.strip() not in header:
-        close = difflib.get_close_matches(str(target), header, n=1, cutoff=0.5)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise _err(
-            f"dataset {name!r}: no column target={target!r}; columns: {columns}.{hint}",
-            f"dataset {name!r}: no column --target {target}; columns: {columns}.{hint}",
-        )
-    target = target.strip()
-    data = rows[1:]
-    if not data:
-        raise _err(f"dataset {name!r}: {file} has a header but no data rows.")
-    width = len(header)
-    for row, line in zip(data, lines[1:], strict=True):
-        if len(row) != width:
-            raise _err(
-                f"dataset {name!r}: line {line} has {len(row)} fields, the header {width}; "
-                f"every row needs one value per column ({columns})."
-            )
-    cols = {h: [r[j].strip() for r in data] for j, h in enumerate(header)}
-    data_lines = lines[1:]
-
-    missing = []
-    for h, values in cols.items():
-        bad = [i for i, v in enumerate(values) if _is_missing(v)]
-        if bad:
-            missing.append(
-                f"{h!r} ({len(bad)} value(s), first on line {data_lines[bad[0]]}: "
-                f"{values[bad[0]]!r})"
-            )
-    if missing:
-        raise _err(
-            f"dataset {name!r}: missing values in column(s) {'; '.join(missing)}. cogcal does "
-            "not impute: fill or drop those rows (empty cells and "
-            f"{', '.join(t for t in MISSING_TOKENS if t)} count as missing)."
-        )
-    features = [h for h in header if h != target]
-    if not features:
-        raise _err(f"dataset {name!r}: no feature columns besides the target {target!r}.")
-    x_cols = []
-    non_numeric = []
-    for h in features:
-        arr, bad = _parse_numeric(cols[h])
-        if arr is None:
-            non_numeric.append(f"{h!r} (line {data_lines[bad]}: {cols[h][bad]!r})")
-        else:
-            x_cols.append(arr)
-    if non_numeric:
-        raise _err(
-            f"dataset {name!r}: non-numeric feature column(s) {'; '.join(non_numeric)}. Every "
-            "column but the target must hold finite numbers: encode categories as numbers "
-            "(e.g. one-hot) or drop those columns."
-        )
-    x64 = np.stack(x_cols, axis=1)
-    with np.errstate(over="ignore"):
-        x = x64.astype(np.float32)
-    if not np.isfinite(x).all():  # finite float64 values beyond the float32 range
-        r, c = (int(v[0]) for v in np.nonzero(~np.isfinite(x)))
-        raise _err(
-            f"dataset {name!r}: column {features[c]!r} holds {cols[features[c]][r]!r} (line "
-            f"{data_lines[r]}), beyond the float32 range (|x| <= {np.finfo(np.float32).max:.3g}) "
-            "that features are stored in; rescale that column (e.g. to other units or a log)."
-        )
-
-    t_values = cols[target]
-    ints, too_big = _int_like(t_values)
-    if too_big is not None:
-        raise _err(
-            f"dataset {name!r}: the target column {target!r} holds the label "
-            f"{t_values[too_big]!r} (line {data_lines[too_big]}), an integer beyond the range "
-            f"cogcal can store exactly ({_INT64.min}..{_INT64.max}, and 2**53 for labels "
-            "written as decimals); use smaller integers or class names."
-        )
-    if ints is not None:
-        uniq_int = np.unique(ints)
-        class_names = [str(int(v)) for v in uniq_int]
-        y = np.searchsorted(uniq_int, ints).astype(np.int64)
-        target_kind = "integers"
-    else:
-        as_float, _ = _parse_numeric(t_values)
-        if as_float is not None:
-            i = int(np.flatnonzero(as_float != np.round(as_float))[0])
-            raise _err(
-                f"dataset {name!r}: the target column {target!r} holds non-integer numbers "
-                f"(line {data_lines[i]}: {t_values[i]!r}); cogcal trains classifiers: give "
-                "class labels (integers or names)."
-            )
-        uniq_str = np.unique(np.asarray(t_values, dtype=object).astype(str))
-        class_names = [str(v) for v in uniq_str]
-        y = np.searchsorted(uniq_str, np.asarray(t_values, dtype=str)).astype(np.int64)
-        target_kind = "strings"
-    if len(class_names) < 2:
-        raise _err(
-            f"dataset {name!r}: the target column {target!r} has {len(class_names)} class "
-            f"({', '.join(class_names)}); a classifier needs at least 2."
-        )
-    tr, va, te = split_indices(y)
-    idx: dict[str, np.ndarray] = {"train": tr, "val": va, "test": te}  # type: ignore[dict-item]
-    sizes = {s: int(len(i)) for s, i in idx.items()}
-    _check_split_sizes(f"dataset {name!r}", sizes, len(y), "add rows")
-    _check_every_class_in_every_split(f"dataset {name!r}", y, idx, class_names, "rows")
-    splits = {
-        s: Split(torch.from_numpy(np.ascontiguousarray(x[i])), torch.from_numpy(y[i]))
-        for s, i in idx.items()
-    }
-    x_tr = x[tr].astype(np.float64)
-    col_mean = x_tr.mean(axis=0)
-    col_std = x_tr.std(axis=0)
-    constant = [h for h, s in zip(features, col_std, strict=True) if not s > 0]
-    if normalization == "auto":
-        mean = tuple(float(v) for v in col_mean)
-        std = tuple(float(s) if s > 0 else 1.0 for s in col_std)
-        norm_text = (
-            "per-column standardisation with the training split's mean/std (population std; "
-            "columns constant on it get std 1)"
-        )
-    elif normalization == "none":
-        mean, std = (0.0,) * len(features), (1.0,) * len(features)
-        norm_text = "none (raw values)"
-    else:
-        raise _err(
-            f"normalization={normalization!r} is for RGB images; dataset {name!r} is a table. "
-            "Use 'auto' or 'none'.",
-            f"--normalization {normalization} is for RGB images; dataset {name!r} is a table. "
-            "Use --normalization auto or none.",
-        )
-    info = {
-        "dataset": name,
-        "kind": "csv",
-        "path": str(file.resolve()),
-        "delimiter": delimiter,
-        "rows": len(y),
-        "target": target,
-        "target_values": target_kind,
-        "features": features,
-        "class_names": class_names,
-        "split_rule": USER_SPLIT_RULE,
-        "split_seed": SPLIT_SEED,
-        "sizes": sizes,
-        "class_counts": {s: _class_counts(sp.y, len(class_names)) for s, sp in splits.items()},
-        "mean": list(mean),
-        "std": list(std),
-        "constant_columns": constant,
-        "normalization": norm_text,
-        "fingerprint": {
-            "sha256": hashlib.sha256(raw).hexdigest(),
-            "method": "sha256 of the file's bytes",
-        },
-    }
-    return Dataset(
-        name=name,
-        task="multiclass",
-        num_classes=len(class_names),
-        input_shape=(len(features),),
-        class_names=class_names,
-        **splits,
-        mean=mean,
-        std=std,
-        augment=None,
-        info=info,
-        default_model="mlp",
     )
 
 
