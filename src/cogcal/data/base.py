@@ -463,11 +463,14 @@ def apply_normalization(ds: Dataset, normalization: str) -> Dataset:
         text = "none (mean 0, std 1; uint8 images scaled to [0, 1])"
     else:
         if len(ds.input_shape) != 3 or ds.input_shape[0] != 3:
+            why = "ImageNet's per-channel statistics are for RGB images"
             raise ArgumentError(
-                f"normalization='imagenet' needs RGB images (3, H, W); dataset {ds.name!r} "
-                f"has inputs of shape {ds.input_shape}. Use normalization='auto' or 'none'.",
-                cli_message=f"--normalization imagenet needs RGB images; dataset {ds.name!r} "
-                f"has inputs of shape {ds.input_shape}. Use --normalization auto or none.",
+                f"normalization='imagenet' needs RGB images (3, H, W), as {why}; dataset "
+                f"{ds.name!r} has inputs of shape {ds.input_shape}. Use normalization='auto' "
+                "or 'none'.",
+                cli_message=f"--normalization imagenet needs RGB images, as {why}; dataset "
+                f"{ds.name!r} has inputs of shape {ds.input_shape}. Use --normalization auto "
+                "or none.",
             )
         mean, std = IMAGENET_MEAN, IMAGENET_STD
         text = "imagenet (torchvision's ImageNet per-channel mean/std, on [0, 1] pixels)"

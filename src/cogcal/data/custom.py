@@ -36,8 +36,6 @@ import torch
 
 from cogcal._errors import ArgumentError
 from cogcal.data.base import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     SPLIT_SEED,
     TASKS,
     Dataset,
@@ -435,24 +433,8 @@ def load_image_folder(
         for s, i in idx.items()
     }
     c = x_all.shape[1]
-    if normalization == "auto":
-        mean, std = channel_stats_uint8(splits["train"].x.numpy())
-        std = tuple(s if s > 0 else 1.0 for s in std)
-        norm_text = "per-channel mean/std of the training split, on [0, 1] pixels"
-    elif normalization == "none":
-        mean, std = (0.0,) * c, (1.0,) * c
-        norm_text = "none (pixels scaled to [0, 1])"
-    else:
-        if c != 3:
-            raise _err(
-                f"normalization='imagenet' needs RGB images; the images of 'folder:{spec}' "
-                "are all grey (1 channel). Use normalization='auto' or 'none'.",
-                f"--normalization imagenet needs RGB images; the images of 'folder:{spec}' are "
-                "all grey. Use --normalization auto or none.",
-            )
-        mean, std = IMAGENET_MEAN, IMAGENET_STD
-        norm_text = "imagenet (torchvision's ImageNet per-channel mean/std, on [0, 1] pixels)"
-
+    mean, std = channel_stats_uint8(splits["train"].x.numpy())
+    std = tuple(s if s > 0 else 1.0 for s in std)
     fp = hashlib.sha256()
     for rel, digest in sorted(
         (f.relative_to(folder).as_posix(), d) for f, d in zip(files, digests, strict=True)
@@ -482,7 +464,7 @@ def load_image_folder(
         ),
         "mean": list(mean),
         "std": list(std),
-        "normalization": norm_text,
+        "normalization": "per-channel mean/std of the training split, on [0, 1] pixels",
         "augmentation": "none (a run asks for one with augment='flip' or 'crop_flip')",
         "fingerprint": {
             "sha256": fp.hexdigest(),
@@ -490,7 +472,7 @@ def load_image_folder(
             "files": len(files),
         },
     }
-    return Dataset(
+    ds = Dataset(
         name=f"folder:{spec}",
         task="multiclass",
         num_classes=len(classes),
@@ -503,6 +485,7 @@ def load_image_folder(
         info=info,
         default_model="cnn",
     )
+    return apply_normalization(ds, normalization)
 
 
 # =========================================================================== in-memory splits

@@ -22,7 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cogcal.data.base import SPLIT_SEED, Dataset, DatasetCorruptError, Split
+from cogcal.data.base import (
+    SPLIT_SEED,
+    Dataset,
+    DatasetCorruptError,
+    Split,
+    apply_normalization,
+)
 from cogcal.data.custom import (
     USER_SPLIT_RULE,
     _check_every_class_in_every_split,
@@ -329,23 +335,8 @@ def load_csv(
     col_mean = x_tr.mean(axis=0)
     col_std = x_tr.std(axis=0)
     constant = [h for h, s in zip(features, col_std, strict=True) if not s > 0]
-    if normalization == "auto":
-        mean = tuple(float(v) for v in col_mean)
-        std = tuple(float(s) if s > 0 else 1.0 for s in col_std)
-        norm_text = (
-            "per-column standardisation with the training split's mean/std (population std; "
-            "columns constant on it get std 1)"
-        )
-    elif normalization == "none":
-        mean, std = (0.0,) * len(features), (1.0,) * len(features)
-        norm_text = "none (raw values)"
-    else:
-        raise _err(
-            f"normalization={normalization!r} is for RGB images; dataset {name!r} is a table. "
-            "Use 'auto' or 'none'.",
-            f"--normalization {normalization} is for RGB images; dataset {name!r} is a table. "
-            "Use --normalization auto or none.",
-        )
+    mean = tuple(float(v) for v in col_mean)
+    std = tuple(float(s) if s > 0 else 1.0 for s in col_std)
     info = {
         "dataset": name,
         "kind": "csv",
@@ -363,13 +354,16 @@ def load_csv(
         "mean": list(mean),
         "std": list(std),
         "constant_columns": constant,
-        "normalization": norm_text,
+        "normalization": (
+            "per-column standardisation with the training split's mean/std (population std; "
+            "columns constant on it get std 1)"
+        ),
         "fingerprint": {
             "sha256": hashlib.sha256(table.raw).hexdigest(),
             "method": "sha256 of the file's bytes",
         },
     }
-    return Dataset(
+    ds = Dataset(
         name=name,
         task="multiclass",
         num_classes=len(class_names),
@@ -382,3 +376,4 @@ def load_csv(
         info=info,
         default_model="mlp",
     )
+    return apply_normalization(ds, normalization)
