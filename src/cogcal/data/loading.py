@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cogcal._errors import ArgumentError
-from cogcal.data import custom, downloads, tables
+from cogcal.data import custom, downloads, folders, tables
 from cogcal.data.base import (
     _DEFAULT_MODELS,
     _REGISTRY,
@@ -120,7 +120,7 @@ def load_dataset(
         return apply_normalization(ds, normalization)
 
     if kind == "folder":
-        return custom.load_image_folder(arg, image_size=image_size, normalization=normalization)
+        return folders.load_image_folder(arg, image_size=image_size, normalization=normalization)
     if kind == "csv":
         return tables.load_csv(arg, target=target, normalization=normalization)
     return custom.load_plugin(arg, root=Path(root).expanduser(), normalization=normalization)
