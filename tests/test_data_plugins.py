@@ -607,3 +607,19 @@ def test_split_records_into_dataset() -> None:
     s = Split(torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64))
     ds = dataset_from_splits(s, s, s, num_classes=2)
     assert len(ds.train) == 3 and ds.num_classes == 2
+
+
+def test_read_table_names_lines_across_quoted_newlines_and_open_quotes(tmp_path: Path) -> None:
+    from cogcal.data.tables import read_table
+
+    path = tmp_path / "t.csv"
+    path.write_text('\n a , b ,y\n"1\n2",2,0\n\n 3 ,4,1\n5,6,1,9\n')
+    with pytest.raises(ArgumentError, match="line 7 has 4 fields, the header 3"):
+        read_table(path, what="t", error=DatasetCorruptError)
+    path.write_text('a,b,y\n"1\n2",2,0\n\n 3 ,4,1\n')
+    table = read_table(path, what="t", error=DatasetCorruptError)
+    assert table.header == ["a", "b", "y"] and table.header_line == 1
+    assert table.rows == [["1\n2", "2", "0"], ["3", "4", "1"]] and table.lines == [3, 5]
+    path.write_text('a,y\n1,"0\n2,1\n')
+    with pytest.raises(DatasetCorruptError, match="is a quote left open"):
+        read_table(path, what="t", error=DatasetCorruptError)

@@ -27,7 +27,6 @@ from cogcal.data.base import (
     default_augment,
     default_model,
     list_datasets,
-    load_dataset,
     register_dataset,
     stratified_split,
     with_augment,
@@ -35,6 +34,7 @@ from cogcal.data.base import (
 from cogcal.data.custom import DatasetPluginError, dataset_from_splits
 from cogcal.data.downloads import ChecksumError, DownloadError, download, download_names
 from cogcal.data.loader import BatchLoader
+from cogcal.data.loading import load_dataset
 from cogcal.data.robustness import CORRUPTIONS, corrupt, ood_sets, rotate_images, shift_sets
 from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
 from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize

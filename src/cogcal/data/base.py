@@ -28,7 +28,6 @@ __all__ = [
     "default_augment",
     "default_model",
     "list_datasets",
-    "load_dataset",
     "register_dataset",
     "with_augment",
 ]
@@ -464,128 +463,20 @@ def apply_normalization(ds: Dataset, normalization: str) -> Dataset:
         text = "none (mean 0, std 1; uint8 images scaled to [0, 1])"
     else:
         if len(ds.input_shape) != 3 or ds.input_shape[0] != 3:
+            why = "ImageNet's per-channel statistics are for RGB images"
             raise ArgumentError(
-                f"normalization='imagenet' needs RGB images (3, H, W); dataset {ds.name!r} "
-                f"has inputs of shape {ds.input_shape}. Use normalization='auto' or 'none'.",
-                cli_message=f"--normalization imagenet needs RGB images; dataset {ds.name!r} "
-                f"has inputs of shape {ds.input_shape}. Use --normalization auto or none.",
+                f"normalization='imagenet' needs RGB images (3, H, W), as {why}; dataset "
+                f"{ds.name!r} has inputs of shape {ds.input_shape}. Use normalization='auto' "
+                "or 'none'.",
+                cli_message=f"--normalization imagenet needs RGB images, as {why}; dataset "
+                f"{ds.name!r} has inputs of shape {ds.input_shape}. Use --normalization auto "
+                "or none.",
             )
         mean, std = IMAGENET_MEAN, IMAGENET_STD
         text = "imagenet (torchvision's ImageNet per-channel mean/std, on [0, 1] pixels)"
     info = dict(ds.info)
     info.update({"mean": list(mean), "std": list(std), "normalization": text})
     return replace(ds, mean=tuple(mean), std=tuple(std), info=info)
-
-
-def load_dataset(
-    name: str,
-    *,
-    root: str | Path = "data",
-    download: bool = False,
-    mirror: str | None = None,
-    target: str | None = None,
-    image_size: int | None = None,
-    normalization: str = "auto",
-    progress: bool = True,
-) -> Dataset:
-    """Load a dataset with its fixed train/validation/test splits.
-
-    Parameters
-    ----------
-    name : str
-        What to load:
-
-        - a registered name (:func:`list_datasets`, case-insensitive): ``mnist1d``,
-          ``digits``, ``cifar10``, ``cifar100``, ``svhn``, ``celeba``, ``mnist1d-mtl``,
-          ``digits-mtl``;
-        - ``"folder:PATH"``: images in class subfolders (torchvision ``ImageFolder``
-          layout), optionally under ``train/``, ``val/``, ``test/``;
-        - ``"csv:PATH"``: a table with a header row; numeric feature columns and the class
-          column named by ``target``;
-        - ``"package.module:function"``: a plugin function returning a :class:`Dataset` or
-          a mapping of splits (see ``docs/data.md``).
-
-        Paths are relative to the working directory, not to ``root``.
-    root : str or Path, default "data"
-        Data root: registered image datasets are read from their standard torchvision
-        layouts under it (and downloaded into it with ``download=True``); ``mnist1d``
-        caches its generated samples in ``root/mnist1d/``.
-    download : bool, default False
-        Download a registered image dataset (``cifar10``, ``cifar100``, ``svhn``,
-        ``celeba``) into ``root`` if its files are missing: resumable, every file checked
-        against a pinned MD5 (see :func:`cogcal.data.download`). No effect on other data.
-    mirror : str, optional
-        Base URL (or local directory) of an internal mirror serving the official file
-        names; default: the ``COGCAL_DATA_MIRROR`` environment variable, else the
-        official URLs.
-    target : str, optional
-        ``csv:`` only (and required there): the name of the class column.
-    image_size : int, optional
-        ``folder:`` only: side of the square images after resizing the shorter side and
-        centre-cropping (default 32).
-    normalization : {"auto", "none", "imagenet"}, default "auto"
-        ``"auto"``: each dataset's documented normalisation (user data: statistics of the
-        training split only); ``"none"``: none (``uint8`` images still scaled to [0, 1]);
-        ``"imagenet"``: ImageNet's channel statistics (RGB images only).
-    progress : bool, default True
-        Show download progress bars on stderr.
-
-    Returns
-    -------
-    Dataset
-
-    Raises
-    ------
-    ArgumentError
-        A ``ValueError``: unknown name (the message lists the known ones and suggests the
-        closest), arguments that do not apply to the kind of data, bad user data.
-    DatasetNotFoundError
-        Missing files (the message names them, the expected layout and ``download=True``).
-    DatasetCorruptError
-        Unreadable files or unexpected content (the message names the file).
-
-    Examples
-    --------
-    >>> from cogcal.data import load_dataset
-    >>> ds = load_dataset("digits")
-    >>> ds.input_shape, len(ds.train), len(ds.val), len(ds.test), ds.default_model
-    ((1, 8, 8), 1149, 288, 360, 'cnn')
-    >>> batch = ds.transform(ds.train.x[:4], train=True)
-    >>> batch.dtype, tuple(batch.shape)
-    (torch.float32, (4, 1, 8, 8))
-    """
-    kind, arg = _parse_name(name)
-    normalization = _check_normalization(normalization)
-    download = _check_bool(download, "download", "--download")
-    progress = _check_bool(progress, "progress", "--progress")
-    for option, value, needs in (("target", target, "csv"), ("image_size", image_size, "folder")):
-        if value is not None and kind != needs:
-            flag = "--" + option.replace("_", "-")
-            raise ArgumentError(
-                f"`{option}` applies only to '{needs}:PATH' datasets, got {option}={value!r} "
-                f"with dataset {name!r}.",
-                cli_message=f"{flag} applies only to --dataset {needs}:PATH, got {flag} {value} "
-                f"with --dataset {name}.",
-            )
-    if kind == "registered":
-        root_path = Path(root).expanduser()
-        if download:
-            from cogcal.data import downloads
-
-            if arg in downloads.RESOURCES:
-                downloads.download(arg, root_path, mirror=mirror, progress=progress)
-        ds = _REGISTRY[arg](root_path)
-        if ds.default_model is None:
-            ds = replace(ds, default_model=_DEFAULT_MODELS.get(arg))
-        return apply_normalization(ds, normalization)
-
-    from cogcal.data import custom
-
-    if kind == "folder":
-        return custom.load_image_folder(arg, image_size=image_size, normalization=normalization)
-    if kind == "csv":
-        return custom.load_csv(arg, target=target, normalization=normalization)
-    return custom.load_plugin(arg, root=Path(root).expanduser(), normalization=normalization)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -33,12 +33,12 @@ from cogcal.data.base import (
     DatasetCorruptError,
     Split,
     channel_stats_uint8,
-    load_dataset,
     missing_files_error,
     register_dataset,
 )
 from cogcal.data.downloads import describe
 from cogcal.data.images import resize_center_crop
+from cogcal.data.loading import load_dataset
 
 __all__ = [
     "CELEBA_ATTRIBUTES",

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from cogcal import _io
 from cogcal._errors import ArgumentError
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
+from cogcal.data.tables import read_table
 from cogcal.train.assemble import LoadedRun, load_run
 from cogcal.train.sources import EVAL_BATCH
 
@@ -201,20 +202,10 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
     shape = tuple(run.input_shape or ())
     if len(shape) != 1:
         raise _err(f"--input {path}: this run takes {_expects(run)}, not a table.")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except (OSError, UnicodeDecodeError) as err:
-        raise _err(f"cannot read {path}: {err} (a UTF-8 text file is expected).") from None
-    delimiter = "\t" if path.suffix.lower() in (".tsv", ".tab") else ","
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    try:
-        rows = [(reader.line_num, r) for r in reader if r and any(c.strip() for c in r)]
-    except csv.Error as err:
-        raise _err(f"{path}, line {reader.line_num}: {err}.") from None
-    if not rows:
+    table = read_table(path, what=str(path), error=_err)
+    if not table.header:
         raise _err(f"{path} is empty; expected a header row, then one row per input.")
-    header = [h.strip() for h in rows[0][1]]
-    data = rows[1:]
+    header, data = table.header, list(zip(table.lines, table.rows, strict=True))
     if not data:
         raise _err(f"{path} has a header but no rows to predict.")
     features = list(spec.get("features") or [])
@@ -246,10 +237,8 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
         features, order = header, list(range(len(header)))
     x = np.empty((len(data), len(order)), dtype=np.float32)
     for i, (line, row) in enumerate(data):
-        if len(row) != len(header):
-            raise _err(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}.")
         for j, col in enumerate(order):
-            cell = row[col].strip()
+            cell = row[col]
             try:
                 value = float(cell)
             except ValueError:
@@ -263,7 +252,7 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
     found = None
     if target is not None and target in header:
         t = header.index(target)
-        found = (target, [row[t].strip() for _, row in data])
+        found = (target, table.column(t))
     return Inputs(torch.from_numpy(x), target=found, source=str(path))
 
 
