@@ -33,49 +33,17 @@ A dataset named ``package.module:function`` is a plugin, code the bench would im
 call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
 --allow-plugins``); checking a suite never imports or calls anything.
 
-Budgets
--------
-``budget.<protocol>`` states, for each method family, the training budget every run of
-that family gets: ``epochs``, ``schedule`` (``step``: every learning rate divided by 10
-every ``step_size`` epochs; ``none``), ``patience`` (early stopping after that many epochs
-without a better validation Brier score; ``null`` = off) and, for the baselines,
-``stage2_epochs`` (the TST / V-TST head; required when the suite has ``tst`` or
-``vtst``). The families are ``baselines`` (every method without a jointly trained
-calibrator) and ``cog``; a suite states the budgets (and grids) of the families its
-methods belong to, and only those. ``epochs``, ``schedule`` and ``patience`` must be stated: a
-budget is never implied. These fields belong to ``budget`` only (``train`` and the
-datasets' ``train`` may not set them), so every run of a family in a protocol trains
-for the same budget.
+docs/bench.md ("Suites") describes the budgets (``budget.<protocol>``: per method family,
+``baselines`` and ``cog``, in the ``paper`` protocol; one mapping for every method in the
+``fair`` one; never implied, never set in ``train``), the protocols and the tuning rule
+(:class:`cogcal.train.tuning.GridSearch`: lowest validation cross-entropy, grids grown
+outward from an edge choice at most ``max_extensions`` times).
 
-A family's budget may also fix its learning rates (``lr``, and ``calibrator_lr`` for
-COG) in the ``paper`` protocol only: the paper's baselines train at ``lr`` 1e-4 without a
-schedule. A family without a fixed ``lr`` is tuned (below).
-
-Protocols
----------
-``paper``
-    The paper's recipe: the budgets of ``budget.paper`` (typically the baselines at lr
-    1e-4 without a schedule, COG tuned with the step schedule).
-``fair``
-    One budget for every method (``budget.fair`` is a single mapping) and every method's
-    learning rate(s) tuned by the same rule, so that COG differs from its counterpart
-    only in the calibrator's learning rate (``ce`` vs ``cog-fc``: the final layer's).
-
-Tuning (both protocols)
------------------------
-COG methods tune ``lrs`` x ``ratios`` (lambda_c = lambda_f x ratio); tuned baselines tune
-``baseline_lrs``. Every grid point is trained at ``tune.seed`` and chosen by validation
-cross-entropy (:class:`cogcal.train.tuning.GridSearch`, the rule of ``cogcal tune``);
-while the choice lies on an edge of the grid the grid grows outward by one step (the next
-half-decade value, ``..., 0.03, 0.1, 0.3``, or the axis's constant factor), at most
-``max_extensions`` times; the ratio stays below 1 and lambda_f at or above 1e-8 (bounds
-recorded as such, :mod:`cogcal.train.tuning`). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
-cross-entropy network, so they use the group of ``ce`` (its learning rate chosen by
-validation cross-entropy before calibration, docs/method.md §2).
-
-Unknown keys anywhere raise ``ValueError`` naming the key and the allowed ones; every
-planned training configuration is validated by building its
-:class:`~cogcal.train.config.TrainConfig` when the suite is loaded.
+Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, a budget
+and every planned run are checked by building their ``TrainConfig``, whose error is
+reported once with the suite key it came from; this module checks only the suite's own
+structure (keys, families, protocols, seeds, grids). Unknown keys anywhere raise
+``ValueError`` naming the key and the allowed ones.
 """
 
 from __future__ import annotations
@@ -161,7 +129,6 @@ _TOP_KEYS = (
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
 _DATASET_KEYS = ("model", "target", "train")
-_TUNE_KEYS = ("seed", "lrs", "ratios", "baseline_lrs", "max_extensions")
 _BUDGET_REQUIRED = ("epochs", "schedule", "patience")
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
@@ -717,7 +684,7 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     """The grids: the :class:`~cogcal.train.tuning.Grid` rules (positive, log-spaced,
     ratios < 1), whose axes come back sorted."""
     d = _mapping(value, where)
-    _unknown_keys(d, _TUNE_KEYS, where)
+    _unknown_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
     seed = d.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
