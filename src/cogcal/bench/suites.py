@@ -229,12 +229,10 @@ class _BudgetBase:
         """Whether the family's learning rates are tuned (no fixed ``lr``)."""
         return self.lr is None  # type: ignore[attr-defined]
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
-
     def config_fields(self) -> dict[str, Any]:
         """The TrainConfig fields this budget sets (``patience`` even when None: off)."""
-        return {k: v for k, v in self.to_dict().items() if v is not None or k == "patience"}
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: v for k, v in fields.items() if v is not None or k == "patience"}
 
 
 _HINTS = typing.get_type_hints(TrainConfig)
@@ -272,11 +270,6 @@ class TuneSpec:
             self.grid(family, allow_fast_calibrator=allow_fast_calibrator),
             max_extensions=self.max_extensions,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
 
 
 @dataclass(frozen=True)
@@ -357,24 +350,10 @@ class Suite:
         return bool(self.train.get("allow_fast_calibrator", False))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable description (recorded in ``bench.json``)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "datasets": [dataclasses.asdict(e) for e in self.datasets],
-            "methods": list(self.methods),
-            "seeds": list(self.seeds),
-            "protocols": list(self.protocols),
-            "train": dict(self.train),
-            "budget": {
-                p: {f: b.to_dict() for f, b in fams.items()} for p, fams in self.budgets.items()
-            },
-            "tune": self.tune.to_dict(),
-            "reuse": self.reuse,
-            "effect": self.effect,
-            "requires_gpu": self.requires_gpu,
-            "source": self.source,
-        }
+        """A JSON-serialisable description (recorded in ``bench.json``; ``budgets`` as
+        ``budget``, its YAML key)."""
+        fields = dataclasses.asdict(self)
+        return {("budget" if k == "budgets" else k): v for k, v in fields.items()}
 
 
 def suite_description(name: str) -> str:
