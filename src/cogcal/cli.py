@@ -38,7 +38,7 @@ from cogcal.data import list_datasets
 from cogcal.models import list_models
 from cogcal.report.schema import PROTOCOLS
 from cogcal.train.checkup import findings_of
-from cogcal.train.config import add_arguments, config_from_args
+from cogcal.train.config import add_argument, add_arguments, config_from_args
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.rundir import RunDir, lock_folder
 from cogcal.train.tuning import Grid
@@ -250,7 +250,7 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--address", default=None, help="Ray cluster address (with --executor ray)")
     p.add_argument("--list", action="store_true", help="list the shipped suites and exit")
-    p.add_argument("--data-root", default="data", help="dataset root directory (default: data)")
+    add_argument(p, "data_root")
     p.add_argument(
         "--protocol", choices=(*PROTOCOLS, "both"), default=None,
         help="which protocol(s) to run (default: the suite's)",

@@ -33,49 +33,17 @@ A dataset named ``package.module:function`` is a plugin, code the bench would im
 call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
 --allow-plugins``); checking a suite never imports or calls anything.
 
-Budgets
--------
-``budget.<protocol>`` states, for each method family, the training budget every run of
-that family gets: ``epochs``, ``schedule`` (``step``: every learning rate divided by 10
-every ``step_size`` epochs; ``none``), ``patience`` (early stopping after that many epochs
-without a better validation Brier score; ``null`` = off) and, for the baselines,
-``stage2_epochs`` (the TST / V-TST head; required when the suite has ``tst`` or
-``vtst``). The families are ``baselines`` (every method without a jointly trained
-calibrator) and ``cog``; a suite states the budgets (and grids) of the families its
-methods belong to, and only those. ``epochs``, ``schedule`` and ``patience`` must be stated: a
-budget is never implied. These fields belong to ``budget`` only (``train`` and the
-datasets' ``train`` may not set them), so every run of a family in a protocol trains
-for the same budget.
+docs/bench.md ("Suites") describes the budgets (``budget.<protocol>``: per method family,
+``baselines`` and ``cog``, in the ``paper`` protocol; one mapping for every method in the
+``fair`` one; never implied, never set in ``train``), the protocols and the tuning rule
+(:class:`cogcal.train.tuning.GridSearch`: lowest validation cross-entropy, grids grown
+outward from an edge choice at most ``max_extensions`` times).
 
-A family's budget may also fix its learning rates (``lr``, and ``calibrator_lr`` for
-COG) in the ``paper`` protocol only: the paper's baselines train at ``lr`` 1e-4 without a
-schedule. A family without a fixed ``lr`` is tuned (below).
-
-Protocols
----------
-``paper``
-    The paper's recipe: the budgets of ``budget.paper`` (typically the baselines at lr
-    1e-4 without a schedule, COG tuned with the step schedule).
-``fair``
-    One budget for every method (``budget.fair`` is a single mapping) and every method's
-    learning rate(s) tuned by the same rule, so that COG differs from its counterpart
-    only in the calibrator's learning rate (``ce`` vs ``cog-fc``: the final layer's).
-
-Tuning (both protocols)
------------------------
-COG methods tune ``lrs`` x ``ratios`` (lambda_c = lambda_f x ratio); tuned baselines tune
-``baseline_lrs``. Every grid point is trained at ``tune.seed`` and chosen by validation
-cross-entropy (:class:`cogcal.train.tuning.GridSearch`, the rule of ``cogcal tune``);
-while the choice lies on an edge of the grid the grid grows outward by one step (the next
-half-decade value, ``..., 0.03, 0.1, 0.3``, or the axis's constant factor), at most
-``max_extensions`` times; the ratio stays below 1 and lambda_f at or above 1e-8 (bounds
-recorded as such, :mod:`cogcal.train.tuning`). The post-hoc methods (``ts``, ``vs``, ``ms``) train a
-cross-entropy network, so they use the group of ``ce`` (its learning rate chosen by
-validation cross-entropy before calibration, docs/method.md §2).
-
-Unknown keys anywhere raise ``ValueError`` naming the key and the allowed ones; every
-planned training configuration is validated by building its
-:class:`~cogcal.train.config.TrainConfig` when the suite is loaded.
+Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, a budget
+and every planned run are checked by building their ``TrainConfig``, whose error is
+reported once with the suite key it came from; this module checks only the suite's own
+structure (keys, families, protocols, seeds, grids). Unknown keys anywhere raise
+``ValueError`` naming the key and the allowed ones.
 """
 
 from __future__ import annotations
@@ -84,7 +52,7 @@ import dataclasses
 import difflib
 import hashlib
 import importlib.resources
-import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,9 +60,10 @@ from typing import Any
 
 import yaml
 
+from cogcal._errors import ArgumentError
 from cogcal.data import list_datasets
 from cogcal.report.schema import PROTOCOLS
-from cogcal.train.config import LR_FLOOR, SCHEDULES, SEED_MAX, TrainConfig
+from cogcal.train.config import LR_FLOOR, SEED_MAX, ConfigError, TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.tuning import Grid, GridSearch
 
@@ -160,7 +129,6 @@ _TOP_KEYS = (
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
 _DATASET_KEYS = ("model", "target", "train")
-_TUNE_KEYS = ("seed", "lrs", "ratios", "baseline_lrs", "max_extensions")
 _BUDGET_REQUIRED = ("epochs", "schedule", "patience")
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
@@ -253,56 +221,31 @@ def dataset_folder(name: str) -> str:
     return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
 
 
-@dataclass(frozen=True)
-class Budget:
-    """The training budget of one method family in one protocol (see the module docstring).
-
-    Attributes
-    ----------
-    epochs : int
-    schedule : {"step", "none"}
-    step_size : int or None
-        Period of the step schedule (None without it).
-    patience : int or None
-        Early stopping (None: off).
-    stage2_epochs : int or None
-        TST / V-TST head epochs (baselines only).
-    lr, calibrator_lr : float or None
-        Fixed learning rates (paper protocol only); None: tuned.
-    """
-
-    epochs: int
-    schedule: str
-    step_size: int | None
-    patience: int | None
-    stage2_epochs: int | None = None
-    lr: float | None = None
-    calibrator_lr: float | None = None
+class _BudgetBase:
+    """What a :class:`Budget` adds to its TrainConfig fields."""
 
     @property
     def tuned(self) -> bool:
         """Whether the family's learning rates are tuned (no fixed ``lr``)."""
-        return self.lr is None
+        return self.lr is None  # type: ignore[attr-defined]
 
     def config_fields(self) -> dict[str, Any]:
-        """The TrainConfig fields this budget sets."""
-        out: dict[str, Any] = {
-            "epochs": self.epochs,
-            "schedule": self.schedule,
-            "patience": self.patience,
-        }
-        if self.step_size is not None:
-            out["step_size"] = self.step_size
-        if self.stage2_epochs is not None:
-            out["stage2_epochs"] = self.stage2_epochs
-        if self.lr is not None:
-            out["lr"] = self.lr
-        if self.calibrator_lr is not None:
-            out["calibrator_lr"] = self.calibrator_lr
-        return out
+        """The TrainConfig fields this budget sets (``patience`` even when None: off)."""
+        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {k: v for k, v in fields.items() if v is not None or k == "patience"}
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+
+_HINTS = typing.get_type_hints(TrainConfig)
+#: The training budget of one method family in one protocol (see docs/bench.md): the
+#: TrainConfig fields of :data:`BUDGET_FIELDS`, with their types, None where not stated
+#: (``lr`` None: tuned; ``stage2_epochs`` None: the family has no TST / V-TST head).
+Budget = dataclasses.make_dataclass(
+    "Budget",
+    [(name, _HINTS[name] | None, field(default=None)) for name in BUDGET_FIELDS],
+    bases=(_BudgetBase,),
+    frozen=True,
+)
+Budget.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -327,11 +270,6 @@ class TuneSpec:
             self.grid(family, allow_fast_calibrator=allow_fast_calibrator),
             max_extensions=self.max_extensions,
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()
-        }
 
 
 @dataclass(frozen=True)
@@ -383,18 +321,24 @@ class Suite:
     source: str
 
     def replace(self, **changes: Any) -> Suite:
-        """A copy with some fields changed, validated like the YAML values.
+        """A copy with some fields changed, validated like the YAML values (an invalid
+        change is the caller's input: :class:`~cogcal._errors.ArgumentError`).
 
         >>> load_suite("quick").replace(seeds=1).seeds
         (0,)
         """
-        if "seeds" in changes:
-            changes["seeds"] = _check_seeds(changes["seeds"], "seeds")
-        if "protocols" in changes:
-            changes["protocols"] = _check_protocols(changes["protocols"], "protocols")
-        new = dataclasses.replace(self, **changes)
-        _check_budgets_cover(new, f"suite {new.source}")
-        _check_configs(new, f"suite {new.source}")
+        try:
+            if "seeds" in changes:
+                changes["seeds"] = _check_seeds(changes["seeds"], "seeds")
+            if "protocols" in changes:
+                changes["protocols"] = _check_protocols(changes["protocols"], "protocols")
+            new = dataclasses.replace(self, **changes)
+            _check_budgets_cover(new, f"suite {new.source}")
+            _check_configs(new, f"suite {new.source}")
+        except ArgumentError:
+            raise
+        except ValueError as err:
+            raise ArgumentError(str(err)) from None
         return new
 
     def budget(self, protocol: str, method: str) -> Budget:
@@ -406,24 +350,10 @@ class Suite:
         return bool(self.train.get("allow_fast_calibrator", False))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable description (recorded in ``bench.json``)."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "datasets": [dataclasses.asdict(e) for e in self.datasets],
-            "methods": list(self.methods),
-            "seeds": list(self.seeds),
-            "protocols": list(self.protocols),
-            "train": dict(self.train),
-            "budget": {
-                p: {f: b.to_dict() for f, b in fams.items()} for p, fams in self.budgets.items()
-            },
-            "tune": self.tune.to_dict(),
-            "reuse": self.reuse,
-            "effect": self.effect,
-            "requires_gpu": self.requires_gpu,
-            "source": self.source,
-        }
+        """A JSON-serialisable description (recorded in ``bench.json``; ``budgets`` as
+        ``budget``, its YAML key)."""
+        fields = dataclasses.asdict(self)
+        return {("budget" if k == "budgets" else k): v for k, v in fields.items()}
 
 
 def suite_description(name: str) -> str:
@@ -571,32 +501,22 @@ def _check_protocols(value: Any, where: str) -> tuple[str, ...]:
     return tuple(p for p in PROTOCOLS if p in out)
 
 
-def _number(v: Any, where: str) -> float:
-    # YAML 1.1 reads "1e-3" (no dot) as a string: accept it.
-    if isinstance(v, bool):
-        raise ValueError(f"{where} must be a positive number, got {v!r}.")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{where} must be a positive number, got {v!r}.") from None
-    if not 0 < f < math.inf:
-        raise ValueError(f"{where} must be a positive finite number, got {v!r}.")
-    return f
+def _yaml_number(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number it is (anything
+    else is left for the validators to refuse)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
-def _positive_int(v: Any, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{where} must be a positive integer, got {v!r}.")
-    return v
-
-
-def _number_list(v: Any, where: str) -> tuple[float, ...]:
-    if isinstance(v, str) or not isinstance(v, Sequence) or not v:
-        raise ValueError(
-            f"{where} must be a non-empty list of positive numbers such as [1.0e-3, 3.0e-3], "
-            f"got {v!r}."
-        )
-    return tuple(_number(x, f"{where}[{i}]") for i, x in enumerate(v))
+def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}{key} must be true or false, got {value!r}.")
+    return value
 
 
 def _check_train(value: Any, where: str) -> dict[str, Any]:
@@ -625,6 +545,7 @@ def _check_train(value: Any, where: str) -> dict[str, Any]:
 
 
 def _check_budget(value: Any, where: str, *, protocol: str, family: str) -> Budget:
+    """One family's budget: the keys it may state here, then TrainConfig's rules."""
     d = _mapping(value, where)
     allowed = ["epochs", "schedule", "step_size", "patience"]
     if family == "baselines":
@@ -647,38 +568,27 @@ def _check_budget(value: Any, where: str, *, protocol: str, family: str) -> Budg
     if "stage2_epochs" in d and family == "cog":
         raise ValueError(f"{where}: 'stage2_epochs' applies to the TST / V-TST baselines only.")
     _unknown_keys(d, allowed, where)
-    missing = [k for k in _BUDGET_REQUIRED if k not in d]
+    missing = [k for k in _BUDGET_REQUIRED if k not in d or (d[k] is None and k != "patience")]
     if missing:
         raise ValueError(
             f"{where} must state {', '.join(missing)} (a budget is never implied; write "
             "patience: null for no early stopping)."
         )
-    epochs = _positive_int(d["epochs"], f"{where}.epochs")
-    schedule = d["schedule"]
-    if schedule not in SCHEDULES:
-        raise ValueError(
-            f"{where}.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}."
-        )
-    step_size = d.get("step_size")
-    if schedule == "step":
-        if step_size is None:
-            raise ValueError(f"{where}: schedule step needs step_size (epochs per division by 10).")
-        step_size = _positive_int(step_size, f"{where}.step_size")
-    elif step_size is not None:
+    if d["patience"] in (False, "none", "off"):
+        d["patience"] = None
+    d.update({k: _yaml_number(d[k]) for k in ("lr", "calibrator_lr") if k in d})
+    try:  # types and values: the TrainConfig rules (the hierarchy is checked per run)
+        method = "cog-fc" if family == "cog" else "ce"
+        TrainConfig(method=method, preset="paper", allow_fast_calibrator=True, **d)
+    except ConfigError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if d["schedule"] == "step" and d.get("step_size") is None:
+        raise ValueError(f"{where}: schedule step needs step_size (epochs per division by 10).")
+    if d["schedule"] != "step" and d.get("step_size") is not None:
         raise ValueError(f"{where}: step_size applies to schedule step only (schedule is none).")
-    patience = d["patience"]
-    if patience in (None, False, "none", "off"):
-        patience = None
-    else:
-        patience = _positive_int(patience, f"{where}.patience")
-    stage2 = d.get("stage2_epochs")
-    if stage2 is not None:
-        stage2 = _positive_int(stage2, f"{where}.stage2_epochs")
-    lr = _number(d["lr"], f"{where}.lr") if "lr" in d else None
-    cal = _number(d["calibrator_lr"], f"{where}.calibrator_lr") if "calibrator_lr" in d else None
-    if cal is not None and lr is None:
+    if "calibrator_lr" in d and "lr" not in d:
         raise ValueError(f"{where}: calibrator_lr is fixed only together with lr.")
-    return Budget(epochs, schedule, step_size, patience, stage2, lr, cal)
+    return Budget(**d)
 
 
 def _check_budgets(value: Any, where: str) -> dict[str, dict[str, Budget]]:
@@ -750,30 +660,29 @@ def _check_budgets_cover(suite: Suite, where: str) -> None:
 
 
 def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
+    """The grids: the :class:`~cogcal.train.tuning.Grid` rules (positive, log-spaced,
+    ratios < 1), whose axes come back sorted."""
     d = _mapping(value, where)
-    _unknown_keys(d, _TUNE_KEYS, where)
+    _unknown_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
     seed = d.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
     max_ext = d.get("max_extensions", 2)
     if isinstance(max_ext, bool) or not isinstance(max_ext, int) or max_ext < 0:
         raise ValueError(f"{where}.max_extensions must be an integer >= 0, got {max_ext!r}.")
-    spec = TuneSpec(
-        seed=seed,
-        lrs=_number_list(d["lrs"], f"{where}.lrs") if "lrs" in d else (),
-        ratios=_number_list(d["ratios"], f"{where}.ratios") if "ratios" in d else (),
-        baseline_lrs=(
-            _number_list(d["baseline_lrs"], f"{where}.baseline_lrs") if "baseline_lrs" in d else ()
-        ),
-        max_extensions=max_ext,
-    )
-    if bool(spec.lrs) != bool(spec.ratios):
+    axes = {
+        key: tuple(map(_yaml_number, v)) if isinstance(v, list) else v
+        for key, v in d.items()
+        if key in ("lrs", "ratios", "baseline_lrs")
+    }
+    if bool(axes.get("lrs")) != bool(axes.get("ratios")):
         raise ValueError(f"{where}: lrs and ratios (the COG grid) are given together.")
-    try:  # log spacing, ratios < 1: the Grid rules (axes come back sorted)
-        if spec.lrs:
+    spec = TuneSpec(seed=seed, max_extensions=max_ext, **axes)
+    try:
+        if "lrs" in axes:
             grid = spec.grid("cog", allow_fast_calibrator=allow_fast)
             spec = dataclasses.replace(spec, lrs=grid.lrs, ratios=grid.ratios or ())
-        if spec.baseline_lrs:
+        if "baseline_lrs" in axes:
             spec = dataclasses.replace(spec, baseline_lrs=spec.grid("baselines").lrs)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
@@ -819,9 +728,7 @@ def parse_suite(
     description = str(d.get("description") or "")
     requires = _mapping(d.get("requires"), f"{where}: requires")
     _unknown_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
-    requires_gpu = requires.get("gpu", False)
-    if not isinstance(requires_gpu, bool):
-        raise ValueError(f"{where}: requires.gpu must be true or false, got {requires_gpu!r}.")
+    requires_gpu = _flag(requires, "gpu", False, f"{where}: requires.")
 
     datasets_raw = _mapping(d["datasets"], f"{where}: datasets")
     if not datasets_raw:
@@ -848,12 +755,6 @@ def parse_suite(
 
     train = _check_train(d.get("train"), f"{where}: train")
     allow_fast = bool(train.get("allow_fast_calibrator", False))
-    reuse = d.get("reuse", True)
-    if not isinstance(reuse, bool):
-        raise ValueError(f"{where}: reuse must be true or false, got {reuse!r}.")
-    effect = d.get("effect", True)
-    if not isinstance(effect, bool):
-        raise ValueError(f"{where}: effect must be true or false, got {effect!r}.")
     suite = Suite(
         name=name,
         description=description,
@@ -864,8 +765,8 @@ def parse_suite(
         train=train,
         budgets=_check_budgets(d["budget"], f"{where}: budget"),
         tune=_check_tune(d.get("tune"), f"{where}: tune", allow_fast),
-        reuse=reuse,
-        effect=effect,
+        reuse=_flag(d, "reuse", True, f"{where}: "),
+        effect=_flag(d, "effect", True, f"{where}: "),
         requires_gpu=requires_gpu,
         source=source,
     )

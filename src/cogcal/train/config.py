@@ -35,6 +35,7 @@ import dataclasses
 import difflib
 import math
 import os
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,10 @@ __all__ = [
     "PRESETS",
     "SCHEDULES",
     "auto_budget",
+    "add_argument",
     "add_arguments",
     "config_from_args",
+    "field_default",
     "flag",
     "result_fields",
 ]
@@ -703,51 +706,77 @@ def _data_identity(resolved: dict[str, Any], dataset: str, *, fingerprint: bool)
 # --------------------------------------------------------------------------- command line
 
 
-def _field_type(f: dataclasses.Field) -> type:
-    annotation = str(f.type)
-    if "float" in annotation:
-        return float
-    if "int" in annotation:
-        return int
-    return str
+def field_default(name: str) -> Any:
+    """The default of a :class:`TrainConfig` field (the one place defaults are stated).
+
+    >>> field_default("method"), field_default("data_root")
+    ('cog-fc', 'data')
+    """
+    return _FIELDS[name].default
+
+
+def _field_help(name: str) -> str:
+    """The command-line help of a :class:`TrainConfig` field, with its default."""
+    f = _FIELDS[name]
+    help_text = f.metadata["help"]
+    if f.metadata["choices"]:
+        help_text += f" [{', '.join(f.metadata['choices'])}]"
+    # a None default is described by the help text itself (or means "not set")
+    if f.default is not None and "default" not in help_text:
+        help_text += f" (default: {f.default})"
+    return help_text
+
+
+def _field_type(name: str) -> Any:
+    """The type a flag converts to: the field's annotation without ``None``.
+
+    >>> _field_type("lr"), _field_type("epochs"), _field_type("allow_fast_calibrator")
+    (<class 'float'>, <class 'int'>, <class 'bool'>)
+    """
+    hint = typing.get_type_hints(TrainConfig)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
-    """Add one flag per command-line field of :class:`TrainConfig` to ``parser``.
+    """Add one flag per command-line field of :class:`TrainConfig` to ``parser``
+    (:func:`add_argument` for each)."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.metadata["cli"] and f.name not in exclude:
+            add_argument(parser, f.name)
 
-    Flags, types, choices, defaults and help all come from the fields; a boolean field
-    whose default is true becomes ``--no-<name>``. Values are checked by
+
+def add_argument(parser: argparse.ArgumentParser, name: str) -> None:
+    """Add the flag of the :class:`TrainConfig` field ``name`` to ``parser``.
+
+    Flag, type (the field's annotation), default and help all come from the field; a
+    boolean field whose default is true becomes ``--no-<name>``. Values are checked by
     :class:`TrainConfig` itself, so parsing only converts types.
     """
-    for f in dataclasses.fields(TrainConfig):
-        meta = f.metadata
-        if not meta["cli"] or f.name in exclude:
-            continue
-        default = f.default
-        help_text = meta["help"]
-        if meta["choices"]:
-            help_text += f" [{', '.join(meta['choices'])}]"
-        if f.type in (bool, "bool"):
-            if default:
-                parser.add_argument(
-                    "--no-" + f.name.replace("_", "-"),
-                    dest=f.name,
-                    action="store_false",
-                    help=f"no {help_text}",
-                )
-            else:
-                parser.add_argument(flag(f.name), action="store_true", help=help_text)
-            continue
-        # a None default is described by the help text itself (or means "not set")
-        shown = "" if default is None else f"default: {default}"
-        parser.add_argument(
-            flag(f.name),
-            dest=f.name,
-            type=_field_type(f),
-            default=default,
-            metavar=meta["metavar"],
-            help=help_text + (f" ({shown})" if shown and "default" not in help_text else ""),
-        )
+    f = _FIELDS[name]
+    kind = _field_type(name)
+    if kind is bool:
+        if f.default:
+            parser.add_argument(
+                "--no-" + name.replace("_", "-"),
+                dest=name,
+                action="store_false",
+                help=f"no {f.metadata['help']}",
+            )
+        else:
+            parser.add_argument(flag(name), action="store_true", help=f.metadata["help"])
+        return
+    parser.add_argument(
+        flag(name),
+        dest=name,
+        type=kind,
+        default=f.default,
+        metavar=f.metadata["metavar"],
+        help=_field_help(name),
+    )
 
 
 def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:

@@ -22,7 +22,7 @@ from cogcal._errors import ArgumentError
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data import SPLIT_SEED, stratified_split
 from cogcal.health import CalibrationWarning, HealthReport
-from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget
+from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget, field_default
 from cogcal.train.runner import execute
 from cogcal.train.sources import EVAL_BATCH, LoaderSource
 
@@ -142,19 +142,19 @@ def fit(
     train_data: Any,
     val_data: Any = None,
     *,
-    method: str = "cog-fc",
-    epochs: int | None = None,
-    lr: float | None = None,
-    calibrator_lr: float | None = None,
-    batch_size: int | None = None,
+    method: str = field_default("method"),
+    epochs: int | None = field_default("epochs"),
+    lr: float | None = field_default("lr"),
+    calibrator_lr: float | None = field_default("calibrator_lr"),
+    batch_size: int | None = field_default("batch_size"),
     out: str | Path | None = None,
     val_fraction: float = 0.2,
     task: str = "multiclass",
     num_classes: int | None = None,
-    seed: int = 0,
+    seed: int = field_default("seed"),
     resume: bool = False,
     overwrite: bool = False,
-    progress: bool = True,
+    progress: bool = field_default("progress"),
     **options: Any,
 ) -> FitResult:
     """Train ``model`` with the paper's recipe and a method of the registry.
@@ -220,7 +220,10 @@ def fit(
         raise ArgumentError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
     if not 0 < val_fraction < 1:
         raise ArgumentError(f"`val_fraction` must lie in (0, 1), got {val_fraction!r}.")
-    if options.get("devices", 1) != 1 or options.get("num_nodes", 1) != 1:
+    if (
+        options.get("devices", field_default("devices")) != 1
+        or options.get("num_nodes", field_default("num_nodes")) != 1
+    ):
         raise ArgumentError(
             "cogcal.fit trains in one process; for several devices use `cogcal train` with "
             "--devices/--strategy ddp, or CalibratedModel in your own distributed loop."
@@ -274,7 +277,7 @@ def fit(
     train_size = _size(train) if train is not None else _size(train_data)
     if isinstance(train_data, DataLoader) and batch_size is None:
         batch_size = train_data.batch_size  # the loader's own (None: a batch sampler)
-    if batch_size is None and options.get("preset", "auto") == "auto":
+    if batch_size is None and options.get("preset", field_default("preset")) == "auto":
         batch_size = auto_budget(train_size, epochs=epochs)["batch_size"]
     if batch_size is None:
         batch_size = PAPER_BATCH
