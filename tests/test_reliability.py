@@ -26,7 +26,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 def _train(out: Path, *extra: str, epochs: int = 1) -> list[str]:
     return [
-        "train", "--dataset", "digits", "--model", "mlp", "--method", "ce",
+        "train", "--dataset", "digits", "--model", "mlp", "--method", "ce", "--lr", "1e-3",
         "--epochs", str(epochs), "--out", str(out), "--no-progress", *extra,
     ]  # fmt: skip
 
