@@ -114,6 +114,7 @@ def _interrupted_copy(data_root: Path, tmp_path: Path) -> Path:
 
 def test_resume_with_other_settings_is_refused(data_root, tmp_path, capsys):
     out = _interrupted_copy(data_root, tmp_path)
+    capsys.readouterr()  # the finished run's summary and health warnings
     argv = _argv(data_root, out, epochs=2)
     assert main([*argv, "--resume", "--lr", "0.01"]) == 2
     err = capsys.readouterr().err
@@ -123,6 +124,7 @@ def test_resume_with_other_settings_is_refused(data_root, tmp_path, capsys):
 
 def test_resuming_a_copied_run_without_its_config_is_refused(data_root, tmp_path, capsys):
     out = _interrupted_copy(data_root, tmp_path)
+    capsys.readouterr()  # the finished run's summary and health warnings
     (out / "config.json").unlink()
     argv = _argv(data_root, out, epochs=2)
     assert main([*argv, "--resume", "--method", "cog-ms", "--model", "cnn1d"]) == 2
@@ -140,6 +142,7 @@ def test_resuming_a_copied_run_without_its_config_is_refused(data_root, tmp_path
 )
 def test_bad_checkpoints_are_reported_not_trusted(content, message, data_root, tmp_path, capsys):
     out = _interrupted_copy(data_root, tmp_path)
+    capsys.readouterr()  # the finished run's summary and health warnings
     (out / "checkpoints" / "last.ckpt").write_bytes(content)
     argv = _argv(data_root, out, epochs=2)
     assert main([*argv, "--resume"]) == 2

@@ -245,7 +245,8 @@ def test_tune_cli_names_the_ratio_bound(tmp_path, monkeypatch, capsys):
     # best λ_f 1e-3 (interior), best ratio the largest: 0.3, where the next step would be 1
     fake, _ = _fake_run(lambda cfg: abs(math.log10(cfg.lr) + 3) - cfg.calibrator_lr / cfg.lr)
     monkeypatch.setattr(runner, "run", fake)
-    argv = ["tune", "--method", "cog-fc", "--lrs", "1e-4,1e-3,1e-2", "--calibrator-ratios"]
+    argv = ["tune", "--method", "cog-fc", "--preset", "paper", "--lrs", "1e-4,1e-3,1e-2"]
+    argv += ["--calibrator-ratios"]
     assert main([*argv, "0.1,0.3", "--epochs", "1", "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "(at the ratio < 1 bound)" in out and "still at the grid edge" not in out
