@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import cogcal
 from cogcal import CalibratedModel
 from cogcal.cli import main
+from cogcal.health import CalibrationWarning
 from cogcal.metrics import evaluate
 from cogcal.train import METHODS, get_method
 
@@ -180,3 +181,14 @@ def test_load_run_refuses_foreign_folders(tmp_path):
         cogcal.load_run(tmp_path)
     with pytest.raises(ValueError, match="`which` must be 'best' or 'last'"):
         cogcal.load_run(tmp_path, which="final")
+
+
+def test_fit_warnings_name_python_arguments_not_flags():
+    """A cogcal.fit user gets fixes in the terms of the call (`epochs`), not CLI flags."""
+    x, y = _problem()
+    with pytest.warns(CalibrationWarning) as caught:
+        result = cogcal.fit(_net(), (x, y), epochs=3, batch_size=64, lr=1e-3, progress=False)
+    messages = [str(w.message) for w in caught if w.category is CalibrationWarning]
+    assert [f.kind for f in result.health.findings][0] == "under-trained"
+    assert "leave `epochs` and `batch_size` unset" in messages[0], messages
+    assert all("--" not in m for m in messages), messages

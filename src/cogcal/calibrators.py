@@ -44,7 +44,7 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -215,6 +215,19 @@ def _column_stats(
     if 2.0 * penalty_weight > 0.1 * data_curvature:
         return None
     return mu, torch.where(sd > 1e-12 * (1.0 + mu.abs()), sd, torch.ones_like(sd))
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the call when it would be a no-op (the training step's path)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _one_hot_columns(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``onehot(labels).T / n``, shape (K, N), for the hand-written objectives, which work on
+    (K, N) logits: with few classes torch's softmax over a long contiguous dimension and
+    ``addmm`` producing it are 2.5-4x faster than over rows of K."""
+    n, k = logits.shape
+    return F.one_hot(labels, k).to(logits.dtype).T.contiguous() / n
 
 
 def _matrix_roots(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,6 +401,10 @@ class Calibrator(nn.Module):
     def _forward(self, logits: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
+    def _map(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``forward`` with ``params`` in place of the parameters (the fit's objective)."""
+        return torch.func.functional_call(self, params, (logits,))
+
     def _deviations(self) -> list[tuple[str, Any, str]]:  # pragma: no cover
         """``(parameter name, identity value, "weight" | "bias")`` for every parameter."""
         raise NotImplementedError
@@ -513,21 +530,8 @@ class Calibrator(nn.Module):
             line_search_fn="strong_wolfe",
         )
 
-        def objective() -> torch.Tensor:
-            params = self._decode(variables, stats)
-            loss = self._nll_of(torch.func.functional_call(self, params, (logits,)), labels)
-            if weight:
-                loss = loss + weight * sum((d**2).sum() for d in self._penalty_terms(params))
-            return loss
-
-        def closure() -> torch.Tensor:
-            opt.zero_grad()
-            loss = objective()
-            loss.backward()
-            return loss
-
         with torch.enable_grad():
-            opt.step(closure)
+            opt.step(self._closure(variables, stats, logits, labels, weight))
         with torch.no_grad():
             decoded = self._canonical(self._decode(variables, stats))
             solution = {k: v.detach() for k, v in decoded.items()}
@@ -535,6 +539,28 @@ class Calibrator(nn.Module):
                 getattr(self, name).copy_(value)
         self._solution = solution
         return int(opt.state[next(iter(variables.values()))].get("n_iter", 0))
+
+    def _closure(
+        self,
+        variables: dict[str, torch.Tensor],
+        stats: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        weight: float,
+    ) -> Callable[[], torch.Tensor]:
+        """The L-BFGS closure: :math:`J_\\lambda` at ``variables``, their ``.grad`` set."""
+
+        def closure() -> torch.Tensor:
+            for v in variables.values():
+                v.grad = None
+            params = self._decode(variables, stats)
+            loss = self._nll_of(self._map(logits, params), labels)
+            if weight:
+                loss = loss + weight * sum((d**2).sum() for d in self._penalty_terms(params))
+            loss.backward()
+            return loss
+
+        return closure
 
     def _folds(self, labels: torch.Tensor) -> torch.Tensor:
         if self.multilabel:
@@ -699,21 +725,10 @@ class Calibrator(nn.Module):
         return self
 
     def _check_width(self, width: int) -> None:
-        expected = getattr(self, "num_outputs", None)
-        if expected is not None and width != expected:
-            kind = "tasks" if self.multilabel else "classes"
-            raise ValueError(
-                f"`logits` has {width} columns but {type(self).__name__} was built for "
-                f"{expected} {kind}; build it with the right size or with None to take it from "
-                "fit."
-            )
+        """Refuse logits of the wrong width (a calibrator without a width takes any)."""
 
     def _require_built(self) -> None:
-        if getattr(self, "num_outputs", 0) is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no parameters yet: pass the number of classes to "
-                "the constructor or call .fit(logits, labels) first."
-            )
+        """Refuse to run before the parameters exist (a calibrator without a width has them)."""
 
 
 def _warn_separable(
@@ -810,10 +825,33 @@ class Temperature(Calibrator):
         return float(self.log_temperature.detach().exp())
 
     def _forward(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits / self.log_temperature.exp().to(logits.dtype)
+        return logits / _cast(self.log_temperature.exp(), logits.dtype)
 
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("log_temperature", 0.0, "weight")]
+
+    def _closure(
+        self,
+        variables: dict[str, torch.Tensor],
+        stats: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        weight: float,
+    ) -> Callable[[], torch.Tensor]:
+        """:math:`J_\\lambda` by hand (as :meth:`_ClassScaling._closure`): with
+        ``z' = z e^{-\\log T}``, the gradient is ``-sum(G * z') + 2 weight log T``."""
+        log_t = variables["log_temperature"]
+        onehot, z_cols = _one_hot_columns(labels, logits), logits.T.contiguous()
+
+        def closure() -> torch.Tensor:
+            z = z_cols / log_t.exp()
+            logp = torch.log_softmax(z, dim=0)
+            g = logp.exp().div_(logits.shape[0]).sub_(onehot)
+            loss = -(logp * onehot).sum() + weight * log_t**2
+            log_t.grad = 2.0 * weight * log_t - (g * z).sum()
+            return loss
+
+        return closure
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         true = logits.gather(1, labels[:, None])[:, 0]
@@ -864,6 +902,23 @@ class _LazyWidth(Calibrator):
         self._require_built()
         return super()._device()
 
+    def _check_width(self, width: int) -> None:
+        expected = self.num_outputs
+        if expected is not None and width != expected:
+            kind = "tasks" if self.multilabel else "classes"
+            raise ValueError(
+                f"`logits` has {width} columns but {type(self).__name__} was built for "
+                f"{expected} {kind}; build it with the right size or with None to take it from "
+                "fit."
+            )
+
+    def _require_built(self) -> None:
+        if self.num_outputs is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no parameters yet: pass the number of classes to "
+                "the constructor or call .fit(logits, labels) first."
+            )
+
     _width_key = "bias"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
@@ -899,7 +954,16 @@ class _AffineScaling(_LazyWidth):
 
     def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         self._require_built()
-        weight, bias = self.weight.to(logits.dtype), self.bias.to(logits.dtype)
+        return self._affine(logits, self.weight, self.bias)
+
+    def _map(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        # direct, not functional_call: the fits evaluate this hundreds of times
+        return self._affine(logits, params["weight"], params["bias"])
+
+    def _affine(
+        self, logits: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    ) -> torch.Tensor:
+        weight, bias = _cast(weight, logits.dtype), _cast(bias, logits.dtype)
         if self._full_matrix:
             return F.linear(logits, weight, bias)
         return logits * weight + bias
@@ -1030,6 +1094,68 @@ class _ClassScaling(_AffineScaling):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
+
+    def _closure(
+        self,
+        variables: dict[str, torch.Tensor],
+        stats: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        weight: float,
+    ) -> Callable[[], torch.Tensor]:
+        """:math:`J_\\lambda` and its gradient by hand, the same function as the autograd
+        closure (tests check both against it): a fit is ~400 evaluations of a small
+        objective, dominated by per-operation overhead, and this takes half the operations.
+
+        In the variables ``(v, c)`` the calibrated logits are ``x v^T + c`` (``x * v + c``
+        for a vector), ``x`` the standardised (whitened) logits; the data term's gradient
+        is ``G^T x`` and ``G 1`` with ``G = (softmax - onehot) / n``. The penalty is
+        ``weight * (|D_W|^2 + |D_b|^2)`` on the decoded ``W`` and ``b = c - W mu``, whose
+        deviations are centred projections (:meth:`_penalty_terms`), so its gradient is
+        ``2 weight D`` chained back through ``T_0 W``, ``b`` and ``W = v R``.
+        """
+        v, c = variables["weight"], variables["bias"]
+        full, n = self._full_matrix, logits.shape[0]
+        onehot = _one_hot_columns(labels, logits)
+        mu, scale = stats if stats is not None else (None, None)
+        if scale is None:
+            x = logits
+        elif isinstance(scale, tuple):
+            x = (logits - mu) @ scale[1]  # whitened: W = v S^(-1/2), symmetric
+        else:
+            x = (logits - mu) / scale
+        x_cols = x.T.contiguous()  # (K, n): see _one_hot_columns
+        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
+        identity = self._identity() if self._weights_toward_identity else 0.0
+
+        def closure() -> torch.Tensor:
+            z = torch.addmm(c[:, None], v, x_cols) if full else x_cols * v[:, None] + c[:, None]
+            logp = torch.log_softmax(z, dim=0)
+            loss = -(logp * onehot).sum()
+            g = logp.exp().div_(n).sub_(onehot)
+            grad_v, grad_c = (g @ x if full else (g * x_cols).sum(1)), g.sum(1)
+            if weight:
+                w = v if scale is None else (v @ scale[1] if full else v / scale)
+                b = c if mu is None else c - self._times(w, mu)
+                d_w = t0 * w - identity
+                if full:
+                    d_w = d_w - d_w.mean(0, keepdim=True)
+                d_b = b - b.mean()
+                loss = loss + weight * (d_w**2).sum()
+                grad_w, grad_b = (2.0 * weight * t0) * d_w, 2.0 * weight * d_b
+                if self._penalize_bias:
+                    loss = loss + weight * (d_b**2).sum()
+                    grad_c = grad_c + grad_b
+                    if mu is not None:
+                        grad_w = grad_w - (torch.outer(grad_b, mu) if full else grad_b * mu)
+                if scale is None:
+                    grad_v = grad_v + grad_w
+                else:
+                    grad_v = grad_v + (grad_w @ scale[1] if full else grad_w / scale)
+            v.grad, c.grad = grad_v, grad_c
+            return loss
+
+        return closure
 
 
 class VectorScaling(_ClassScaling):
@@ -1172,7 +1298,7 @@ class TaskTemperature(_LazyWidth):
 
     def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         self._require_built()
-        return logits / self.log_temperature.exp().to(logits.dtype)
+        return logits / _cast(self.log_temperature.exp(), logits.dtype)
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         margins = (2.0 * labels.to(logits.dtype) - 1.0) * logits

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from cogcal.health import HealthReport, diagnose
-from cogcal.train.config import AUTO_MIN_STEPS, TrainConfig
+from cogcal.train.config import AUTO_MIN_STEPS, TrainConfig, flag
 from cogcal.train.methods import Method
 
 __all__ = ["SELECTED", "advice", "run_health"]
@@ -23,16 +23,27 @@ SELECTED = "selected_by"
 
 
 def advice(config: TrainConfig, method: Method, steps: int) -> dict[str, str]:
-    """Fix sentences for each finding kind, naming the flags of ``config``'s run."""
+    """Fix sentences for each finding kind, naming the settings of ``config``'s run: as
+    flags (``--epochs``) for the command line, as arguments (`` `epochs` ``) for a
+    :func:`cogcal.fit` run (dataset ``python:``)."""
+    python = config.dataset.startswith("python:")
+
+    def n(field: str) -> str:
+        return f"`{field}`" if python else flag(field)
+
+    def setting(field: str, value: str) -> str:
+        return f"`{field}={value!r}`" if python else f"{flag(field)} {value}"
+
     lr, cal_lr = config.learning_rates()
     selected = SELECTED in config.extra
     longer = (
-        f"leave --epochs and --batch-size unset (the automatic budget gives at least "
-        f"{AUTO_MIN_STEPS} optimizer steps) or raise --epochs (now {config.epochs})"
+        f"leave {n('epochs')} and {n('batch_size')} unset (the automatic budget gives at "
+        f"least {AUTO_MIN_STEPS} optimizer steps) or raise {n('epochs')} (now {config.epochs})"
     )
     posthoc = (
-        "fit a temperature on validation data instead: --method ts (cross-entropy, then "
-        "temperature scaling), or cogcal.calibrators.Temperature in your own code"
+        f"fit a temperature on validation data instead: {setting('method', 'ts')} "
+        "(cross-entropy, then temperature scaling), or cogcal.calibrators.Temperature in "
+        "your own code"
     )
     if method.is_cog and cal_lr is not None:
         if selected:
@@ -45,21 +56,21 @@ def advice(config: TrainConfig, method: Method, steps: int) -> dict[str, str]:
         else:
             under = (
                 f"the calibrator learning rate {cal_lr:g} is too small for {steps} optimizer "
-                f"steps: raise --calibrator-lr (e.g. to {min(3 * cal_lr, 0.95 * lr):.2g}), "
-                "train longer, or leave --lr unset so that the learning rates are chosen by "
-                "validation cross-entropy"
+                f"steps: raise {n('calibrator_lr')} (e.g. to {min(3 * cal_lr, 0.95 * lr):.2g}), "
+                f"train longer, or leave {n('lr')} unset so that the learning rates are chosen "
+                "by validation cross-entropy"
             )
             over = (
-                f"lower --calibrator-lr (now {cal_lr:g}), leave --lr unset so that the "
-                f"learning rates are chosen by validation cross-entropy, or {posthoc}"
+                f"lower {n('calibrator_lr')} (now {cal_lr:g}), leave {n('lr')} unset so that "
+                f"the learning rates are chosen by validation cross-entropy, or {posthoc}"
             )
     elif method.posthoc:
         under = over = (
-            f"the post-hoc {method.posthoc} calibrator did not remove it: try --method ms "
-            "(matrix scaling) or a larger validation split"
+            f"the post-hoc {method.posthoc} calibrator did not remove it: try "
+            f"{setting('method', 'ms')} (matrix scaling) or a larger validation split"
         )
     elif method.stage2:
-        under = over = f"train the head longer (--stage2-epochs, now {config.stage2_epochs})"
+        under = over = f"train the head longer ({n('stage2_epochs')}, now {config.stage2_epochs})"
     else:
         under = over = posthoc
     return {"under-trained": longer, "under-confident": under, "over-confident": over}
