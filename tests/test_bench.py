@@ -41,9 +41,9 @@ import yaml
 from cogcal.bench import BenchSummary, budgets, check_requirements, list_suites, load_suite
 from cogcal.bench import run_bench as _run_bench
 from cogcal.bench.executor import copy_run, reuse_key
-from cogcal.bench.plan import Plan, TuneGroup
+from cogcal.bench.plan import Plan, TuneGroup, floor_epoch
 from cogcal.bench.results import metrics_rows
-from cogcal.bench.suites import family_of, floor_epoch, parse_suite
+from cogcal.bench.suites import family_of, parse_suite
 from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from cogcal.train.config import TrainConfig
 from cogcal.train.rundir import RunDir, RunRecord

@@ -34,6 +34,7 @@ the fair protocol with ``ce`` and ``cog-fc`` (and ``effect: true``):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from cogcal.bench.executor import Job
-from cogcal.bench.suites import DatasetEntry, Suite, dataset_folder, family_of
+from cogcal.bench.suites import DatasetEntry, Suite, family_of
 from cogcal.report.schema import EFFECT
-from cogcal.train.config import TrainConfig
+from cogcal.train.config import LR_FLOOR, TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.rundir import RunDir
 from cogcal.train.tuning import GridSearch, point_config, point_label, write_tables
@@ -53,13 +54,60 @@ __all__ = [
     "Blocked",
     "Plan",
     "TuneGroup",
+    "dataset_folder",
     "effect_slug",
     "effect_variant",
+    "floor_epoch",
     "tuning_method",
 ]
 
 CE_NO_SCHEDULE = "ce (no schedule)"
 CE_STEP_SCHEDULE = "ce (step schedule)"
+
+
+def floor_epoch(lr: float, schedule: str, step_size: int | None, epochs: int) -> int | None:
+    """The epoch at which a run starting at ``lr`` stops because every learning rate is
+    below the 1e-8 floor (:data:`cogcal.train.config.LR_FLOOR`), or ``None`` when that
+    does not happen within ``epochs``.
+
+    The rates are divided by 10 every ``step_size`` epochs exactly as the training loop
+    does (``torch.optim.lr_scheduler.StepLR`` multiplies by 0.1), and the loop checks the
+    floor at the start of each epoch.
+
+    >>> floor_epoch(1e-3, "step", 10, 300)   # five decades, then below: 6 steps
+    60
+    >>> floor_epoch(1e-4, "step", 100, 400) is None
+    True
+    >>> floor_epoch(1e-4, "none", None, 300) is None
+    True
+    """
+    if schedule != "step" or step_size is None:
+        return None
+    rate, decays = float(lr), 0
+    while rate >= LR_FLOOR:
+        rate *= 0.1
+        decays += 1
+    epoch = decays * step_size
+    return epoch if epoch < epochs else None
+
+
+def dataset_folder(name: str) -> str:
+    """The folder name of a suite dataset under ``runs/<protocol>/`` and
+    ``tune/<protocol>/``: a registered name as it is; a ``folder:``/``csv:``/plugin name
+    (which holds a path or a colon) as a safe slug with a short hash of the full name, so
+    two tables called ``t.csv`` in different folders never share a folder.
+
+    >>> dataset_folder("mnist1d")
+    'mnist1d'
+    >>> dataset_folder("csv:/data/wine.csv")
+    'csv-wine.csv-d17847fa'
+    """
+    if ":" not in name and "/" not in name and "\\" not in name:
+        return name
+    kind, _, rest = name.partition(":")
+    stem = Path(rest.rstrip("/\\")).name or rest
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{kind}-{stem}")
+    return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 def effect_variant(ratio: float) -> str:

@@ -1,7 +1,7 @@
 """Benchmark suites: small YAML files naming datasets, methods, seeds, budgets and grids.
 
 A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
-:func:`list_suites`) or the path of a user YAML file with the same schema::
+:func:`cogcal.bench.list_suites`) or the path of a user YAML file with the same schema::
 
     name: quick                     # optional for user files (default: the file stem)
     description: one line shown by `cogcal bench --list`
@@ -50,20 +50,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import importlib.resources
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cogcal._errors import ArgumentError
+from cogcal.bench.suite_files import read_suite
 from cogcal.data import list_datasets
 from cogcal.report.schema import PROTOCOLS
-from cogcal.train.config import LR_FLOOR, SEED_MAX, ConfigError, TrainConfig
+from cogcal.train.config import SEED_MAX, ConfigError, TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.tuning import Grid, GridSearch
 
@@ -74,13 +71,9 @@ __all__ = [
     "DatasetEntry",
     "Suite",
     "TuneSpec",
-    "dataset_folder",
     "family_of",
-    "floor_epoch",
-    "list_suites",
     "load_suite",
     "parse_suite",
-    "suite_description",
 ]
 
 
@@ -147,26 +140,6 @@ _MOVED = {
 }
 
 
-def _suites_dir() -> Any:
-    return importlib.resources.files("cogcal.bench") / "suites"
-
-
-def list_suites() -> list[str]:
-    """Return the names of the suites shipped with cogcal, sorted.
-
-    Examples
-    --------
-    >>> "quick" in list_suites()
-    True
-    """
-    names = [
-        entry.name[: -len(".yaml")]
-        for entry in _suites_dir().iterdir()
-        if entry.name.endswith(".yaml")
-    ]
-    return sorted(names)
-
-
 def family_of(method: str) -> str:
     """The budget family of a method: ``"cog"`` for COG methods, else ``"baselines"``.
 
@@ -174,51 +147,6 @@ def family_of(method: str) -> str:
     ('cog', 'baselines')
     """
     return "cog" if get_method(method).is_cog else "baselines"
-
-
-def floor_epoch(lr: float, schedule: str, step_size: int | None, epochs: int) -> int | None:
-    """The epoch at which a run starting at ``lr`` stops because every learning rate is
-    below the 1e-8 floor (:data:`cogcal.train.config.LR_FLOOR`), or ``None`` when that
-    does not happen within ``epochs``.
-
-    The rates are divided by 10 every ``step_size`` epochs exactly as the training loop
-    does (``torch.optim.lr_scheduler.StepLR`` multiplies by 0.1), and the loop checks the
-    floor at the start of each epoch.
-
-    >>> floor_epoch(1e-3, "step", 10, 300)   # five decades, then below: 6 steps
-    60
-    >>> floor_epoch(1e-4, "step", 100, 400) is None
-    True
-    >>> floor_epoch(1e-4, "none", None, 300) is None
-    True
-    """
-    if schedule != "step" or step_size is None:
-        return None
-    rate, decays = float(lr), 0
-    while rate >= LR_FLOOR:
-        rate *= 0.1
-        decays += 1
-    epoch = decays * step_size
-    return epoch if epoch < epochs else None
-
-
-def dataset_folder(name: str) -> str:
-    """The folder name of a suite dataset under ``runs/<protocol>/`` and
-    ``tune/<protocol>/``: a registered name as it is; a ``folder:``/``csv:``/plugin name
-    (which holds a path or a colon) as a safe slug with a short hash of the full name, so
-    two tables called ``t.csv`` in different folders never share a folder.
-
-    >>> dataset_folder("mnist1d")
-    'mnist1d'
-    >>> dataset_folder("csv:/data/wine.csv")
-    'csv-wine.csv-d17847fa'
-    """
-    if ":" not in name and "/" not in name and "\\" not in name:
-        return name
-    kind, _, rest = name.partition(":")
-    stem = Path(rest.rstrip("/\\")).name or rest
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{kind}-{stem}")
-    return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 class _BudgetBase:
@@ -356,19 +284,14 @@ class Suite:
         return {("budget" if k == "budgets" else k): v for k, v in fields.items()}
 
 
-def suite_description(name: str) -> str:
-    """The one-line description of a shipped suite (for ``cogcal bench --list``)."""
-    return load_suite(name).description
-
-
 def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suite:
     """Load and validate a suite by shipped name or YAML path.
 
     Parameters
     ----------
     name_or_path : str or Path
-        A name from :func:`list_suites`, or the path of a YAML file (anything ending in
-        ``.yaml``/``.yml`` or containing a path separator is treated as a path).
+        A name from :func:`cogcal.bench.list_suites`, or the path of a YAML file
+        (anything ending in ``.yaml``/``.yml`` or containing a path separator is a path).
     allow_plugins : bool, default False
         Accept ``package.module:function`` datasets (see :func:`parse_suite`).
 
@@ -389,44 +312,8 @@ def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suit
     >>> s.name, s.protocols, s.budget("paper", "ce").schedule
     ('cpu', ('paper', 'fair'), 'none')
     """
-    text, source, default_name = _read_suite_text(name_or_path)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"suite {source} is not valid YAML: {err}") from None
+    raw, source, default_name = read_suite(name_or_path)
     return parse_suite(raw, source=source, default_name=default_name, allow_plugins=allow_plugins)
-
-
-def _read_suite_text(name_or_path: str | Path) -> tuple[str, str, str]:
-    if not isinstance(name_or_path, str | Path):
-        raise ValueError(
-            f"a suite is a shipped name or a YAML path, got {type(name_or_path).__name__}."
-        )
-    text_name = str(name_or_path)
-    looks_like_path = (
-        isinstance(name_or_path, Path)
-        or text_name.endswith((".yaml", ".yml"))
-        or "/" in text_name
-        or "\\" in text_name
-    )
-    if looks_like_path:
-        path = Path(text_name).expanduser()
-        if not path.is_file():
-            raise ValueError(
-                f"suite file {str(path)!r} does not exist; pass an existing YAML file or "
-                f"one of the shipped suites: {', '.join(list_suites())}."
-            )
-        return path.read_text(encoding="utf-8"), str(path), path.stem
-    names = list_suites()
-    if text_name not in names:
-        close = difflib.get_close_matches(text_name, names, n=1, cutoff=0.4)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown suite {text_name!r}.{hint} Shipped suites: {', '.join(names)} "
-            "(or pass the path of a suite YAML file)."
-        )
-    entry = _suites_dir() / f"{text_name}.yaml"
-    return entry.read_text(encoding="utf-8"), f"{text_name!r}", text_name
 
 
 # --------------------------------------------------------------------------- validation
