@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cogcal.bench.budget import family_of
 from cogcal.bench.executor import Job
-from cogcal.bench.suites import DatasetEntry, Suite, family_of
+from cogcal.bench.suites import DatasetEntry, Suite
 from cogcal.report.schema import EFFECT
-from cogcal.train.config import LR_FLOOR, TrainConfig
+from cogcal.train.config import TrainConfig
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.rundir import RunDir
 from cogcal.train.tuning import GridSearch, point_config, point_label, write_tables
@@ -57,38 +58,11 @@ __all__ = [
     "dataset_folder",
     "effect_slug",
     "effect_variant",
-    "floor_epoch",
     "tuning_method",
 ]
 
 CE_NO_SCHEDULE = "ce (no schedule)"
 CE_STEP_SCHEDULE = "ce (step schedule)"
-
-
-def floor_epoch(lr: float, schedule: str, step_size: int | None, epochs: int) -> int | None:
-    """The epoch at which a run starting at ``lr`` stops because every learning rate is
-    below the 1e-8 floor (:data:`cogcal.train.config.LR_FLOOR`), or ``None`` when that
-    does not happen within ``epochs``.
-
-    The rates are divided by 10 every ``step_size`` epochs exactly as the training loop
-    does (``torch.optim.lr_scheduler.StepLR`` multiplies by 0.1), and the loop checks the
-    floor at the start of each epoch.
-
-    >>> floor_epoch(1e-3, "step", 10, 300)   # five decades, then below: 6 steps
-    60
-    >>> floor_epoch(1e-4, "step", 100, 400) is None
-    True
-    >>> floor_epoch(1e-4, "none", None, 300) is None
-    True
-    """
-    if schedule != "step" or step_size is None:
-        return None
-    rate, decays = float(lr), 0
-    while rate >= LR_FLOOR:
-        rate *= 0.1
-        decays += 1
-    epoch = decays * step_size
-    return epoch if epoch < epochs else None
 
 
 def dataset_folder(name: str) -> str:
@@ -336,19 +310,9 @@ class Plan:
     # -- building ------------------------------------------------------------------------
     def fields(self, protocol: str, entry: DatasetEntry, method: str) -> dict[str, Any]:
         """TrainConfig fields of ``method`` on ``entry`` in ``protocol``, without seed/out
-        (and without the learning rates when they are tuned)."""
-        budget = self.suite.budget(protocol, method)
-        return {
-            "preset": "paper",  # a field a suite leaves out keeps the paper's value (batch 256)
-            **self.suite.train,
-            **entry.train,
-            **budget.config_fields(),
-            "dataset": entry.name,
-            "model": entry.model,
-            "method": method,
-            "data_root": str(self.data_root),
-            "progress": False,
-        }
+        (and without the learning rates when they are tuned): :meth:`Suite.run_fields`."""
+        fields = self.suite.run_fields(protocol, entry, method)
+        return {**fields, "data_root": str(self.data_root), "progress": False}
 
     def _group(
         self,

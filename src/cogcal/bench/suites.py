@@ -50,47 +50,30 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cogcal._errors import ArgumentError
-from cogcal.bench.suite_files import read_suite
+from cogcal.bench.budget import BUDGET_FIELDS, FAMILIES, Budget, family_of, parse_budgets
+from cogcal.bench.suite_yaml import as_mapping, check_keys, read_suite, yaml_number
 from cogcal.data import list_datasets
 from cogcal.report.schema import PROTOCOLS
-from cogcal.train.config import SEED_MAX, ConfigError, TrainConfig
+from cogcal.train.config import SEED_MAX, TrainConfig
 from cogcal.train.methods import get_method, list_methods
-from cogcal.train.tuning import Grid, GridSearch
+from cogcal.train.tuning import Grid, GridSearch, point_config
 
 __all__ = [
-    "FAMILIES",
     "PROTOCOLS",
-    "Budget",
     "DatasetEntry",
     "Suite",
     "TuneSpec",
-    "family_of",
     "load_suite",
     "parse_suite",
 ]
 
 
-#: Method families a budget is stated for: methods without a jointly trained calibrator,
-#: and COG methods.
-FAMILIES: tuple[str, ...] = ("baselines", "cog")
-
-#: TrainConfig fields a budget sets (and that ``train`` sections may therefore not set).
-BUDGET_FIELDS: tuple[str, ...] = (
-    "epochs",
-    "schedule",
-    "step_size",
-    "patience",
-    "stage2_epochs",
-    "lr",
-    "calibrator_lr",
-)
 #: TrainConfig fields the bench sets for every run itself.
 BENCH_FIELDS: tuple[str, ...] = (
     "dataset",
@@ -122,58 +105,11 @@ _TOP_KEYS = (
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
 _DATASET_KEYS = ("model", "target", "train")
-_BUDGET_REQUIRED = ("epochs", "schedule", "patience")
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
 MAX_SEEDS = 1000
 #: The flag (and ``run_bench`` argument) that lets a suite import dataset plugins.
 PLUGIN_FLAG = "--allow-plugins"
-
-#: Keys of the earlier suite schema, with what replaced them.
-_MOVED = {
-    "paper_baseline_lr": "the paper's baseline learning rate is now budget.paper.baselines.lr",
-    "method_train": "per-method overrides are gone: budgets are stated per family under "
-    "budget.<protocol> (see docs/bench.md)",
-    "cog": "COG grids are now tune.lrs x tune.ratios (log-spaced lists)",
-    "baseline": "the baselines' grid is now tune.baseline_lrs (a log-spaced list)",
-    "reuse": "reuse is now a top-level key (reuse: true)",
-}
-
-
-def family_of(method: str) -> str:
-    """The budget family of a method: ``"cog"`` for COG methods, else ``"baselines"``.
-
-    >>> family_of("cog-ts"), family_of("ts")
-    ('cog', 'baselines')
-    """
-    return "cog" if get_method(method).is_cog else "baselines"
-
-
-class _BudgetBase:
-    """What a :class:`Budget` adds to its TrainConfig fields."""
-
-    @property
-    def tuned(self) -> bool:
-        """Whether the family's learning rates are tuned (no fixed ``lr``)."""
-        return self.lr is None  # type: ignore[attr-defined]
-
-    def config_fields(self) -> dict[str, Any]:
-        """The TrainConfig fields this budget sets (``patience`` even when None: off)."""
-        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {k: v for k, v in fields.items() if v is not None or k == "patience"}
-
-
-_HINTS = typing.get_type_hints(TrainConfig)
-#: The training budget of one method family in one protocol (see docs/bench.md): the
-#: TrainConfig fields of :data:`BUDGET_FIELDS`, with their types, None where not stated
-#: (``lr`` None: tuned; ``stage2_epochs`` None: the family has no TST / V-TST head).
-Budget = dataclasses.make_dataclass(
-    "Budget",
-    [(name, _HINTS[name] | None, field(default=None)) for name in BUDGET_FIELDS],
-    bases=(_BudgetBase,),
-    frozen=True,
-)
-Budget.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -273,6 +209,20 @@ class Suite:
         """The budget of ``method`` in ``protocol``."""
         return self.budgets[protocol][family_of(method)]
 
+    def run_fields(self, protocol: str, entry: DatasetEntry, method: str) -> dict[str, Any]:
+        """TrainConfig fields of ``method`` on ``entry`` in ``protocol``: the ``train``
+        sections, the budget (without the learning rates when they are tuned), the dataset,
+        model and method (no seed, out or data root)."""
+        return {
+            "preset": "paper",  # a field a suite leaves out keeps the paper's value (batch 256)
+            **self.train,
+            **entry.train,
+            **self.budget(protocol, method).config_fields(),
+            "dataset": entry.name,
+            "model": entry.model,
+            "method": method,
+        }
+
     @property
     def allow_fast_calibrator(self) -> bool:
         return bool(self.train.get("allow_fast_calibrator", False))
@@ -317,26 +267,6 @@ def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suit
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _unknown_keys(d: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    for key in d:
-        if key not in allowed:
-            if key in _MOVED:
-                raise ValueError(f"{where}: {key!r} is no longer a suite key: {_MOVED[key]}.")
-            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(allowed)}."
-            )
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a mapping (key: value), got {type(value).__name__}.")
-    return {str(k): v for k, v in value.items()}
 
 
 def _check_seeds(value: Any, where: str) -> tuple[int, ...]:
@@ -388,17 +318,6 @@ def _check_protocols(value: Any, where: str) -> tuple[str, ...]:
     return tuple(p for p in PROTOCOLS if p in out)
 
 
-def _yaml_number(value: Any) -> Any:
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number it is (anything
-    else is left for the validators to refuse)."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
-
-
 def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     value = d.get(key, default)
     if not isinstance(value, bool):
@@ -408,7 +327,7 @@ def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
 
 def _check_train(value: Any, where: str) -> dict[str, Any]:
     """A ``train`` section: TrainConfig fields, never budget or bench-owned ones."""
-    d = _mapping(value, where)
+    d = as_mapping(value, where)
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     allowed = [n for n in names if n not in BUDGET_FIELDS and n not in BENCH_FIELDS]
     for key in d:
@@ -423,88 +342,12 @@ def _check_train(value: Any, where: str) -> dict[str, Any]:
                 + (" (give a dataset's model as datasets.<name>.model)" if key == "model" else "")
                 + "."
             )
-    _unknown_keys(d, allowed, where)
+    check_keys(d, allowed, where)
     try:  # types and values: the TrainConfig rules
         TrainConfig.from_dict(d)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     return d
-
-
-def _check_budget(value: Any, where: str, *, protocol: str, family: str) -> Budget:
-    """One family's budget: the keys it may state here, then TrainConfig's rules."""
-    d = _mapping(value, where)
-    allowed = ["epochs", "schedule", "step_size", "patience"]
-    if family == "baselines":
-        allowed.append("stage2_epochs")
-    if protocol == "paper":
-        allowed.append("lr")
-        if family == "cog":
-            allowed.append("calibrator_lr")
-    for key in ("lr", "calibrator_lr"):
-        if key in d and key not in allowed:
-            raise ValueError(
-                f"{where}: {key!r} cannot be fixed here: "
-                + (
-                    "the fair protocol tunes every method's learning rates (tune.lrs, "
-                    "tune.ratios, tune.baseline_lrs)."
-                    if protocol == "fair"
-                    else "baselines have one learning rate (lr)."
-                )
-            )
-    if "stage2_epochs" in d and family == "cog":
-        raise ValueError(f"{where}: 'stage2_epochs' applies to the TST / V-TST baselines only.")
-    _unknown_keys(d, allowed, where)
-    missing = [k for k in _BUDGET_REQUIRED if k not in d or (d[k] is None and k != "patience")]
-    if missing:
-        raise ValueError(
-            f"{where} must state {', '.join(missing)} (a budget is never implied; write "
-            "patience: null for no early stopping)."
-        )
-    if d["patience"] in (False, "none", "off"):
-        d["patience"] = None
-    d.update({k: _yaml_number(d[k]) for k in ("lr", "calibrator_lr") if k in d})
-    try:  # types and values: the TrainConfig rules (the hierarchy is checked per run)
-        method = "cog-fc" if family == "cog" else "ce"
-        TrainConfig(method=method, preset="paper", allow_fast_calibrator=True, **d)
-    except ConfigError as err:
-        raise ValueError(f"{where}: {err}") from None
-    if d["schedule"] == "step" and d.get("step_size") is None:
-        raise ValueError(f"{where}: schedule step needs step_size (epochs per division by 10).")
-    if d["schedule"] != "step" and d.get("step_size") is not None:
-        raise ValueError(f"{where}: step_size applies to schedule step only (schedule is none).")
-    if "calibrator_lr" in d and "lr" not in d:
-        raise ValueError(f"{where}: calibrator_lr is fixed only together with lr.")
-    return Budget(**d)
-
-
-def _check_budgets(value: Any, where: str) -> dict[str, dict[str, Budget]]:
-    d = _mapping(value, where)
-    _unknown_keys(d, PROTOCOLS, where)
-    out: dict[str, dict[str, Budget]] = {}
-    for protocol, spec in d.items():
-        if protocol == "fair":  # one budget for every method
-            spec_map = _mapping(spec, f"{where}.fair")
-            if set(spec_map) & set(FAMILIES):
-                raise ValueError(
-                    f"{where}.fair is one budget for every method (the fair protocol gives "
-                    "every method the same schedule, step size and epochs); write its fields "
-                    "directly under budget.fair, not per family."
-                )
-            base = _check_budget(spec_map, f"{where}.fair", protocol="fair", family="baselines")
-            cog = dataclasses.replace(base, stage2_epochs=None)
-            out["fair"] = {"baselines": base, "cog": cog}
-            continue
-        fams = _mapping(spec, f"{where}.{protocol}")
-        _unknown_keys(fams, FAMILIES, f"{where}.{protocol}")
-        out[protocol] = {
-            fam: _check_budget(
-                fams[fam], f"{where}.{protocol}.{fam}", protocol=protocol, family=fam
-            )
-            for fam in FAMILIES
-            if fam in fams
-        }
-    return out
 
 
 def _check_budgets_cover(suite: Suite, where: str) -> None:
@@ -549,8 +392,8 @@ def _check_budgets_cover(suite: Suite, where: str) -> None:
 def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     """The grids: the :class:`~cogcal.train.tuning.Grid` rules (positive, log-spaced,
     ratios < 1), whose axes come back sorted."""
-    d = _mapping(value, where)
-    _unknown_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
+    d = as_mapping(value, where)
+    check_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
     seed = d.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
@@ -558,7 +401,7 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     if isinstance(max_ext, bool) or not isinstance(max_ext, int) or max_ext < 0:
         raise ValueError(f"{where}.max_extensions must be an integer >= 0, got {max_ext!r}.")
     axes = {
-        key: tuple(map(_yaml_number, v)) if isinstance(v, list) else v
+        key: tuple(map(yaml_number, v)) if isinstance(v, list) else v
         for key, v in d.items()
         if key in ("lrs", "ratios", "baseline_lrs")
     }
@@ -605,19 +448,19 @@ def parse_suite(
         plugin dataset without ``allow_plugins``.
     """
     where = f"suite {source}"
-    d = _mapping(raw, where)
-    _unknown_keys(d, _TOP_KEYS, where)
+    d = as_mapping(raw, where)
+    check_keys(d, _TOP_KEYS, where)
     for key in _REQUIRED_TOP:
         if key not in d:
             raise ValueError(f"{where} lacks the required key {key!r}.")
 
     name = str(d.get("name") or default_name)
     description = str(d.get("description") or "")
-    requires = _mapping(d.get("requires"), f"{where}: requires")
-    _unknown_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
+    requires = as_mapping(d.get("requires"), f"{where}: requires")
+    check_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
     requires_gpu = _flag(requires, "gpu", False, f"{where}: requires.")
 
-    datasets_raw = _mapping(d["datasets"], f"{where}: datasets")
+    datasets_raw = as_mapping(d["datasets"], f"{where}: datasets")
     if not datasets_raw:
         raise ValueError(f"{where}: datasets is empty; name at least one dataset.")
     datasets = [
@@ -650,7 +493,7 @@ def parse_suite(
         seeds=_check_seeds(d.get("seeds", 3), f"{where}: seeds"),
         protocols=_check_protocols(d.get("protocols", list(PROTOCOLS)), f"{where}: protocols"),
         train=train,
-        budgets=_check_budgets(d["budget"], f"{where}: budget"),
+        budgets=parse_budgets(d["budget"], f"{where}: budget"),
         tune=_check_tune(d.get("tune"), f"{where}: tune", allow_fast),
         reuse=_flag(d, "reuse", True, f"{where}: "),
         effect=_flag(d, "effect", True, f"{where}: "),
@@ -666,8 +509,8 @@ def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> 
     """One ``datasets`` entry: its name (a plugin only with ``allow_plugins``), model,
     ``target`` (csv: datasets) and ``train`` fields. Nothing is imported or loaded."""
     here = f"{where}.{name}"
-    o = _mapping(opts, here)
-    _unknown_keys(o, _DATASET_KEYS, here)
+    o = as_mapping(opts, here)
+    check_keys(o, _DATASET_KEYS, here)
     if _is_plugin(name) and not allow_plugins:
         module, _, function = name.strip().partition(":")
         raise ValueError(
@@ -707,28 +550,17 @@ def _is_plugin(name: str) -> bool:
 
 def _check_configs(suite: Suite, where: str) -> None:
     """Build the TrainConfig of every (protocol, dataset, method), at a grid point when
-    tuned, so that an invalid combination is refused before anything runs."""
+    tuned (the fields the plan runs), so that an invalid combination is refused before
+    anything runs."""
     for protocol in suite.protocols:
         for entry in suite.datasets:
             for method in suite.methods:
-                budget = suite.budget(protocol, method)
-                fields = {
-                    **suite.train,
-                    **entry.train,
-                    **budget.config_fields(),
-                    "dataset": entry.name,
-                    "model": entry.model,
-                    "method": method,
-                }
-                if budget.tuned:
-                    family = family_of(method)
+                fields = suite.run_fields(protocol, entry, method)
+                if suite.budget(protocol, method).tuned:
                     grid = suite.tune.grid(
-                        family, allow_fast_calibrator=suite.allow_fast_calibrator
+                        family_of(method), allow_fast_calibrator=suite.allow_fast_calibrator
                     )
-                    point = grid.points()[-1]
-                    fields["lr"] = point["lr"]
-                    if "ratio" in point:
-                        fields["calibrator_lr"] = point["lr"] * point["ratio"]
+                    fields.update(point_config(grid.points()[-1]))
                 try:
                     TrainConfig.from_dict(fields)
                 except ValueError as err:

@@ -1,19 +1,32 @@
-"""Suite files: the YAML files shipped in ``cogcal/bench/suites/`` and user paths.
+"""Suite YAML: the files shipped in ``cogcal/bench/suites/`` or given by path, and the
+structural checks every section of a suite shares.
 
 :func:`read_suite` finds a suite by shipped name or path and reads its YAML;
-:func:`cogcal.bench.suites.parse_suite` validates what it returns.
+:func:`cogcal.bench.suites.parse_suite` validates what it returns, section by section,
+with :func:`as_mapping`, :func:`check_keys` and :func:`yaml_number`.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.resources
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["list_suites", "read_suite"]
+__all__ = ["as_mapping", "check_keys", "list_suites", "read_suite", "yaml_number"]
+
+#: Keys of the earlier suite schema, with what replaced them.
+_MOVED = {
+    "paper_baseline_lr": "the paper's baseline learning rate is now budget.paper.baselines.lr",
+    "method_train": "per-method overrides are gone: budgets are stated per family under "
+    "budget.<protocol> (see docs/bench.md)",
+    "cog": "COG grids are now tune.lrs x tune.ratios (log-spaced lists)",
+    "baseline": "the baselines' grid is now tune.baseline_lrs (a log-spaced list)",
+    "reuse": "reuse is now a top-level key (reuse: true)",
+}
 
 
 def _suites_dir() -> Any:
@@ -85,3 +98,40 @@ def read_suite(name_or_path: str | Path) -> tuple[Any, str, str]:
     except yaml.YAMLError as err:
         raise ValueError(f"suite {source} is not valid YAML: {err}") from None
     return raw, source, default_name
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def check_keys(d: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse a key of ``d`` (a section at ``where``) not in ``allowed``: the message
+    suggests the closest allowed key, or says what replaced a key of the earlier schema."""
+    for key in d:
+        if key not in allowed:
+            if key in _MOVED:
+                raise ValueError(f"{where}: {key!r} is no longer a suite key: {_MOVED[key]}.")
+            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(allowed)}."
+            )
+
+
+def as_mapping(value: Any, where: str) -> dict[str, Any]:
+    """A section as a dict with string keys (``None``, an empty section: ``{}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a mapping (key: value), got {type(value).__name__}.")
+    return {str(k): v for k, v in value.items()}
+
+
+def yaml_number(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number it is (anything
+    else is left for the validators to refuse)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
