@@ -43,7 +43,8 @@ Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, 
 and every planned run are checked by building their ``TrainConfig``, whose error is
 reported once with the suite key it came from; this module checks only the suite's own
 structure (keys, families, protocols, seeds, grids). Unknown keys anywhere raise
-``ValueError`` naming the key and the allowed ones.
+``ValueError`` naming the key and the allowed ones. Budgets are parsed by
+:mod:`cogcal.bench.budget`; suite files are found and read by :mod:`cogcal.bench.suite_yaml`.
 """
 
 from __future__ import annotations
