@@ -40,10 +40,11 @@ import yaml
 
 from cogcal.bench import BenchSummary, budgets, check_requirements, list_suites, load_suite
 from cogcal.bench import run_bench as _run_bench
+from cogcal.bench.budget import family_of, floor_epoch
 from cogcal.bench.executor import copy_run, reuse_key
 from cogcal.bench.plan import Plan, TuneGroup
 from cogcal.bench.results import metrics_rows
-from cogcal.bench.suites import family_of, floor_epoch, parse_suite
+from cogcal.bench.suites import parse_suite
 from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from cogcal.train.config import TrainConfig
 from cogcal.train.rundir import RunDir, RunRecord
@@ -288,7 +289,8 @@ def test_floor_epoch_matches_the_loop_rule():
 def test_budget_and_bench_fields_are_trainconfig_fields():
     import dataclasses
 
-    from cogcal.bench.suites import BENCH_FIELDS, BUDGET_FIELDS, Budget
+    from cogcal.bench.budget import BUDGET_FIELDS, Budget
+    from cogcal.bench.suites import BENCH_FIELDS
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     assert set(BUDGET_FIELDS) <= names and set(BENCH_FIELDS) <= names

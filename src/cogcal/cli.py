@@ -202,11 +202,11 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from cogcal.bench import run_bench, suites  # start-up cost (see the imports)
+    from cogcal.bench import list_suites, load_suite, run_bench  # start-up cost (see the imports)
 
     if args.list:
-        for name in suites.list_suites():
-            print(f"{name:16s} {suites.suite_description(name)}")
+        for name in list_suites():
+            print(f"{name:16s} {load_suite(name).description}")
         return 0
     protocols = None
     if args.protocol is not None:

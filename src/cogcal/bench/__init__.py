@@ -39,18 +39,12 @@ import torch
 import cogcal
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
+from cogcal.bench.budget import FAMILIES, family_of, floor_epoch
 from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool, check_reachable
 from cogcal.bench.plan import Blocked, Plan, tuning_method
 from cogcal.bench.results import write_tables
-from cogcal.bench.suites import (
-    FAMILIES,
-    PROTOCOLS,
-    Suite,
-    family_of,
-    floor_epoch,
-    list_suites,
-    load_suite,
-)
+from cogcal.bench.suite_yaml import list_suites
+from cogcal.bench.suites import PROTOCOLS, Suite, load_suite
 from cogcal.data import load_dataset
 from cogcal.models import create_model
 from cogcal.train.methods import METHODS, get_method

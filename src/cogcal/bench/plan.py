@@ -34,14 +34,16 @@ the fair protocol with ``ce`` and ``cog-fc`` (and ``effect: true``):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cogcal.bench.budget import family_of
 from cogcal.bench.executor import Job
-from cogcal.bench.suites import DatasetEntry, Suite, dataset_folder, family_of
+from cogcal.bench.suites import DatasetEntry, Suite
 from cogcal.report.schema import EFFECT
 from cogcal.train.config import TrainConfig
 from cogcal.train.methods import get_method, list_methods
@@ -53,6 +55,7 @@ __all__ = [
     "Blocked",
     "Plan",
     "TuneGroup",
+    "dataset_folder",
     "effect_slug",
     "effect_variant",
     "tuning_method",
@@ -60,6 +63,25 @@ __all__ = [
 
 CE_NO_SCHEDULE = "ce (no schedule)"
 CE_STEP_SCHEDULE = "ce (step schedule)"
+
+
+def dataset_folder(name: str) -> str:
+    """The folder name of a suite dataset under ``runs/<protocol>/`` and
+    ``tune/<protocol>/``: a registered name as it is; a ``folder:``/``csv:``/plugin name
+    (which holds a path or a colon) as a safe slug with a short hash of the full name, so
+    two tables called ``t.csv`` in different folders never share a folder.
+
+    >>> dataset_folder("mnist1d")
+    'mnist1d'
+    >>> dataset_folder("csv:/data/wine.csv")
+    'csv-wine.csv-d17847fa'
+    """
+    if ":" not in name and "/" not in name and "\\" not in name:
+        return name
+    kind, _, rest = name.partition(":")
+    stem = Path(rest.rstrip("/\\")).name or rest
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{kind}-{stem}")
+    return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 def effect_variant(ratio: float) -> str:
@@ -288,19 +310,9 @@ class Plan:
     # -- building ------------------------------------------------------------------------
     def fields(self, protocol: str, entry: DatasetEntry, method: str) -> dict[str, Any]:
         """TrainConfig fields of ``method`` on ``entry`` in ``protocol``, without seed/out
-        (and without the learning rates when they are tuned)."""
-        budget = self.suite.budget(protocol, method)
-        return {
-            "preset": "paper",  # a field a suite leaves out keeps the paper's value (batch 256)
-            **self.suite.train,
-            **entry.train,
-            **budget.config_fields(),
-            "dataset": entry.name,
-            "model": entry.model,
-            "method": method,
-            "data_root": str(self.data_root),
-            "progress": False,
-        }
+        (and without the learning rates when they are tuned): :meth:`Suite.run_fields`."""
+        fields = self.suite.run_fields(protocol, entry, method)
+        return {**fields, "data_root": str(self.data_root), "progress": False}
 
     def _group(
         self,

@@ -1,7 +1,7 @@
 """Benchmark suites: small YAML files naming datasets, methods, seeds, budgets and grids.
 
 A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
-:func:`list_suites`) or the path of a user YAML file with the same schema::
+:func:`cogcal.bench.list_suites`) or the path of a user YAML file with the same schema::
 
     name: quick                     # optional for user files (default: the file stem)
     description: one line shown by `cogcal bench --list`
@@ -43,61 +43,38 @@ Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, 
 and every planned run are checked by building their ``TrainConfig``, whose error is
 reported once with the suite key it came from; this module checks only the suite's own
 structure (keys, families, protocols, seeds, grids). Unknown keys anywhere raise
-``ValueError`` naming the key and the allowed ones.
+``ValueError`` naming the key and the allowed ones. Budgets are parsed by
+:mod:`cogcal.bench.budget`; suite files are found and read by :mod:`cogcal.bench.suite_yaml`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import importlib.resources
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cogcal._errors import ArgumentError
+from cogcal.bench.budget import BUDGET_FIELDS, FAMILIES, Budget, family_of, parse_budgets
+from cogcal.bench.suite_yaml import as_mapping, check_keys, read_suite, yaml_number
 from cogcal.data import list_datasets
 from cogcal.report.schema import PROTOCOLS
-from cogcal.train.config import LR_FLOOR, SEED_MAX, ConfigError, TrainConfig
+from cogcal.train.config import SEED_MAX, TrainConfig
 from cogcal.train.methods import get_method, list_methods
-from cogcal.train.tuning import Grid, GridSearch
+from cogcal.train.tuning import Grid, GridSearch, point_config
 
 __all__ = [
-    "FAMILIES",
     "PROTOCOLS",
-    "Budget",
     "DatasetEntry",
     "Suite",
     "TuneSpec",
-    "dataset_folder",
-    "family_of",
-    "floor_epoch",
-    "list_suites",
     "load_suite",
     "parse_suite",
-    "suite_description",
 ]
 
 
-#: Method families a budget is stated for: methods without a jointly trained calibrator,
-#: and COG methods.
-FAMILIES: tuple[str, ...] = ("baselines", "cog")
-
-#: TrainConfig fields a budget sets (and that ``train`` sections may therefore not set).
-BUDGET_FIELDS: tuple[str, ...] = (
-    "epochs",
-    "schedule",
-    "step_size",
-    "patience",
-    "stage2_epochs",
-    "lr",
-    "calibrator_lr",
-)
 #: TrainConfig fields the bench sets for every run itself.
 BENCH_FIELDS: tuple[str, ...] = (
     "dataset",
@@ -129,123 +106,11 @@ _TOP_KEYS = (
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
 _DATASET_KEYS = ("model", "target", "train")
-_BUDGET_REQUIRED = ("epochs", "schedule", "patience")
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
 MAX_SEEDS = 1000
 #: The flag (and ``run_bench`` argument) that lets a suite import dataset plugins.
 PLUGIN_FLAG = "--allow-plugins"
-
-#: Keys of the earlier suite schema, with what replaced them.
-_MOVED = {
-    "paper_baseline_lr": "the paper's baseline learning rate is now budget.paper.baselines.lr",
-    "method_train": "per-method overrides are gone: budgets are stated per family under "
-    "budget.<protocol> (see docs/bench.md)",
-    "cog": "COG grids are now tune.lrs x tune.ratios (log-spaced lists)",
-    "baseline": "the baselines' grid is now tune.baseline_lrs (a log-spaced list)",
-    "reuse": "reuse is now a top-level key (reuse: true)",
-}
-
-
-def _suites_dir() -> Any:
-    return importlib.resources.files("cogcal.bench") / "suites"
-
-
-def list_suites() -> list[str]:
-    """Return the names of the suites shipped with cogcal, sorted.
-
-    Examples
-    --------
-    >>> "quick" in list_suites()
-    True
-    """
-    names = [
-        entry.name[: -len(".yaml")]
-        for entry in _suites_dir().iterdir()
-        if entry.name.endswith(".yaml")
-    ]
-    return sorted(names)
-
-
-def family_of(method: str) -> str:
-    """The budget family of a method: ``"cog"`` for COG methods, else ``"baselines"``.
-
-    >>> family_of("cog-ts"), family_of("ts")
-    ('cog', 'baselines')
-    """
-    return "cog" if get_method(method).is_cog else "baselines"
-
-
-def floor_epoch(lr: float, schedule: str, step_size: int | None, epochs: int) -> int | None:
-    """The epoch at which a run starting at ``lr`` stops because every learning rate is
-    below the 1e-8 floor (:data:`cogcal.train.config.LR_FLOOR`), or ``None`` when that
-    does not happen within ``epochs``.
-
-    The rates are divided by 10 every ``step_size`` epochs exactly as the training loop
-    does (``torch.optim.lr_scheduler.StepLR`` multiplies by 0.1), and the loop checks the
-    floor at the start of each epoch.
-
-    >>> floor_epoch(1e-3, "step", 10, 300)   # five decades, then below: 6 steps
-    60
-    >>> floor_epoch(1e-4, "step", 100, 400) is None
-    True
-    >>> floor_epoch(1e-4, "none", None, 300) is None
-    True
-    """
-    if schedule != "step" or step_size is None:
-        return None
-    rate, decays = float(lr), 0
-    while rate >= LR_FLOOR:
-        rate *= 0.1
-        decays += 1
-    epoch = decays * step_size
-    return epoch if epoch < epochs else None
-
-
-def dataset_folder(name: str) -> str:
-    """The folder name of a suite dataset under ``runs/<protocol>/`` and
-    ``tune/<protocol>/``: a registered name as it is; a ``folder:``/``csv:``/plugin name
-    (which holds a path or a colon) as a safe slug with a short hash of the full name, so
-    two tables called ``t.csv`` in different folders never share a folder.
-
-    >>> dataset_folder("mnist1d")
-    'mnist1d'
-    >>> dataset_folder("csv:/data/wine.csv")
-    'csv-wine.csv-d17847fa'
-    """
-    if ":" not in name and "/" not in name and "\\" not in name:
-        return name
-    kind, _, rest = name.partition(":")
-    stem = Path(rest.rstrip("/\\")).name or rest
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{kind}-{stem}")
-    return f"{safe}-{hashlib.sha1(name.encode('utf-8')).hexdigest()[:8]}"
-
-
-class _BudgetBase:
-    """What a :class:`Budget` adds to its TrainConfig fields."""
-
-    @property
-    def tuned(self) -> bool:
-        """Whether the family's learning rates are tuned (no fixed ``lr``)."""
-        return self.lr is None  # type: ignore[attr-defined]
-
-    def config_fields(self) -> dict[str, Any]:
-        """The TrainConfig fields this budget sets (``patience`` even when None: off)."""
-        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
-        return {k: v for k, v in fields.items() if v is not None or k == "patience"}
-
-
-_HINTS = typing.get_type_hints(TrainConfig)
-#: The training budget of one method family in one protocol (see docs/bench.md): the
-#: TrainConfig fields of :data:`BUDGET_FIELDS`, with their types, None where not stated
-#: (``lr`` None: tuned; ``stage2_epochs`` None: the family has no TST / V-TST head).
-Budget = dataclasses.make_dataclass(
-    "Budget",
-    [(name, _HINTS[name] | None, field(default=None)) for name in BUDGET_FIELDS],
-    bases=(_BudgetBase,),
-    frozen=True,
-)
-Budget.__module__ = __name__
 
 
 @dataclass(frozen=True)
@@ -345,6 +210,20 @@ class Suite:
         """The budget of ``method`` in ``protocol``."""
         return self.budgets[protocol][family_of(method)]
 
+    def run_fields(self, protocol: str, entry: DatasetEntry, method: str) -> dict[str, Any]:
+        """TrainConfig fields of ``method`` on ``entry`` in ``protocol``: the ``train``
+        sections, the budget (without the learning rates when they are tuned), the dataset,
+        model and method (no seed, out or data root)."""
+        return {
+            "preset": "paper",  # a field a suite leaves out keeps the paper's value (batch 256)
+            **self.train,
+            **entry.train,
+            **self.budget(protocol, method).config_fields(),
+            "dataset": entry.name,
+            "model": entry.model,
+            "method": method,
+        }
+
     @property
     def allow_fast_calibrator(self) -> bool:
         return bool(self.train.get("allow_fast_calibrator", False))
@@ -356,19 +235,14 @@ class Suite:
         return {("budget" if k == "budgets" else k): v for k, v in fields.items()}
 
 
-def suite_description(name: str) -> str:
-    """The one-line description of a shipped suite (for ``cogcal bench --list``)."""
-    return load_suite(name).description
-
-
 def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suite:
     """Load and validate a suite by shipped name or YAML path.
 
     Parameters
     ----------
     name_or_path : str or Path
-        A name from :func:`list_suites`, or the path of a YAML file (anything ending in
-        ``.yaml``/``.yml`` or containing a path separator is treated as a path).
+        A name from :func:`cogcal.bench.list_suites`, or the path of a YAML file
+        (anything ending in ``.yaml``/``.yml`` or containing a path separator is a path).
     allow_plugins : bool, default False
         Accept ``package.module:function`` datasets (see :func:`parse_suite`).
 
@@ -389,67 +263,11 @@ def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suit
     >>> s.name, s.protocols, s.budget("paper", "ce").schedule
     ('cpu', ('paper', 'fair'), 'none')
     """
-    text, source, default_name = _read_suite_text(name_or_path)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"suite {source} is not valid YAML: {err}") from None
+    raw, source, default_name = read_suite(name_or_path)
     return parse_suite(raw, source=source, default_name=default_name, allow_plugins=allow_plugins)
 
 
-def _read_suite_text(name_or_path: str | Path) -> tuple[str, str, str]:
-    if not isinstance(name_or_path, str | Path):
-        raise ValueError(
-            f"a suite is a shipped name or a YAML path, got {type(name_or_path).__name__}."
-        )
-    text_name = str(name_or_path)
-    looks_like_path = (
-        isinstance(name_or_path, Path)
-        or text_name.endswith((".yaml", ".yml"))
-        or "/" in text_name
-        or "\\" in text_name
-    )
-    if looks_like_path:
-        path = Path(text_name).expanduser()
-        if not path.is_file():
-            raise ValueError(
-                f"suite file {str(path)!r} does not exist; pass an existing YAML file or "
-                f"one of the shipped suites: {', '.join(list_suites())}."
-            )
-        return path.read_text(encoding="utf-8"), str(path), path.stem
-    names = list_suites()
-    if text_name not in names:
-        close = difflib.get_close_matches(text_name, names, n=1, cutoff=0.4)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"unknown suite {text_name!r}.{hint} Shipped suites: {', '.join(names)} "
-            "(or pass the path of a suite YAML file)."
-        )
-    entry = _suites_dir() / f"{text_name}.yaml"
-    return entry.read_text(encoding="utf-8"), f"{text_name!r}", text_name
-
-
 # --------------------------------------------------------------------------- validation
-
-
-def _unknown_keys(d: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    for key in d:
-        if key not in allowed:
-            if key in _MOVED:
-                raise ValueError(f"{where}: {key!r} is no longer a suite key: {_MOVED[key]}.")
-            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(allowed)}."
-            )
-
-
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a mapping (key: value), got {type(value).__name__}.")
-    return {str(k): v for k, v in value.items()}
 
 
 def _check_seeds(value: Any, where: str) -> tuple[int, ...]:
@@ -501,17 +319,6 @@ def _check_protocols(value: Any, where: str) -> tuple[str, ...]:
     return tuple(p for p in PROTOCOLS if p in out)
 
 
-def _yaml_number(value: Any) -> Any:
-    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number it is (anything
-    else is left for the validators to refuse)."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    return value
-
-
 def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     value = d.get(key, default)
     if not isinstance(value, bool):
@@ -521,7 +328,7 @@ def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
 
 def _check_train(value: Any, where: str) -> dict[str, Any]:
     """A ``train`` section: TrainConfig fields, never budget or bench-owned ones."""
-    d = _mapping(value, where)
+    d = as_mapping(value, where)
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     allowed = [n for n in names if n not in BUDGET_FIELDS and n not in BENCH_FIELDS]
     for key in d:
@@ -536,88 +343,12 @@ def _check_train(value: Any, where: str) -> dict[str, Any]:
                 + (" (give a dataset's model as datasets.<name>.model)" if key == "model" else "")
                 + "."
             )
-    _unknown_keys(d, allowed, where)
+    check_keys(d, allowed, where)
     try:  # types and values: the TrainConfig rules
         TrainConfig.from_dict(d)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     return d
-
-
-def _check_budget(value: Any, where: str, *, protocol: str, family: str) -> Budget:
-    """One family's budget: the keys it may state here, then TrainConfig's rules."""
-    d = _mapping(value, where)
-    allowed = ["epochs", "schedule", "step_size", "patience"]
-    if family == "baselines":
-        allowed.append("stage2_epochs")
-    if protocol == "paper":
-        allowed.append("lr")
-        if family == "cog":
-            allowed.append("calibrator_lr")
-    for key in ("lr", "calibrator_lr"):
-        if key in d and key not in allowed:
-            raise ValueError(
-                f"{where}: {key!r} cannot be fixed here: "
-                + (
-                    "the fair protocol tunes every method's learning rates (tune.lrs, "
-                    "tune.ratios, tune.baseline_lrs)."
-                    if protocol == "fair"
-                    else "baselines have one learning rate (lr)."
-                )
-            )
-    if "stage2_epochs" in d and family == "cog":
-        raise ValueError(f"{where}: 'stage2_epochs' applies to the TST / V-TST baselines only.")
-    _unknown_keys(d, allowed, where)
-    missing = [k for k in _BUDGET_REQUIRED if k not in d or (d[k] is None and k != "patience")]
-    if missing:
-        raise ValueError(
-            f"{where} must state {', '.join(missing)} (a budget is never implied; write "
-            "patience: null for no early stopping)."
-        )
-    if d["patience"] in (False, "none", "off"):
-        d["patience"] = None
-    d.update({k: _yaml_number(d[k]) for k in ("lr", "calibrator_lr") if k in d})
-    try:  # types and values: the TrainConfig rules (the hierarchy is checked per run)
-        method = "cog-fc" if family == "cog" else "ce"
-        TrainConfig(method=method, preset="paper", allow_fast_calibrator=True, **d)
-    except ConfigError as err:
-        raise ValueError(f"{where}: {err}") from None
-    if d["schedule"] == "step" and d.get("step_size") is None:
-        raise ValueError(f"{where}: schedule step needs step_size (epochs per division by 10).")
-    if d["schedule"] != "step" and d.get("step_size") is not None:
-        raise ValueError(f"{where}: step_size applies to schedule step only (schedule is none).")
-    if "calibrator_lr" in d and "lr" not in d:
-        raise ValueError(f"{where}: calibrator_lr is fixed only together with lr.")
-    return Budget(**d)
-
-
-def _check_budgets(value: Any, where: str) -> dict[str, dict[str, Budget]]:
-    d = _mapping(value, where)
-    _unknown_keys(d, PROTOCOLS, where)
-    out: dict[str, dict[str, Budget]] = {}
-    for protocol, spec in d.items():
-        if protocol == "fair":  # one budget for every method
-            spec_map = _mapping(spec, f"{where}.fair")
-            if set(spec_map) & set(FAMILIES):
-                raise ValueError(
-                    f"{where}.fair is one budget for every method (the fair protocol gives "
-                    "every method the same schedule, step size and epochs); write its fields "
-                    "directly under budget.fair, not per family."
-                )
-            base = _check_budget(spec_map, f"{where}.fair", protocol="fair", family="baselines")
-            cog = dataclasses.replace(base, stage2_epochs=None)
-            out["fair"] = {"baselines": base, "cog": cog}
-            continue
-        fams = _mapping(spec, f"{where}.{protocol}")
-        _unknown_keys(fams, FAMILIES, f"{where}.{protocol}")
-        out[protocol] = {
-            fam: _check_budget(
-                fams[fam], f"{where}.{protocol}.{fam}", protocol=protocol, family=fam
-            )
-            for fam in FAMILIES
-            if fam in fams
-        }
-    return out
 
 
 def _check_budgets_cover(suite: Suite, where: str) -> None:
@@ -662,8 +393,8 @@ def _check_budgets_cover(suite: Suite, where: str) -> None:
 def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     """The grids: the :class:`~cogcal.train.tuning.Grid` rules (positive, log-spaced,
     ratios < 1), whose axes come back sorted."""
-    d = _mapping(value, where)
-    _unknown_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
+    d = as_mapping(value, where)
+    check_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
     seed = d.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
@@ -671,7 +402,7 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     if isinstance(max_ext, bool) or not isinstance(max_ext, int) or max_ext < 0:
         raise ValueError(f"{where}.max_extensions must be an integer >= 0, got {max_ext!r}.")
     axes = {
-        key: tuple(map(_yaml_number, v)) if isinstance(v, list) else v
+        key: tuple(map(yaml_number, v)) if isinstance(v, list) else v
         for key, v in d.items()
         if key in ("lrs", "ratios", "baseline_lrs")
     }
@@ -718,19 +449,19 @@ def parse_suite(
         plugin dataset without ``allow_plugins``.
     """
     where = f"suite {source}"
-    d = _mapping(raw, where)
-    _unknown_keys(d, _TOP_KEYS, where)
+    d = as_mapping(raw, where)
+    check_keys(d, _TOP_KEYS, where)
     for key in _REQUIRED_TOP:
         if key not in d:
             raise ValueError(f"{where} lacks the required key {key!r}.")
 
     name = str(d.get("name") or default_name)
     description = str(d.get("description") or "")
-    requires = _mapping(d.get("requires"), f"{where}: requires")
-    _unknown_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
+    requires = as_mapping(d.get("requires"), f"{where}: requires")
+    check_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
     requires_gpu = _flag(requires, "gpu", False, f"{where}: requires.")
 
-    datasets_raw = _mapping(d["datasets"], f"{where}: datasets")
+    datasets_raw = as_mapping(d["datasets"], f"{where}: datasets")
     if not datasets_raw:
         raise ValueError(f"{where}: datasets is empty; name at least one dataset.")
     datasets = [
@@ -763,7 +494,7 @@ def parse_suite(
         seeds=_check_seeds(d.get("seeds", 3), f"{where}: seeds"),
         protocols=_check_protocols(d.get("protocols", list(PROTOCOLS)), f"{where}: protocols"),
         train=train,
-        budgets=_check_budgets(d["budget"], f"{where}: budget"),
+        budgets=parse_budgets(d["budget"], f"{where}: budget"),
         tune=_check_tune(d.get("tune"), f"{where}: tune", allow_fast),
         reuse=_flag(d, "reuse", True, f"{where}: "),
         effect=_flag(d, "effect", True, f"{where}: "),
@@ -779,8 +510,8 @@ def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> 
     """One ``datasets`` entry: its name (a plugin only with ``allow_plugins``), model,
     ``target`` (csv: datasets) and ``train`` fields. Nothing is imported or loaded."""
     here = f"{where}.{name}"
-    o = _mapping(opts, here)
-    _unknown_keys(o, _DATASET_KEYS, here)
+    o = as_mapping(opts, here)
+    check_keys(o, _DATASET_KEYS, here)
     if _is_plugin(name) and not allow_plugins:
         module, _, function = name.strip().partition(":")
         raise ValueError(
@@ -820,28 +551,17 @@ def _is_plugin(name: str) -> bool:
 
 def _check_configs(suite: Suite, where: str) -> None:
     """Build the TrainConfig of every (protocol, dataset, method), at a grid point when
-    tuned, so that an invalid combination is refused before anything runs."""
+    tuned (the fields the plan runs), so that an invalid combination is refused before
+    anything runs."""
     for protocol in suite.protocols:
         for entry in suite.datasets:
             for method in suite.methods:
-                budget = suite.budget(protocol, method)
-                fields = {
-                    **suite.train,
-                    **entry.train,
-                    **budget.config_fields(),
-                    "dataset": entry.name,
-                    "model": entry.model,
-                    "method": method,
-                }
-                if budget.tuned:
-                    family = family_of(method)
+                fields = suite.run_fields(protocol, entry, method)
+                if suite.budget(protocol, method).tuned:
                     grid = suite.tune.grid(
-                        family, allow_fast_calibrator=suite.allow_fast_calibrator
+                        family_of(method), allow_fast_calibrator=suite.allow_fast_calibrator
                     )
-                    point = grid.points()[-1]
-                    fields["lr"] = point["lr"]
-                    if "ratio" in point:
-                        fields["calibrator_lr"] = point["lr"] * point["ratio"]
+                    fields.update(point_config(grid.points()[-1]))
                 try:
                     TrainConfig.from_dict(fields)
                 except ValueError as err:

@@ -1,0 +1,137 @@
+"""Suite YAML: the files shipped in ``cogcal/bench/suites/`` or given by path, and the
+structural checks every section of a suite shares.
+
+:func:`read_suite` finds a suite by shipped name or path and reads its YAML;
+:func:`cogcal.bench.suites.parse_suite` validates what it returns, section by section,
+with :func:`as_mapping`, :func:`check_keys` and :func:`yaml_number`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["as_mapping", "check_keys", "list_suites", "read_suite", "yaml_number"]
+
+#: Keys of the earlier suite schema, with what replaced them.
+_MOVED = {
+    "paper_baseline_lr": "the paper's baseline learning rate is now budget.paper.baselines.lr",
+    "method_train": "per-method overrides are gone: budgets are stated per family under "
+    "budget.<protocol> (see docs/bench.md)",
+    "cog": "COG grids are now tune.lrs x tune.ratios (log-spaced lists)",
+    "baseline": "the baselines' grid is now tune.baseline_lrs (a log-spaced list)",
+    "reuse": "reuse is now a top-level key (reuse: true)",
+}
+
+
+def _suites_dir() -> Any:
+    return importlib.resources.files("cogcal.bench") / "suites"
+
+
+def list_suites() -> list[str]:
+    """Return the names of the suites shipped with cogcal, sorted.
+
+    Examples
+    --------
+    >>> "quick" in list_suites()
+    True
+    """
+    names = [
+        entry.name[: -len(".yaml")]
+        for entry in _suites_dir().iterdir()
+        if entry.name.endswith(".yaml")
+    ]
+    return sorted(names)
+
+
+def read_suite(name_or_path: str | Path) -> tuple[Any, str, str]:
+    """Read a suite by shipped name or YAML path: ``(raw, source, default_name)``.
+
+    ``raw`` is the parsed YAML (not yet validated), ``source`` names the suite in messages
+    (the quoted name or the path) and ``default_name`` is the name a suite without one
+    takes (the name, or the file's stem). Anything ending in ``.yaml``/``.yml`` or
+    containing a path separator is a path.
+
+    Raises
+    ------
+    ValueError
+        An unknown name (the message lists the shipped ones and suggests the closest), a
+        missing file, or invalid YAML.
+    """
+    if not isinstance(name_or_path, str | Path):
+        raise ValueError(
+            f"a suite is a shipped name or a YAML path, got {type(name_or_path).__name__}."
+        )
+    text_name = str(name_or_path)
+    looks_like_path = (
+        isinstance(name_or_path, Path)
+        or text_name.endswith((".yaml", ".yml"))
+        or "/" in text_name
+        or "\\" in text_name
+    )
+    if looks_like_path:
+        path = Path(text_name).expanduser()
+        if not path.is_file():
+            raise ValueError(
+                f"suite file {str(path)!r} does not exist; pass an existing YAML file or "
+                f"one of the shipped suites: {', '.join(list_suites())}."
+            )
+        text, source, default_name = path.read_text(encoding="utf-8"), str(path), path.stem
+    else:
+        names = list_suites()
+        if text_name not in names:
+            close = difflib.get_close_matches(text_name, names, n=1, cutoff=0.4)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown suite {text_name!r}.{hint} Shipped suites: {', '.join(names)} "
+                "(or pass the path of a suite YAML file)."
+            )
+        entry = _suites_dir() / f"{text_name}.yaml"
+        text, source, default_name = entry.read_text(encoding="utf-8"), repr(text_name), text_name
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"suite {source} is not valid YAML: {err}") from None
+    return raw, source, default_name
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def check_keys(d: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse a key of ``d`` (a section at ``where``) not in ``allowed``: the message
+    suggests the closest allowed key, or says what replaced a key of the earlier schema."""
+    for key in d:
+        if key not in allowed:
+            if key in _MOVED:
+                raise ValueError(f"{where}: {key!r} is no longer a suite key: {_MOVED[key]}.")
+            close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown key {key!r} in {where}.{hint} Allowed keys: {', '.join(allowed)}."
+            )
+
+
+def as_mapping(value: Any, where: str) -> dict[str, Any]:
+    """A section as a dict with string keys (``None``, an empty section: ``{}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a mapping (key: value), got {type(value).__name__}.")
+    return {str(k): v for k, v in value.items()}
+
+
+def yaml_number(value: Any) -> Any:
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string: read it as the number it is (anything
+    else is left for the validators to refuse)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
