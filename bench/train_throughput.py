@@ -7,10 +7,10 @@ All sides train the same backbone on the same in-memory mnist1d data with the sa
 epoch:
 
 * ``plain``: the hand-written loop (forward, backward, step; validation Brier per epoch);
-* ``train``: ``cogcal.train.run`` with its defaults (Lightning Fabric, progress bar on,
-  streaming validation metrics, ``last.ckpt`` every epoch and ``best.ckpt`` when the
-  validation Brier improves, both fsynced, CSV log); its time is
-  the stage-1 loop (``timing.stage1.seconds``);
+* ``train``: ``cogcal.train.run`` with its defaults (one CPU process, progress bar on,
+  streaming validation metrics, ``last.ckpt`` at most every ``--checkpoint-seconds`` and
+  after the stage's last epoch, ``best.ckpt`` brought up to date with each write, both
+  fsynced, CSV log); its time is the stage-1 loop (``timing.stage1.seconds``);
 * ``fit``: ``cogcal.fit`` on the same tensors, timed the same way.
 
 Target: ratio >= 0.95 for both ``mlp`` and ``cnn1d`` (``docs/performance.md``). The three
