@@ -17,6 +17,7 @@ from cogcal.calibrators import (
     TaskAffine,
     Temperature,
     VectorScaling,
+    _Problem,
     _stratified_folds,
 )
 
@@ -132,9 +133,11 @@ def test_hand_written_gradients_equal_autograd(cls, weight, conditioning, toward
     reference = {k: v.clone().requires_grad_(True) for k, v in start.items()}
     assert type(cal)._closure is not Calibrator._closure  # the hand-written one is tested
     with torch.no_grad():
-        loss, grads = _closure_value_and_grads(cal._closure(ours, stats, z, y, weight), ours)
+        loss, grads = _closure_value_and_grads(
+            cal._closure(ours, _Problem(z, y, stats, weight)), ours
+        )
     with torch.enable_grad():
-        ref = Calibrator._closure(cal, reference, stats, z, y, weight)
+        ref = Calibrator._closure(cal, reference, _Problem(z, y, stats, weight))
         ref_loss, ref_grads = _closure_value_and_grads(ref, reference)
     assert loss == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
     for name in ref_grads:

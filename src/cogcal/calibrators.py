@@ -45,7 +45,7 @@ import copy
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -220,6 +220,20 @@ def _column_stats(
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t.to(dtype)`` without the call when it would be a no-op (the training step's path)."""
     return t if t.dtype == dtype else t.to(dtype)
+
+
+class _Problem(NamedTuple):
+    """One penalised fit: the logits and labels, the conditioning statistics of
+    :meth:`Calibrator._standardisation` and the penalty's weight ``l2 / (2 n)``."""
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    stats: Any
+    weight: float
+
+
+#: An L-BFGS closure: returns the objective, leaves the gradient in the variables' ``.grad``.
+_Closure = Callable[[], torch.Tensor]
 
 
 def _one_hot_columns(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -531,7 +545,7 @@ class Calibrator(nn.Module):
         )
 
         with torch.enable_grad():
-            opt.step(self._closure(variables, stats, logits, labels, weight))
+            opt.step(self._closure(variables, _Problem(logits, labels, stats, weight)))
         with torch.no_grad():
             decoded = self._canonical(self._decode(variables, stats))
             solution = {k: v.detach() for k, v in decoded.items()}
@@ -540,15 +554,9 @@ class Calibrator(nn.Module):
         self._solution = solution
         return int(opt.state[next(iter(variables.values()))].get("n_iter", 0))
 
-    def _closure(
-        self,
-        variables: dict[str, torch.Tensor],
-        stats: Any,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        weight: float,
-    ) -> Callable[[], torch.Tensor]:
+    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """The L-BFGS closure: :math:`J_\\lambda` at ``variables``, their ``.grad`` set."""
+        logits, labels, stats, weight = problem
 
         def closure() -> torch.Tensor:
             for v in variables.values():
@@ -830,16 +838,10 @@ class Temperature(Calibrator):
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("log_temperature", 0.0, "weight")]
 
-    def _closure(
-        self,
-        variables: dict[str, torch.Tensor],
-        stats: Any,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        weight: float,
-    ) -> Callable[[], torch.Tensor]:
+    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """:math:`J_\\lambda` by hand (as :meth:`_ClassScaling._closure`): with
         ``z' = z e^{-\\log T}``, the gradient is ``-sum(G * z') + 2 weight log T``."""
+        logits, labels, _, weight = problem
         log_t = variables["log_temperature"]
         onehot, z_cols = _one_hot_columns(labels, logits), logits.T.contiguous()
 
@@ -1095,14 +1097,7 @@ class _ClassScaling(_AffineScaling):
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
 
-    def _closure(
-        self,
-        variables: dict[str, torch.Tensor],
-        stats: Any,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        weight: float,
-    ) -> Callable[[], torch.Tensor]:
+    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """:math:`J_\\lambda` and its gradient by hand, the same function as the autograd
         closure (tests check both against it): a fit is ~400 evaluations of a small
         objective, dominated by per-operation overhead, and this takes half the operations.
@@ -1114,6 +1109,7 @@ class _ClassScaling(_AffineScaling):
         deviations are centred projections (:meth:`_penalty_terms`), so its gradient is
         ``2 weight D`` chained back through ``T_0 W``, ``b`` and ``W = v R``.
         """
+        logits, labels, stats, weight = problem
         v, c = variables["weight"], variables["bias"]
         full, n = self._full_matrix, logits.shape[0]
         onehot = _one_hot_columns(labels, logits)

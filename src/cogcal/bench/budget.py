@@ -28,14 +28,8 @@ FAMILIES: tuple[str, ...] = ("baselines", "cog")
 
 #: TrainConfig fields a budget sets (and that ``train`` sections may therefore not set).
 BUDGET_FIELDS: tuple[str, ...] = (
-    "epochs",
-    "schedule",
-    "step_size",
-    "patience",
-    "stage2_epochs",
-    "lr",
-    "calibrator_lr",
-)
+    "epochs", "schedule", "step_size", "patience", "stage2_epochs", "lr", "calibrator_lr",
+)  # fmt: skip
 _BUDGET_REQUIRED = ("epochs", "schedule", "patience")
 
 
