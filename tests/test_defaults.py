@@ -160,3 +160,27 @@ def test_no_false_alarm_on_a_calibrated_run(tmp_path, capsys):
     kinds = {f["kind"] for f in health["findings"]}
     assert not kinds & {"over-confident", "under-confident"}, health
     assert "confident" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_selection_evaluates_ood_and_shift_for_the_chosen_run_only(tmp_path):
+    """The points of a learning-rate selection skip the OOD and shift sets; the chosen run
+    gets them afterwards, the same numbers as a run trained with its learning rate."""
+    out, data = tmp_path / "run", ["--data-root", str(tmp_path / "data")]
+    argv = ["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--no-progress"]
+    assert main([*argv, *data, "--out", str(out)]) == 0
+    chosen = json.loads((out / "metrics.json").read_text())
+    assert chosen["ood"] and chosen["shift"], chosen["unavailable"]
+    assert "extra" in chosen["config"] and "defer_robustness" not in chosen["config"]["extra"]
+    points = sorted(selection_folder(out).glob("*/metrics.json"))
+    assert len(points) == chosen["selection"]["runs"]
+    for path in points:
+        point = json.loads(path.read_text())
+        assert point["ood"] == {}, path
+        assert "chosen run" in point["unavailable"]["ood"]["all"]
+    lr = f"{chosen['config']['lr']:g}"
+    assert main([*argv, *data, "--lr", lr, "--out", str(tmp_path / "direct")]) == 0
+    direct = json.loads((tmp_path / "direct" / "metrics.json").read_text())
+    assert direct["test"] == pytest.approx(chosen["test"])
+    for key in ("ood", "shift"):
+        assert json.dumps(direct[key], sort_keys=True) == json.dumps(chosen[key], sort_keys=True)

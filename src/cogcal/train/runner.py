@@ -62,6 +62,12 @@ __all__ = [
 
 STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), docs/method.md §2
 
+#: ``extra`` key of a run whose OOD and shift evaluation its caller does afterwards
+#: (:func:`add_robustness`): the points of a learning-rate selection, of which only the
+#: chosen one is evaluated on them.
+DEFER_ROBUSTNESS = "defer_robustness"
+_DEFERRED = "left to the chosen run of the learning-rate selection"
+
 
 @torch.no_grad()
 def predict_logits(
@@ -399,7 +405,9 @@ def _train(
         _io.save_npz(
             folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
         )
-        if source.dataset is not None:
+        if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
+            unavailable = {"ood": {"all": _DEFERRED}, "shift": {"all": _DEFERRED}}
+        elif source.dataset is not None:
             start = time.perf_counter()
             ood_result, shift, unavailable = _robustness(
                 lambda x: predict(_inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
@@ -435,6 +443,36 @@ def _train(
         calibrator=calibrator if method.posthoc else None,
     )  # fmt: skip
     return record.to_dict(), trained.eval()
+
+
+def add_robustness(
+    folder: RunDir, model: nn.Module, data: Dataset, config: TrainConfig
+) -> dict[str, Any]:
+    """Evaluate the OOD and shift sets of the finished run in ``folder``, deferred by
+    :data:`DEFER_ROBUSTNESS`, with its final ``model`` (as :func:`execute` returned it);
+    write them into its ``metrics.json`` and return that record."""
+    record = folder.read_record()
+    if record is None:
+        raise RunFolderError(f"{folder.path} holds no finished run; run the command again.")
+    if (record.unavailable.get("ood") or {}).get("all") != _DEFERRED:
+        return record.to_dict()  # evaluated already (e.g. a run adopted a second time)
+    device = next(model.parameters()).device
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        logits = predict_logits(model, _inputs(data, x), device=device, seed=config.seed)[0]
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLossError(
+                "the final model's OOD or shift logits are non-finite; the run diverged. "
+                "Lower the learning rate(s) and retry."
+            )
+        return logits
+
+    start = time.perf_counter()
+    test_logits = torch.from_numpy(folder.read_logits("test")[0])
+    record.ood, record.shift, record.unavailable = _robustness(predict, data, test_logits, config)
+    record.timing["robustness_seconds"] = time.perf_counter() - start
+    folder.write_record(record)
+    return record.to_dict()
 
 
 def is_complete(out: str | Path) -> bool:

@@ -129,7 +129,7 @@ def select_and_train(
     configuration.
     """
     # here: an import cycle (runner.run calls select_and_train, whose points train via run)
-    from cogcal.train.runner import search_points
+    from cogcal.train.runner import DEFER_ROBUSTNESS, add_robustness, search_points
 
     if config.devices * config.num_nodes > 1:
         raise ConfigError(
@@ -166,12 +166,14 @@ def select_and_train(
         )
 
     common = dict(overwrite=overwrite, data=source, model=model, on_point=on_point)
+    # the points skip the OOD and shift sets; the chosen one is evaluated on them below
+    points = config.replace(extra={**config.extra, DEFER_ROBUSTNESS: True})
     with RunDir(folder).lock(), out.lock():
         if method.is_cog:
             first = GridSearch(
                 Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)), max_extensions=MAX_EXTENSIONS
             )
-            runs = search_points(config, first, folder, rows, **common)
+            runs = search_points(points, first, folder, rows, **common)
             edges = first.at_edge  # λ_f still at an edge after its extension (or none)
             if first.best is None:
                 search = first
@@ -180,11 +182,11 @@ def select_and_train(
                     Grid((first.best["lr"],), COG_RATIOS, fixed=("lr",)),
                     max_extensions=MAX_EXTENSIONS,
                 )
-                runs.update(search_points(config, search, folder, rows, known=runs, **common))
+                runs.update(search_points(points, search, folder, rows, known=runs, **common))
         else:
             edges = []
             search = GridSearch(Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS)
-            runs = search_points(config, search, folder, rows, **common)
+            runs = search_points(points, search, folder, rows, **common)
         summary = search.summary(rows)
         summary["edges"] = sorted(set(edges) | set(summary["edges"]))
         summary["at_edge"] = bool(summary["edges"])
@@ -232,10 +234,12 @@ def select_and_train(
         }
         selection["table"] = rows
         result = _adopt(folder / label, out, config, selection)
-    if trained is None:  # the chosen run was finished before: load it back
-        trained = _load_back(out.path, model)
-    elif model is not None and not method.stage2:  # the caller's model gets the weights
-        model.load_state_dict(trained.network.state_dict())
+        if trained is None:  # the chosen run was finished before: load it back
+            trained = _load_back(out.path, model)
+        elif model is not None and not method.stage2:  # the caller's model gets the weights
+            model.load_state_dict(trained.network.state_dict())
+        if source.dataset is not None and trained is not None:
+            result = add_robustness(out, trained, source.dataset, config)
     return result, trained
 
 
@@ -264,9 +268,10 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
             _link_or_copy(path, out.path / rel)
     saved = src.read_config() or {}
     saved = {k: v for k, v in saved.items() if k not in ("cogcal_run", "cogcal_version")}
-    saved.update(out=str(out.path), progress=config.progress)
-    out.write_config(saved)
-    record.config = {**record.config, "out": str(out.path), "progress": config.progress}
+    # the chosen run as the user asked for it: its own folder, progress and extra
+    own = {"out": str(out.path), "progress": config.progress, "extra": config.extra}
+    out.write_config({**saved, **own})
+    record.config = {**record.config, **own}
     record.selection = selection
     out.write_record(record)
     return record.to_dict()
