@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import warnings
 
 import numpy as np
@@ -265,3 +266,31 @@ def test_predictions_table_multilabel_and_name_clashes(tmp_path):
     with pytest.raises(ValueError, match="clash"):
         clash.write_csv(tmp_path / "c.csv")
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_reading_a_run_excludes_writing_it(tmp_path, lock_holder, capsys):
+    """load_run / predict hold the run folder shared: a process writing it (training,
+    --overwrite) refuses them, and they refuse it; readers share."""
+    from cogcal._io import LockedError
+    from cogcal.train.rundir import RunDir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    holder = lock_holder(out)  # another process writing the folder
+    with pytest.raises(LockedError, match=f"being written by process {holder.pid}"):
+        cogcal.load_run(out)
+    (tmp_path / "x.npy").write_bytes(b"")
+    assert main(["predict", str(out), "--input", str(tmp_path / "x.npy")]) == 2
+    err = capsys.readouterr().err
+    assert f"being written by process {holder.pid}" in err and err.count("\n") == 1
+    holder.kill()
+    holder.wait()
+    folder = RunDir(out)
+    refused = pytest.raises(LockedError, match=f"in use by process {os.getpid()}")
+    # readers share the folder; a writer is refused while it is read
+    with folder.read_lock(), folder.read_lock(), refused, folder.lock():
+        pass
+    with folder.lock():  # and takes it once the readers are done
+        pass
+    assert (out / "notes.txt").read_text() == "keep"

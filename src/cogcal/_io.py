@@ -172,6 +172,61 @@ def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def shared_lock(path: str | Path, *, what: str) -> Iterator[None]:
+    """Hold ``path`` as a shared lock file while the block reads: readers at once, but no
+    :func:`file_lock` holder (a writer), which is refused while a reader holds it.
+
+    The file is created if missing and left in place (another reader may hold it); where
+    it cannot be created (a read-only folder, which nobody can write to either) an
+    existing one is locked read-only, and without one nothing is locked. Within a process
+    that holds ``path`` with :func:`file_lock` this is a no-op.
+
+    Raises
+    ------
+    LockedError
+        A writer holds the lock.
+    """
+    path = Path(path)
+    if fcntl is None or os.path.abspath(path) in _HELD:  # pragma: no cover - Windows
+        yield
+        return
+    fd = -1
+    for _ in range(20):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:  # read-only and no lock file: nobody is writing here
+                break
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LockedError(
+                f"{what} is being written by {holder} (lock file {path}); wait for it to "
+                "finish or stop it."
+            ) from None
+        try:  # a writer may have removed the file we opened before releasing it
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            with contextlib.suppress(OSError):  # a writer refused names a reader (read-only: none)
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            break
+        os.close(fd)
+        fd = -1
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _holder(fd: int) -> str:
     """``process N`` from a held lock file (or ``another process`` if unreadable)."""
     try:

@@ -612,6 +612,18 @@ class RunDir:
                 break
 
     @contextlib.contextmanager
+    def read_lock(self) -> Iterator[None]:
+        """Hold the folder shared while reading a finished run (:func:`cogcal.load_run`,
+        ``cogcal predict``): readers at once, but a process that would clear or write the
+        folder (:meth:`lock`) is refused meanwhile, and a folder being written is refused
+        to the reader (:class:`cogcal._io.LockedError`). A missing folder is not locked."""
+        if not self.path.is_dir():
+            yield
+            return
+        with _io.shared_lock(self.path / LOCK_NAME, what=f"run folder {self.path}"):
+            yield
+
+    @contextlib.contextmanager
     def lock(self, *, create: bool = True) -> Iterator[None]:
         """Hold the folder for this process (:func:`lock_folder`); take it before reading,
         clearing or writing anything in the folder."""
