@@ -294,3 +294,24 @@ def test_reading_a_run_excludes_writing_it(tmp_path, lock_holder, capsys):
     with folder.lock():  # and takes it once the readers are done
         pass
     assert (out / "notes.txt").read_text() == "keep"
+
+
+def test_a_read_only_run_folder_is_read_without_its_lock(tmp_path, monkeypatch):
+    """A deployed run in a folder the reader cannot write: the shared lock falls back to
+    an existing lock file opened read-only, or to no lock at all."""
+    from cogcal import _io
+
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if flags & (os.O_CREAT | os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(_io.os, "open", read_only)
+    lock = tmp_path / ".cogcal.lock"
+    with _io.shared_lock(lock, what="run folder"):
+        assert not lock.exists()  # nothing created, nothing locked
+    lock.write_text("")
+    with _io.shared_lock(lock, what="run folder"), _io.shared_lock(lock, what="run folder"):
+        pass  # the existing file, locked shared through read-only descriptors
