@@ -184,3 +184,26 @@ def test_selection_evaluates_ood_and_shift_for_the_chosen_run_only(tmp_path):
     assert direct["test"] == pytest.approx(chosen["test"])
     for key in ("ood", "shift"):
         assert json.dumps(direct[key], sort_keys=True) == json.dumps(chosen[key], sort_keys=True)
+
+
+@pytest.mark.slow
+def test_a_selection_killed_during_the_chosen_runs_ood_evaluation_is_not_complete(
+    tmp_path, monkeypatch
+):
+    """metrics.json is written after the chosen run's OOD and shift sets: a failure there
+    leaves no finished run behind, and --resume finishes it without training again."""
+    out, data = tmp_path / "run", ["--data-root", str(tmp_path / "data")]
+    argv = ["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--no-progress"]
+    real = runner._robustness
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "_robustness", killed)
+    assert main([*argv, *data, "--out", str(out)]) == 130  # interrupted
+    assert not (out / "metrics.json").exists()
+    monkeypatch.setattr(runner, "_robustness", real)
+    calls = _count_runs(monkeypatch)
+    assert main([*argv, *data, "--out", str(out), "--resume"]) == 0
+    assert calls == []  # every point was finished: reused, none trained again
+    assert json.loads((out / "metrics.json").read_text())["ood"]

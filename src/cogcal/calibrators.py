@@ -845,6 +845,7 @@ class Temperature(Calibrator):
         log_t = variables["log_temperature"]
         onehot, z_cols = _one_hot_columns(labels, logits), logits.T.contiguous()
 
+        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
         def closure() -> torch.Tensor:
             z = z_cols / log_t.exp()
             logp = torch.log_softmax(z, dim=0)
@@ -1124,6 +1125,7 @@ class _ClassScaling(_AffineScaling):
         t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
         identity = self._identity() if self._weights_toward_identity else 0.0
 
+        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
         def closure() -> torch.Tensor:
             z = torch.addmm(c[:, None], v, x_cols) if full else x_cols * v[:, None] + c[:, None]
             logp = torch.log_softmax(z, dim=0)

@@ -446,16 +446,13 @@ def _train(
 
 
 def add_robustness(
-    folder: RunDir, model: nn.Module, data: Dataset, config: TrainConfig
-) -> dict[str, Any]:
-    """Evaluate the OOD and shift sets of the finished run in ``folder``, deferred by
-    :data:`DEFER_ROBUSTNESS`, with its final ``model`` (as :func:`execute` returned it);
-    write them into its ``metrics.json`` and return that record."""
-    record = folder.read_record()
-    if record is None:
-        raise RunFolderError(f"{folder.path} holds no finished run; run the command again.")
+    record: RunRecord, folder: RunDir, model: nn.Module, data: Dataset, config: TrainConfig
+) -> None:
+    """Evaluate the OOD and shift sets deferred by :data:`DEFER_ROBUSTNESS` into
+    ``record``, with the run's final ``model`` (as :func:`execute` returned it) and the test
+    logits saved in ``folder``; a record evaluated already is left as it is."""
     if (record.unavailable.get("ood") or {}).get("all") != _DEFERRED:
-        return record.to_dict()  # evaluated already (e.g. a run adopted a second time)
+        return
     device = next(model.parameters()).device
 
     def predict(x: torch.Tensor) -> torch.Tensor:
@@ -471,8 +468,6 @@ def add_robustness(
     test_logits = torch.from_numpy(folder.read_logits("test")[0])
     record.ood, record.shift, record.unavailable = _robustness(predict, data, test_logits, config)
     record.timing["robustness_seconds"] = time.perf_counter() - start
-    folder.write_record(record)
-    return record.to_dict()
 
 
 def is_complete(out: str | Path) -> bool:

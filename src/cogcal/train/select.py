@@ -45,7 +45,7 @@ from cogcal.train.checkup import SELECTED
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.methods import get_method
-from cogcal.train.rundir import RunDir, RunFolderError
+from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 from cogcal.train.sources import DataSource
 from cogcal.train.tuning import SELECTION_RULE, Grid, GridSearch, point_label, write_tables
 
@@ -233,14 +233,15 @@ def select_and_train(
             )  # fmt: skip
         }
         selection["table"] = rows
-        result = _adopt(folder / label, out, config, selection)
+        record = _adopt(folder / label, out, config, selection)
         if trained is None:  # the chosen run was finished before: load it back
-            trained = _load_back(out.path, model)
+            trained = _load_back(folder / label, model)
         elif model is not None and not method.stage2:  # the caller's model gets the weights
             model.load_state_dict(trained.network.state_dict())
         if source.dataset is not None and trained is not None:
-            result = add_robustness(out, trained, source.dataset, config)
-    return result, trained
+            add_robustness(record, out, trained, source.dataset, config)
+        out.write_record(record)  # metrics.json last: only now is the run complete
+    return record.to_dict(), trained
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -253,9 +254,10 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]) -> dict:
-    """Copy the chosen point's run into ``out`` (``metrics.json`` last) and return its
-    record, with ``out`` as its folder and the selection added."""
+def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]) -> RunRecord:
+    """Copy the chosen point's run into ``out``, all but its ``metrics.json``, and return
+    its record, with ``out`` as its folder and the selection added, for the caller to
+    write last."""
     src = RunDir(point)
     record = src.read_record()
     if record is None:
@@ -273,8 +275,7 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
     out.write_config({**saved, **own})
     record.config = {**record.config, **own}
     record.selection = selection
-    out.write_record(record)
-    return record.to_dict()
+    return record
 
 
 def _load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
