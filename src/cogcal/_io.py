@@ -106,6 +106,49 @@ def temp_target(name: str) -> str | None:
 _HELD: dict[str, int] = {}  # lock files this process holds (re-entrant within the process)
 
 
+def _locked(path: Path, operation: int, *, read_only: bool, refusal: tuple[str, str]) -> int | None:
+    """A descriptor of ``path`` holding the ``flock`` ``operation`` (``LOCK_EX``/``LOCK_SH``).
+
+    The file is created if missing; with ``read_only``, where it cannot be, an existing one
+    is opened read-only, and without one ``None`` is returned (nothing to lock). A lock
+    held by another process raises :class:`LockedError`: ``"<refusal[0]> process N (lock
+    file ...); <refusal[1]>"``. A file removed between the open and the lock (its holder releasing it) is
+    opened again.
+    """
+    for _ in range(20):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            if not read_only:
+                raise
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise LockedError(f"{refusal[0]} {holder} (lock file {path}); {refusal[1]}") from None
+        try:  # the holder before us may have removed the file we locked: lock the new one
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise LockedError(  # pragma: no cover - another process keeps re-creating the lock
+        f"{refusal[0]} another process (lock file {path} keeps reappearing)"
+    )
+
+
+def _record_pid(fd: int) -> None:
+    """Write this process's PID into a held lock file (the refusal names it)."""
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+
+
 @contextlib.contextmanager
 def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
     """Hold ``path`` as an exclusive lock file while the block runs (POSIX ``flock``).
@@ -136,29 +179,12 @@ def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
     if fcntl is None:  # pragma: no cover - Windows: no flock, no cross-process lock
         yield
         return
-    for _ in range(20):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise LockedError(
-                f"{what} is in use by {holder} (lock file {path}); wait for it to finish or "
-                "stop it, or use another folder."
-            ) from None
-        try:  # the holder before us may have removed the file we locked: lock the new one
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    else:  # pragma: no cover - another process keeps re-creating the lock
-        raise LockedError(f"{what} is in use (lock file {path} keeps reappearing).")
+
+    advice = "wait for it to finish or stop it, or use another folder."
+    fd = _locked(path, fcntl.LOCK_EX, read_only=False, refusal=(f"{what} is in use by", advice))
+    assert fd is not None  # only read_only gives None
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        _record_pid(fd)
     except OSError:
         os.close(fd)
         raise
@@ -191,39 +217,18 @@ def shared_lock(path: str | Path, *, what: str) -> Iterator[None]:
     if fcntl is None or os.path.abspath(path) in _HELD:  # pragma: no cover - Windows
         yield
         return
-    fd = -1
-    for _ in range(20):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:  # read-only and no lock file: nobody is writing here
-                break
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise LockedError(
-                f"{what} is being written by {holder} (lock file {path}); wait for it to "
-                "finish or stop it."
-            ) from None
-        try:  # a writer may have removed the file we opened before releasing it
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            with contextlib.suppress(OSError):  # a writer refused names a reader (read-only: none)
-                os.ftruncate(fd, 0)
-                os.write(fd, f"{os.getpid()}\n".encode())
-            break
-        os.close(fd)
-        fd = -1
+
+    advice = "wait for it to finish or stop it."
+    fd = _locked(
+        path, fcntl.LOCK_SH, read_only=True, refusal=(f"{what} is being written by", advice)
+    )
+    if fd is not None:
+        with contextlib.suppress(OSError):  # a refused writer names a reader (read-only: none)
+            _record_pid(fd)
     try:
         yield
     finally:
-        if fd >= 0:
+        if fd is not None:
             os.close(fd)
 
 
