@@ -315,3 +315,13 @@ def test_a_read_only_run_folder_is_read_without_its_lock(tmp_path, monkeypatch):
     lock.write_text("")
     with _io.shared_lock(lock, what="run folder"), _io.shared_lock(lock, what="run folder"):
         pass  # the existing file, locked shared through read-only descriptors
+
+
+def test_reading_a_folder_this_process_writes_is_allowed(tmp_path):
+    """Inside the writer's own lock (e.g. a selection adopting its chosen run), the
+    shared lock is a no-op instead of refusing the process itself."""
+    from cogcal.train.rundir import RunDir
+
+    folder = RunDir(tmp_path / "run")
+    with folder.lock(), folder.read_lock():
+        assert (tmp_path / "run" / ".cogcal.lock").read_text().strip() == str(os.getpid())

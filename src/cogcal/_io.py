@@ -214,7 +214,10 @@ def shared_lock(path: str | Path, *, what: str) -> Iterator[None]:
         A writer holds the lock.
     """
     path = Path(path)
-    if fcntl is None or os.path.abspath(path) in _HELD:  # pragma: no cover - Windows
+    if os.path.abspath(path) in _HELD:  # this process writes the folder: reading is safe
+        yield
+        return
+    if fcntl is None:  # pragma: no cover - Windows: no flock, no cross-process lock
         yield
         return
 
