@@ -61,6 +61,21 @@ def test_miscalibration_is_named_with_its_direction_size_and_fix(scale, kind):
     assert (report.confidence_gap > 0) == (kind == "over-confident")
 
 
+def test_a_temperature_at_the_search_bound_is_named_as_such():
+    # logits that carry no information about the labels: the best temperature is infinite
+    g = torch.Generator().manual_seed(0)
+    logits, labels = (
+        5 * torch.randn(2000, 4, generator=g),
+        torch.randint(0, 4, (2000,), generator=g),
+    )
+    report = diagnose(logits, labels)
+    assert report.temperature == pytest.approx(math.exp(5.0))
+    message = report.findings[0].message
+    assert "a temperature at the upper bound of the search (148; the best one is higher" in message
+    assert "temperature of" not in message
+    # a temperature inside the search keeps the plain wording (the test above)
+
+
 def test_a_calibrated_model_raises_nothing():
     for seed in range(3):
         report = diagnose(*_calibrated(seed=seed), steps=MIN_STEPS)

@@ -170,14 +170,30 @@ def _ece(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
     return ece, float(conf.mean() - correct.mean())
 
 
+#: The temperature search runs over log T in [-LOG_T_BOUND, LOG_T_BOUND].
+LOG_T_BOUND = 5.0
+
+
+def _temperature_text(temperature: float) -> str:
+    """``a temperature of T``, saying so when T is at the search's bound (the ML one is
+    further out: near-uniform, uninformative logits above, separable ones below)."""
+    if abs(math.log(temperature)) < LOG_T_BOUND - 1e-6:
+        return f"a temperature of {temperature:.2f}"
+    side, beyond = ("upper", "higher") if temperature > 1 else ("lower", "lower")
+    return (
+        f"a temperature at the {side} bound of the search ({temperature:.3g}; the best one is "
+        f"{beyond} still)"
+    )
+
+
 def _fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
     """The maximum-likelihood temperature on (logits, labels), by golden-section search on
-    log T in [-5, 5] (the NLL is convex in 1/T; float64)."""
+    log T in [-LOG_T_BOUND, LOG_T_BOUND] (the NLL is convex in 1/T; float64)."""
 
     def nll(u: float) -> float:
         return float(F.cross_entropy(logits / math.exp(u), labels))
 
-    lo, hi = -5.0, 5.0
+    lo, hi = -LOG_T_BOUND, LOG_T_BOUND
     ratio = (math.sqrt(5) - 1) / 2
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
     fa, fb = nll(a), nll(b)
@@ -294,9 +310,9 @@ def diagnose(
                 kind,
                 ece,
                 f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {abs(gap):.3f} "
-                f"{'above' if gap >= 0 else 'below'} the accuracy); a temperature of "
-                f"{temperature:.2f} fitted "
-                f"on validation would lower the validation NLL from {nll:.4f} to {nll_t:.4f} "
+                f"{'above' if gap >= 0 else 'below'} the accuracy); "
+                f"{_temperature_text(temperature)} fitted on validation would lower the "
+                f"validation NLL from {nll:.4f} to {nll_t:.4f} "
                 f"({gain:.0%}); {fix}.",
             )
         )
