@@ -53,10 +53,20 @@ def _argv(data_root: Path, out: Path, *extra: str, epochs: int = 8) -> list[str]
     ]  # fmt: skip
 
 
+def _default_sigint() -> None:
+    # A shell without job control starts background commands with SIGINT ignored, and a
+    # child inherits that (Python then installs no KeyboardInterrupt handler): tests run
+    # as `pytest &` would see the SIGINT below ignored. The run gets SIGINT's default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(data_root: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": SRC}
     cmd = [sys.executable, "-m", "cogcal.cli", *_argv(data_root, out)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_default_sigint,
+    )  # fmt: skip
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
