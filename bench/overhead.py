@@ -3,6 +3,7 @@
 
     python bench/overhead.py [--rounds 100] [--steps 10] [--threads 1] [--no-cnn]
     python bench/overhead.py --count-ops    # aten calls per mlp step of each variant
+    python bench/overhead.py --resolution 5 --rounds 300   # 5 identical variants' spread
 
 Targets (issue 25), on the mlp: ``fc`` <= 1.03 a plain step; and cogcal's own cost, what
 ``fc``, ``ts`` and ``ms`` add to the same arithmetic and Adam groups written in plain
@@ -25,19 +26,20 @@ Variants, each in its own model and Adam optimiser:
 
 The machine's speed drifts by tens of percent within seconds (shared virtual CPUs), so the
 variants run in rounds of ``--steps`` steps each, interleaved in a new random order every
-round (a fixed order favours some positions), and a ratio is the median over the rounds of
-(variant / reference) within the same round: paired, so that a drift slows both sides of a
-pair alike. ``vs map`` is the same against the variant's plain-PyTorch equivalent (``2
-groups`` for ``fc``). Separate model instances still differ by about 1% on the mlp
-(``--resolution 5``: five identical instances of the ``ms map`` land at 0.995-1.008 of the
-first), which is more than cogcal's own cost, so that cost is measured where it can be resolved: the same variants on a one-layer network (batch 8),
-rounds of 10x ``--steps`` steps, the median of the paired differences in microseconds,
-set against the plain mlp step. It is Python (the wrapper's forward, the calibrator
-module, the optimiser guard), so it does not depend on the network's size. Every target
-is judged on a 95% bootstrap interval (rounds resampled): met when the interval lies below
-it, not met when above, undecided when it spans it. The COG timings include the optimiser
-guard (the global step pre-hook behind ``CalibratorRateWarning``); the other rows run with
-it removed, so the figures count its cost.
+round (no variant always runs in the same position), and a ratio is the median over the
+rounds of (variant / reference) within the same round: paired, so that a drift slows both
+sides of a pair alike. ``vs map`` is the same against the variant's plain-PyTorch
+equivalent (``2 groups`` for ``fc``). Separate model instances still differ by about 1% on
+the mlp (``--resolution 5``: five identical instances of the ``ms map`` land at 0.995-1.008
+of the first), which is more than cogcal's own cost, so that cost is measured where it can
+be resolved: the same variants on a one-layer network (batch 8), rounds of 10x ``--steps``
+steps, the median of the paired differences in microseconds, set against the plain mlp
+step. It is Python (the wrapper's forward, the calibrator module, the optimiser guard), so
+it does not depend on the network's size. Every target is judged on a 95% bootstrap
+interval (rounds resampled): met when the interval lies below it, not met when above,
+undecided when it spans it. The COG timings include the optimiser guard (the global step
+pre-hook behind ``CalibratorRateWarning``); the other rows run with it removed, so the
+figures count its cost.
 """
 
 from __future__ import annotations

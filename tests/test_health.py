@@ -62,17 +62,22 @@ def test_miscalibration_is_named_with_its_direction_size_and_fix(scale, kind):
 
 
 def test_a_temperature_at_the_search_bound_is_named_as_such():
-    # logits that carry no information about the labels: the best temperature is infinite
     g = torch.Generator().manual_seed(0)
-    logits, labels = (
-        5 * torch.randn(2000, 4, generator=g),
-        torch.randint(0, 4, (2000,), generator=g),
-    )
-    report = diagnose(logits, labels)
-    assert report.temperature == pytest.approx(math.exp(5.0))
-    message = report.findings[0].message
-    assert "a temperature at the upper bound of the search (148; the best one is higher" in message
-    assert "temperature of" not in message
+    labels = torch.randint(0, 4, (2000,), generator=g)
+    # logits that carry no information about the labels: the best temperature is infinite
+    noise = 5 * torch.randn(2000, 4, generator=g)
+    # small logits that separate the classes perfectly: the best temperature is 0
+    separable = 0.01 * F.one_hot(labels, 4).double()
+    for logits, bound, side, beyond in (
+        (noise, math.exp(5.0), "upper", "higher"),
+        (separable, math.exp(-5.0), "lower", "lower"),
+    ):
+        report = diagnose(logits, labels)
+        assert report.temperature == pytest.approx(bound)
+        message = report.findings[0].message
+        assert f"a temperature at the {side} bound of the search ({bound:.3g}; " in message
+        assert f"the best one is {beyond} still)" in message
+        assert "temperature of" not in message
     # a temperature inside the search keeps the plain wording (the test above)
 
 
