@@ -3,6 +3,7 @@ chosen by validation cross-entropy when none is given, and the health check of e
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 
@@ -207,3 +208,43 @@ def test_a_selection_killed_during_the_chosen_runs_ood_evaluation_is_not_complet
     assert main([*argv, *data, "--out", str(out), "--resume"]) == 0
     assert calls == []  # every point was finished: reused, none trained again
     assert json.loads((out / "metrics.json").read_text())["ood"]
+
+
+def _at_the_edge(record: dict) -> dict:
+    """``record`` as if its learning rates had been chosen at the high edge of the grid."""
+    lr, cal_lr = record["config"]["lr"], record["config"]["calibrator_lr"]
+    return {
+        **record,
+        "selection": {
+            "at_edge": True, "edges": ["lr high", "ratio < 1 bound"], "max_runs": MAX_RUNS,
+            "best_config": {"lr": lr, "calibrator_lr": cal_lr},
+            "grid": {"lr": [lr / 10, lr * 0.3, lr], "ratio": [0.1, 0.3]},
+        },
+    }  # fmt: skip
+
+
+def test_a_choice_at_the_edge_of_the_grid_is_said_whatever_the_progress(
+    tmp_path, monkeypatch, capsys
+):
+    """`cogcal train --no-progress` and `cogcal.fit` both say when the chosen rates sit at
+    an edge the run cap kept the search from moving past (the selection itself is faked)."""
+    real = runner.execute
+
+    def chosen_at_edge(config, **kwargs):
+        record, model = real(config, **kwargs)
+        return _at_the_edge(record), model
+
+    monkeypatch.setattr(runner, "execute", chosen_at_edge)  # behind `cogcal train`
+    monkeypatch.setattr(importlib.import_module("cogcal.train.fit"), "execute", chosen_at_edge)
+    x, y = _problem()
+    with pytest.warns(UserWarning, match=r"sit at the lr high edge of the grid tried") as seen:
+        cogcal.fit(_net(), (x, y), epochs=1, lr=1e-3, progress=False)
+    message = next(str(w.message) for w in seen if "lr high edge" in str(w.message))
+    assert "train with `lr=0.003`, `calibrator_lr=0.0003`" in message  # the next rate out
+    assert "cogcal.train.tune" in message
+    argv = ["train", "--dataset", "digits", "--preset", "paper", "--epochs", "1"]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    edge = [line for line in err if "edge of the grid" in line]
+    assert len(edge) == 1 and edge[0].startswith("cogcal: warning: the learning rates chosen")
+    assert "--lr 0.003 --calibrator-lr 0.0003" in edge[0] and "`cogcal tune`" in edge[0]

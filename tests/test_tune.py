@@ -13,7 +13,14 @@ from cogcal.cli import main
 from cogcal.train import TrainConfig
 from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.rundir import RunDir, RunRecord
-from cogcal.train.tuning import LR_FLOOR_BOUND, RATIO_BOUND, Grid, GridSearch, point_config
+from cogcal.train.tuning import (
+    LR_FLOOR_BOUND,
+    RATIO_BOUND,
+    Grid,
+    GridSearch,
+    edge_warning,
+    point_config,
+)
 
 
 def _drive(search: GridSearch, nll) -> list[dict]:
@@ -253,3 +260,45 @@ def test_tune_cli_names_the_ratio_bound(tmp_path, monkeypatch, capsys):
     summary = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert summary["best"] == {"lr": 1e-3, "ratio": 0.3} and summary["bounds"] == [RATIO_BOUND]
     assert not summary["at_edge"] and summary["extensions"] == 0
+
+
+def _selection(edges, best, grid, max_runs=5):
+    return {
+        "at_edge": True, "edges": edges, "best_config": best, "grid": grid, "max_runs": max_runs,
+    }  # fmt: skip
+
+
+def test_a_choice_at_an_open_edge_warns_with_the_next_point_to_try():
+    cog = {"lr": [1e-3, 3e-3, 1e-2], "ratio": [0.1, 0.3]}
+    selection = _selection(["lr high", RATIO_BOUND], {"lr": 0.01, "calibrator_lr": 0.003}, cog)
+    message = edge_warning(selection)
+    assert "(lr 0.01, calibrator lr 0.003) sit at the lr high edge of the grid" in message
+    assert "at most 5 runs" in message and "bound" not in message
+    # one step beyond on the ladder, the chosen ratio kept
+    assert "train with --lr 0.03 --calibrator-lr 0.009 and compare the validation NLL" in message
+    assert "`cogcal tune`" in message
+    python = edge_warning(selection, python=True)
+    assert "`lr=0.03`, `calibrator_lr=0.009`" in python and "cogcal.train.tune" in python
+    # two open edges: one point beyond each
+    both = _selection(
+        ["lr high", "ratio low"], {"lr": 0.01, "calibrator_lr": 0.0003},
+        {"lr": [1e-3, 3e-3, 1e-2], "ratio": [0.03, 0.1, 0.3]},
+    )  # fmt: skip
+    assert "lr high and ratio low edges" in edge_warning(both)
+    assert "--lr 0.03 --calibrator-lr 0.0009 or with --lr 0.01 --calibrator-lr 0.0001" in (
+        edge_warning(both)
+    )
+    # a one-rate method at its low edge
+    low = _selection(["lr low"], {"lr": 1e-4}, {"lr": [1e-4, 3e-4, 1e-3]}, max_runs=3)
+    assert "(lr 0.0001) sit at the lr low edge" in edge_warning(low)
+    assert "train with --lr 3e-05 and compare" in edge_warning(low)
+
+
+def test_no_edge_warning_for_an_interior_choice_or_a_bound_alone():
+    best = {"lr": 0.003, "calibrator_lr": 0.0009}
+    grid = {"lr": [1e-3, 3e-3, 1e-2], "ratio": [0.1, 0.3]}
+    assert edge_warning(None) is None
+    assert edge_warning({**_selection([], best, grid), "at_edge": False}) is None
+    # the ratio's bound is not a grid problem, even in a record that called it an edge
+    assert edge_warning(_selection([RATIO_BOUND], best, grid)) is None
+    assert edge_warning(_selection([LR_FLOOR_BOUND], {"lr": 1e-8}, {"lr": [1e-8]})) is None

@@ -41,7 +41,7 @@ from cogcal.train.checkup import findings_of
 from cogcal.train.config import add_argument, add_arguments, config_from_args
 from cogcal.train.methods import get_method, list_methods
 from cogcal.train.rundir import RunDir, lock_folder
-from cogcal.train.tuning import Grid
+from cogcal.train.tuning import Grid, edge_warning
 
 # Start-up cost: the modules behind the commands load when a command runs, so that
 # `cogcal --help` does not pay their import time (python -X importtime): the training loop
@@ -118,6 +118,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         "and a report"
     )
     _print_health(result)
+    if message := edge_warning(result.get("selection")):
+        print(f"cogcal: warning: {message}", file=sys.stderr)
     return 0
 
 

@@ -25,6 +25,7 @@ from cogcal.health import CalibrationWarning, HealthReport
 from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget, field_default
 from cogcal.train.runner import execute
 from cogcal.train.sources import EVAL_BATCH, LoaderSource
+from cogcal.train.tuning import edge_warning
 
 __all__ = ["FitResult", "fit"]
 
@@ -338,6 +339,8 @@ def fit(
     health = HealthReport.from_dict(record.get("health") or {})
     for finding in health.findings:
         warnings.warn(finding.message, CalibrationWarning, stacklevel=2)
+    if message := edge_warning(record.get("selection"), python=True):
+        warnings.warn(message, UserWarning, stacklevel=2)
     return FitResult(
         health=health,
         selection=record.get("selection"),

@@ -47,7 +47,14 @@ from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.methods import get_method
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 from cogcal.train.sources import DataSource
-from cogcal.train.tuning import SELECTION_RULE, Grid, GridSearch, point_label, write_tables
+from cogcal.train.tuning import (
+    SELECTION_RULE,
+    Grid,
+    GridSearch,
+    open_edges,
+    point_label,
+    write_tables,
+)
 
 __all__ = [
     "describe_budget",
@@ -61,9 +68,9 @@ __all__ = [
     "selection_folder",
 ]
 
-COG_LRS = (1e-3, 3e-3)  # λ_f, step 1 (one extension: 3.33e-4 or 9e-3)
+COG_LRS = (1e-3, 3e-3)  # λ_f, step 1 (one extension, half-decade: 3e-4 or 1e-2)
 BASE_RATIO = 0.1  # λ_c/λ_f during step 1: the paper's default
-COG_RATIOS = (0.1, 0.3)  # step 2 (one extension: 0.9 or 0.0333)
+COG_RATIOS = (0.1, 0.3)  # step 2 (one extension: 0.03; 1 is the bound)
 BASELINE_LRS = (3e-4, 1e-3)  # λ of one-rate methods (one extension: 1e-4 or 3e-3)
 MAX_EXTENSIONS = 1
 MAX_RUNS = 5  # COG: 2 + 1 (λ_f) + 1 + 1 (ratio); one-rate methods: 3
@@ -189,7 +196,9 @@ def select_and_train(
             runs = search_points(points, search, folder, rows, **common)
         summary = search.summary(rows)
         summary["edges"] = sorted(set(edges) | set(summary["edges"]))
-        summary["at_edge"] = bool(summary["edges"])
+        # an edge the run cap kept the search from moving past; a bound alone (the ratio's 1)
+        # is not one (as in `cogcal tune`)
+        summary["at_edge"] = bool(set(edges) | set(search.at_edge))
         summary["grid"] = {
             axis: sorted({r[axis] for r in rows if r.get(axis) is not None})
             for axis in ("lr", "ratio")
@@ -208,7 +217,7 @@ def select_and_train(
         label = point_label(search.best)
         record, trained = runs[label]
         edge = (
-            f" (at the edge of the grid: {', '.join(summary['edges'])})"
+            f" (at the edge of the grid: {', '.join(open_edges(summary))})"
             if summary["at_edge"]
             else ""
         )

@@ -55,6 +55,8 @@ __all__ = [
     "LR_FLOOR_BOUND",
     "RATIO_BOUND",
     "SELECTION_RULE",
+    "edge_warning",
+    "open_edges",
     "point_config",
     "point_label",
     "write_tables",
@@ -386,3 +388,53 @@ def write_tables(folder: Path, summary: dict[str, Any]) -> None:
     writer.writeheader()
     writer.writerows(rows)
     _io.write_text(folder / "tune.csv", buf.getvalue())
+
+
+def open_edges(selection: dict[str, Any]) -> list[str]:
+    """The edges of the choice the search could have moved past (``"lr high"``, ...), not
+    the bounds (``"ratio < 1 bound"``)."""
+    return [e for e in selection.get("edges") or [] if e.split()[-1] in ("low", "high")]
+
+
+def edge_warning(selection: dict[str, Any] | None, *, python: bool = False) -> str | None:
+    """What ``cogcal train`` and :func:`cogcal.fit` warn with when the learning rates chosen
+    by validation cross-entropy sit at an edge of the grid that the run cap
+    (``max_runs``) kept the search from moving past: a better point may lie beyond it.
+    None when the choice is interior (or at a bound only). ``python``: name arguments
+    (``lr=``), not flags."""
+    if not selection or not selection.get("at_edge"):
+        return None
+    edges = open_edges(selection)
+    if not edges:
+        return None
+    tried = selection.get("grid") or {}
+    config = selection.get("best_config") or {}
+    lr, cal_lr = config["lr"], config.get("calibrator_lr")
+    ratios = tried.get("ratio")
+    grid = Grid(tuple(tried.get("lr") or (lr,)), tuple(ratios) if ratios else None)
+
+    def setting(net: float, cal: float | None) -> str:
+        if python:
+            return f"`lr={net:.3g}`" + (f", `calibrator_lr={cal:.3g}`" if cal else "")
+        return f"--lr {net:.3g}" + (f" --calibrator-lr {cal:.3g}" if cal else "")
+
+    tries = []
+    for edge in edges:  # one step beyond each edge, the other rate's axis as chosen
+        value = grid._next(edge)
+        if edge.startswith("lr"):
+            tries.append(setting(value, cal_lr and cal_lr * value / lr))
+        else:
+            tries.append(setting(lr, value * lr))
+    chosen = f"lr {lr:g}" + (f", calibrator lr {cal_lr:g}" if cal_lr else "")
+    search = "cogcal.train.tune" if python else "`cogcal tune`"
+    cap = (
+        f" (the default path trains at most {selection['max_runs']} runs)"
+        if "max_runs" in selection
+        else ""
+    )
+    return (
+        f"the learning rates chosen by validation cross-entropy ({chosen}) sit at the "
+        f"{' and '.join(edges)} edge{'s' if len(edges) > 1 else ''} of the grid tried{cap}, "
+        f"so a better point may lie beyond: train with {' or with '.join(tries)} and compare "
+        f"the validation NLL, or search further with {search}."
+    )
