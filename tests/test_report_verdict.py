@@ -252,3 +252,33 @@ def test_full_report_verdict_claims_and_links(tmp_path):
     assert "**Claims, paper protocol**" in claims and "| Per-seed differences |" in claims
     page = (tmp_path / "report.html").read_text()
     assert '<a href="#paired-paper">table</a>' in page
+
+
+def test_strong_family_compares_every_cog_variant_with_each_strong_posthoc_calibrator():
+    """Dirichlet and isotonic present: each COG variant against each of them, one Holm family,
+    verdicts recomputed with scipy and a hand-written Holm step-down; the verdict says it."""
+    means = {**MEANS, "dirichlet": (0.80, 0.29, 0.18, 0.02), "isotonic": (0.80, 0.33, 0.19, 0.03)}
+    found = families(frame(means), "paper", None)["strong"]
+    pairs = [(a, b) for a, _ in PAIRS for b in ("dirichlet", "isotonic")]
+    assert {(c.a, c.b) for c in found} == set(pairs) and len(found) == len(pairs) * len(METRICS)
+    pvals, diffs = {}, {}
+    for a, b in pairs:
+        for j, metric in enumerate(METRICS):
+            va, vb = means[a][j] + noise(a, 5), means[b][j] + noise(b, 5)
+            pvals[(a, b, metric)] = sps.ttest_rel(va, vb).pvalue
+            diffs[(a, b, metric)] = float(np.mean(va - vb))
+    order, running, want = sorted(pvals, key=pvals.get), 0.0, {}
+    for i, key in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * pvals[key]))
+        good = (diffs[key] > 0) == (key[2] == "acc")
+        want[key] = ("better" if good else "worse") if running < 0.05 else "undecided"
+    assert {(c.a, c.b, c.metric): c.verdict for c in found} == want
+    assert "worse" in want.values()
+    fams = {"paper": families(frame(means), "paper", None)}
+    claims = {"paper": judge_claims(frame(means), "paper", fams["paper"], {"d1": 10})}
+    text = _text(verdict_section(frame(means), fams, claims, ["d1"]).blocks[0].items[0])
+    assert "against the strongest post-hoc calibrators (dirichlet and isotonic)" in text
+    assert f"of {len(found)} paired comparisons" in text
+    # without them the family is empty and the sentence does not mention it
+    plain = families(frame(), "paper", None)
+    assert plain["strong"] == []

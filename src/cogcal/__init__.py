@@ -5,8 +5,10 @@ and backward pass, the calibrator on a slower learning rate.
 
 ``import cogcal`` loads the core only (torch and numpy): :class:`CalibratedModel`, the
 calibrators, losses and metrics, and :func:`check_calibration` (the health check of a model
-on validation data, :mod:`cogcal.health`). :func:`fit` (the recipe on your own model and data) and
-:func:`load_run` (a finished run as a model) load the training layer when first used.
+on validation data, :mod:`cogcal.health`) and :func:`calibrate` (a post-hoc calibrator for
+a model trained elsewhere, :mod:`cogcal.posthoc`). :func:`fit` (the recipe on your own model
+and data), :func:`load_run` (a finished run as a model) and :func:`load_calibrator` (the
+folder of ``cogcal calibrate``) load the training layer when first used.
 """
 
 from __future__ import annotations
@@ -18,17 +20,25 @@ __version__ = "0.2.0"
 
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.health import check_calibration
+from cogcal.posthoc import Calibration, calibrate
 
 __all__ = [
     "CalibratedModel",
+    "Calibration",
+    "calibrate",
     "check_calibration",
     "find_classifier",
     "fit",
+    "load_calibrator",
     "load_run",
     "__version__",
 ]
 
-_LAZY = {"fit": "cogcal.train.fit", "load_run": "cogcal.train.assemble"}
+_LAZY = {
+    "fit": "cogcal.train.fit",
+    "load_calibrator": "cogcal.train.calibration",
+    "load_run": "cogcal.train.assemble",
+}
 
 
 def __getattr__(name: str) -> Any:

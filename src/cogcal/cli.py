@@ -308,6 +308,60 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+# --------------------------------------------------------------------------- calibrate
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from cogcal.train.calibration import calibrate_files  # start-up cost (see the imports)
+
+    if args.cv < 2:
+        raise UserError(f"--cv must be an integer >= 2 (folds), got {args.cv}.")
+    metrics = calibrate_files(
+        args.val, args.test, method=args.method.lower(), out=args.out, cv=args.cv,
+        kind=args.scores, label_column=args.label_column, overwrite=args.overwrite,
+        log=lambda line: print(f"cogcal: {line}", file=sys.stderr),
+    )  # fmt: skip
+    keys = ("acc", "nll", "brier", "ece_15")
+    print(f"{'split':22s}" + "".join(f"{k:>10s}" for k in keys))
+    names = {"val_before": "val, as given", "val": "val, calibrated (fit)",
+             "test_before": "test, as given", "test": "test, calibrated"}  # fmt: skip
+    for split, name in names.items():
+        if split in metrics:
+            print(f"{name:22s}" + "".join(f"{metrics[split][k]:10.4f}" for k in keys))
+    print(f"wrote {args.out}/calibrator.pt (cogcal.load_calibrator({str(args.out)!r})), "
+          f"metrics.json and report.html")  # fmt: skip
+    return 0
+
+
+def _calibrate_flags(p: argparse.ArgumentParser) -> None:
+    from cogcal.posthoc import AUTO, POSTHOC_METHODS
+
+    p.add_argument(
+        "--val", required=True, metavar="PATH",
+        help="validation scores: an .npz with `labels` and `logits` (or `probs`), or a CSV "
+        "with a label column and one score column per class; the calibrator is fitted here",
+    )  # fmt: skip
+    p.add_argument(
+        "--test", default=None, metavar="PATH",
+        help="test scores in the same form: only evaluated (before and after), never fitted on",
+    )  # fmt: skip
+    p.add_argument(
+        "--method", default=AUTO, type=str.lower, choices=(AUTO, *POSTHOC_METHODS),
+        help="the calibrator; auto (default) chooses by cross-validated NLL on --val",
+    )  # fmt: skip
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    p.add_argument("--cv", type=int, default=5, help="cross-validation folds of --method auto")
+    p.add_argument(
+        "--scores", choices=("logits", "probs"), default="logits",
+        help="what a CSV's class columns hold (an .npz says it by its key); probabilities "
+        "are calibrated as log(p)",
+    )  # fmt: skip
+    p.add_argument("--label-column", default="label", metavar="NAME",
+                   help="the label column of a CSV (class indices or class column names)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a calibration already in --out (only its own files)")  # fmt: skip
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -387,6 +441,16 @@ _COMMANDS: tuple[_Command, ...] = (
         "inside) on a CSV table, an image, a folder of images or an .npy array, and write one "
         "row per input: `prediction` (the class name), then one probability column per "
         "class, named by the class (to --out, or stdout).",
+    ),
+    _Command(
+        "calibrate",
+        _cmd_calibrate,
+        _calibrate_flags,
+        help="calibrate a model trained elsewhere from its saved validation logits",
+        description="Fit a post-hoc calibrator (temperature, vector or matrix scaling, "
+        "Dirichlet, isotonic, histogram binning; `auto` chooses by cross-validated NLL) on "
+        "saved validation scores, evaluate it on the test scores, and write calibrator.pt, "
+        "metrics.json, reliability.png and a report into --out.",
     ),
     _Command(
         "report",

@@ -17,6 +17,7 @@ _WHERE = {
     for module, names in {
         "build": "build_any build_report",
         "run_report": "report_kind build_run_report",
+        "calibration_report": "build_calibration_report",
         "frame": "load_results",
         "stats": "format_wins pairwise_wins pareto_front summary_rank",
         "diagrams": "plot_reliability plot_reliability_per_task reliability_diagram",

@@ -368,6 +368,13 @@ def build_report(results_dir: str | Path) -> Path:
 
 def build_any(path: str | Path) -> Path:
     """Write the report of ``path`` (:func:`build_report` for a bench folder,
-    :func:`~cogcal.report.run_report.build_run_report` for a run folder; see
+    :func:`~cogcal.report.run_report.build_run_report` for a run folder,
+    :func:`~cogcal.report.calibration_report.build_calibration_report` for a
+    ``cogcal calibrate`` folder; see
     :func:`~cogcal.report.run_report.report_kind`) and return the path of ``report.html``."""
-    return build_report(path) if report_kind(path) == "bench" else build_run_report(path)
+    kind = report_kind(path)
+    if kind == "calibration":
+        from cogcal.report.calibration_report import build_calibration_report
+
+        return build_calibration_report(path)
+    return build_report(path) if kind == "bench" else build_run_report(path)

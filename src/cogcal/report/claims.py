@@ -29,6 +29,9 @@ COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
 ACC_MARGIN = 0.02
 #: The expressive COG variants cog-fc is compared with.
 EXPRESSIVE: tuple[str, ...] = ("cog-ts", "cog-ms", "cog-vs", "cog-dir")
+#: The strongest post-hoc calibrators every COG variant is also compared with (beyond its
+#: own counterpart): Dirichlet calibration and the non-parametric maps (docs/method.md §2).
+STRONG_POSTHOC: tuple[str, ...] = ("dirichlet", "isotonic", "histogram")
 #: Classes from which a dataset counts as "many classes".
 MANY_CLASSES = 100
 NOT_TESTED = "not tested in this suite"
@@ -174,16 +177,20 @@ def families(
     df: pd.DataFrame, protocol: str, checkpoints: Checkpoints | None
 ) -> dict[str, list[Comparison]]:
     """The comparison families of ``protocol``: ``cog`` (each COG variant vs its
-    counterpart, test), ``fc`` (cog-fc vs the expressive variants, test), ``ood`` and
+    counterpart, test), ``strong`` (each COG variant vs each of :data:`STRONG_POSTHOC`
+    present, test), ``fc`` (cog-fc vs the expressive variants, test), ``ood`` and
     ``shift`` (COG vs counterpart on OOD AUROC / FPR95 and on the shift averages)."""
     d = aggregate(df, split="test", protocol=protocol)
-    pairs, fc = [], []
+    pairs, strong, fc = [], [], []
     for ds in sorted(set(d["dataset"])):
         present = set(rows(d, dataset=ds)["method"])
         pairs += [(ds, c, b) for c, b in present_pairs(list(present))]
+        cogs = [c for c, _ in present_pairs(list(present))]
+        strong += [(ds, c, b) for c in cogs for b in STRONG_POSTHOC if b in present]
         fc += [(ds, "cog-fc", e) for e in EXPRESSIVE if e in present and "cog-fc" in present]
     out = {
         "cog": compare_family(df, "test", protocol, pairs, COG_METRICS, checkpoints),
+        "strong": compare_family(df, "test", protocol, strong, COG_METRICS, checkpoints),
         "fc": compare_family(df, "test", protocol, fc, COG_METRICS, checkpoints),
     }
     for measure, metrics in (("ood", ("auroc", "fpr95")), ("shift", COG_METRICS)):
@@ -195,6 +202,7 @@ def families(
 #: Title and anchor of each family's table.
 FAMILY_TABLES = {
     "cog": ("COG variant vs post-hoc counterpart, test", "paired"),
+    "strong": ("COG variant vs the strongest post-hoc calibrators, test", "paired-strong"),
     "fc": ("cog-fc vs the expressive COG variants, test", "paired-fc"),
     "ood": ("COG vs counterpart, OOD detection (pooled sets)", "paired-ood"),
     "shift": (
@@ -346,6 +354,19 @@ def _cog_sentence(
             Link("table", f"paired-{slug(p)}"),
             "); ",
         ]  # fmt: skip
+    for p, fam in fams.items():
+        strong = [c for c in fam.get("strong", []) if c.dataset == dataset]
+        if strong:
+            t = Counter(c.verdict for c in strong)
+            against = _join(list(dict.fromkeys(c.b for c in strong)))
+            clauses += [
+                f"{p} protocol, against the strongest post-hoc calibrators ({against}): COG is "
+                f"better in {t['better']}, worse in {t['worse']} and undecided in "
+                f"{t['undecided']} of {len(strong)} paired comparisons (Holm over "
+                f"{len(fam['strong'])}){_bound(strong)} (",
+                Link("table", f"paired-strong-{slug(p)}"),
+                "); ",
+            ]  # fmt: skip
     if not clauses:
         return f"{dataset}: no COG variant next to its counterpart."
     return [f"Does COG help on {dataset}? ", *clauses[:-1], ")."]

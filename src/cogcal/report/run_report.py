@@ -21,7 +21,18 @@ from cogcal.report.schema import METRIC_LABELS as LABELS
 
 __all__ = ["build_run_report", "report_kind"]
 
-_METRICS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
+_METRICS = (
+    "acc",
+    "nll",
+    "brier",
+    "ece_15",
+    "rmsce_15",
+    "mce_15",
+    "adaece_15",
+    "cwece_15",
+    "smece",
+    "aurc",
+)
 _SHIFT = ("acc", "nll", "brier", "ece_15")
 _BIN_KEY = re.compile(r"^(ece|rmsce|mce)_(\d+)$")
 
@@ -49,12 +60,15 @@ def _metric_tables(record: Any) -> list[Table]:
     if record.val_uncalibrated:
         splits.append(("validation, before post-hoc calibration", record.val_uncalibrated))
     notes: list[Any] = [
-        "Top-label calibration errors over 15 equal-width bins (docs/method.md §3). The "
+        "Top-label calibration errors over 15 equal-width bins (docs/method.md §3); "
+        "adaECE over 15 equal-mass bins, cwECE class-wise, smECE smooth, AURC of selective "
+        "prediction (docs/metrics.md). The "
         "validation split chose the checkpoint (Brier) and fitted any post-hoc calibrator; "
         "the test split played no part."
     ]
-    header = ["Split", *[LABELS[k] for k in _METRICS]]
-    rows = [_row(name, m, _METRICS) for name, m in [*splits, ("test", record.test)]]
+    shown = tuple(k for k in _METRICS if any(k in m for _, m in [*splits, ("test", record.test)]))
+    header = ["Split", *[LABELS[k] for k in shown]]
+    rows = [_row(name, m, shown) for name, m in [*splits, ("test", record.test)]]
     out = [Table("Metrics", header, rows, notes, "metrics")]
     keys = [*record.val, *record.test]
     bins = sorted({int(m.group(2)) for k in keys if (m := _BIN_KEY.match(str(k)))})
@@ -178,15 +192,18 @@ def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
 
 
 _EXPECTED = (
-    "expected a bench folder (results.csv, written by `cogcal bench`) or a finished run "
-    "folder (config.json and metrics.json with status complete, written by `cogcal train`)"
+    "expected a bench folder (results.csv, written by `cogcal bench`), a finished run "
+    "folder (config.json and metrics.json with status complete, written by `cogcal train`) "
+    "or a calibration folder (calibration.json, written by `cogcal calibrate`)"
 )
 
 
-def report_kind(path: str | Path) -> Literal["bench", "run"]:
-    """Which report ``path`` gets: ``"bench"`` (it holds ``results.csv``) or ``"run"`` (a
-    finished ``cogcal train`` run folder); ``ValueError`` naming what was found otherwise
-    (nothing, a file, an unfinished or diverged run, another folder)."""
+def report_kind(path: str | Path) -> Literal["bench", "run", "calibration"]:
+    """Which report ``path`` gets: ``"bench"`` (it holds ``results.csv``), ``"run"`` (a
+    finished ``cogcal train`` run folder) or ``"calibration"`` (a ``cogcal calibrate``
+    folder); ``ValueError`` naming what was found otherwise (nothing, a file, an
+    unfinished or diverged run, another folder)."""
+    from cogcal.train.calibration import is_calibration_folder
     from cogcal.train.rundir import RunDir, RunFolderError
 
     path = Path(path)
@@ -196,6 +213,8 @@ def report_kind(path: str | Path) -> Literal["bench", "run"]:
         raise ArgumentError(f"{path} is a file, not a folder; {_EXPECTED}.")
     if (path / "results.csv").is_file():
         return "bench"
+    if is_calibration_folder(path):
+        return "calibration"
     folder = RunDir(path)
     try:
         marked = folder.is_marked() or folder.read_config() is not None

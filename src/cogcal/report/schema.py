@@ -88,6 +88,10 @@ METRIC_LABELS: dict[str, str] = {
     "ece_15": "ECE-15 ↓",
     "rmsce_15": "RMSCE-15 ↓",
     "mce_15": "MCE-15 ↓",
+    "adaece_15": "adaECE-15 ↓",
+    "cwece_15": "cwECE-15 ↓",
+    "smece": "smECE ↓",
+    "aurc": "AURC ↓",
     "auroc": "AUROC ↑",
     "fpr95": "FPR95 ↓",
 }

@@ -164,16 +164,22 @@ def comparison_table(
     df: pd.DataFrame,
     dataset: str,
     protocol: str,
-    metrics: Sequence[str] = ("acc", "nll", "brier", "ece_15"),
+    metrics: Sequence[str] = ("acc", "nll", "brier", "ece_15", "adaece_15", "aurc"),
     *,
     plan: SeedPlan | None = None,
 ) -> Table | None:
-    """Tab. 2/12: test mean ± std over seeds, best in bold, summary rank, sorted by rank."""
+    """Tab. 2/12: test mean ± std over seeds, best in bold, summary rank, sorted by rank;
+    adaptive (equal-mass) ECE next to ECE-15 and the AURC of selective prediction, when
+    the results hold them."""
     d = seed_values(df, "test", dataset=dataset, protocol=protocol)
     if d.empty:
         return None
     n = d.groupby(["method", "metric"])["seed"].nunique().max()
-    notes: list[Text] = [f"Test split, mean ± sample std over {n} seed(s); best mean in bold."]
+    notes: list[Text] = [
+        f"Test split, mean ± sample std over {n} seed(s); best mean in bold. adaECE-15: ECE "
+        "over 15 equal-mass bins; AURC: area under the risk-coverage curve of predicting only "
+        "the most confident samples (docs/metrics.md)."
+    ]
     title = f"{dataset} — {protocol} protocol (Tab. 2 style)"
     return ranked_table(d, title, comparison_key(dataset, protocol), metrics, notes, expected=_planned(plan, dataset, protocol))  # fmt: skip
 
@@ -246,7 +252,7 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
             n = m.extra_parameters(
                 i["num_classes"], i["feature_dim"], task=i.get("task") or "multiclass"
             )
-            row.append(cell(f"{n:,}"))
+            row.append(cell("data-dependent" if n is None else f"{n:,}"))
         row += [
             cell("yes (validation split)" if m.needs_calibration_data else "no"),
             cell(m.stages),

@@ -34,6 +34,7 @@ __all__ = [
 
 LOSSES = ("ce", "ls", "focal")
 SMOOTHING = 0.1  # label smoothing ε of `ls` and `cog-ls` (docs/method.md §2)
+HISTOGRAM_BINS = 15  # equal-mass bins of `histogram` (HistogramBinning's default)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class Method:
         Training loss (for COG: at both levels).
     cog : {"fc", "ts", "vs", "ms", "tst"} or None
         Calibrator trained jointly on the slower learning rate (``CalibratedModel``).
-    posthoc : {"ts", "vs", "ms"} or None
-        Calibrator fitted on the validation logits of the trained network.
+    posthoc : {"ts", "vs", "ms", "dirichlet", "isotonic", "histogram"} or None
+        Calibrator fitted on the validation logits of the trained network
+        (:func:`cogcal.calibrators.make_calibrator`).
     stage2 : {"tst", "vtst"} or None
         Second stage on the frozen body: a new TST / V-TST head on the training split.
     """
@@ -126,16 +128,27 @@ class Method:
             extra += ["latent Z", "stage-2 epochs"]
         if self.stage2 == "vtst":
             extra.append("MC samples M=10")
+        if self.posthoc in ("vs", "ms", "dirichlet"):
+            extra.append("penalty (cross-validated on validation)")
+        if self.posthoc == "histogram":
+            extra.append(f"bins B={HISTOGRAM_BINS}")
         return tuple(extra)
 
     def extra_parameters(
         self, num_classes: int, feature_dim: int, *, task: str = "multiclass"
-    ) -> int:
-        """Trainable parameters added to the base network (K classes, d features)."""
+    ) -> int | None:
+        """Trainable parameters added to the base network (K classes, d features); ``None``
+        for isotonic regression, whose number of fitted values depends on the data."""
         k, d = num_classes, feature_dim
         kind = self.cog or self.posthoc or self.stage2
         if kind in (None, "fc"):
             return 0
+        if kind == "isotonic":
+            return None
+        if kind == "histogram":
+            return k * HISTOGRAM_BINS
+        if kind == "dirichlet":
+            return k * k + k
         if kind == "ts":
             return k if task == "multilabel" else 1
         if kind == "vs" or (kind == "ms" and task == "multilabel"):
@@ -156,6 +169,9 @@ class Method:
             "ts": "1",
             "vs": "2K",
             "ms": "K²+K",
+            "dirichlet": "K²+K",
+            "isotonic": "≤ 2K per distinct validation score (non-parametric)",
+            "histogram": "K·B bin frequencies (non-parametric)",
             "tst": "TST head − final layer",
             "vtst": "TST + variance head − final layer",
         }[kind]
@@ -181,6 +197,24 @@ for _m in (
     Method("ts", "cross-entropy + post-hoc temperature scaling", "ce", posthoc="ts"),
     Method("vs", "cross-entropy + post-hoc vector scaling", "ce", posthoc="vs"),
     Method("ms", "cross-entropy + post-hoc matrix scaling", "ce", posthoc="ms"),
+    Method(
+        "dirichlet",
+        "cross-entropy + post-hoc Dirichlet calibration (ODIR)",
+        "ce",
+        posthoc="dirichlet",
+    ),
+    Method(
+        "isotonic",
+        "cross-entropy + post-hoc isotonic regression (one-vs-rest)",
+        "ce",
+        posthoc="isotonic",
+    ),
+    Method(
+        "histogram",
+        "cross-entropy + post-hoc histogram binning (equal-mass, one-vs-rest)",
+        "ce",
+        posthoc="histogram",
+    ),
     Method("tst", "two-stage training (new TST head on the frozen body)", "ce", stage2="tst"),
     Method("vtst", "variational two-stage training (V-TST, 10 samples)", "ce", stage2="vtst"),
     Method("cog-fc", "COG: final linear layer as calibrator", "ce", cog="fc"),
