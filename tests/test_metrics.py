@@ -101,20 +101,33 @@ def test_multiclass_against_references(scale):
             assert m[f"{key}_{b}"] == pytest.approx(float(tm), abs=2e-6)  # float32 inside
 
 
+SAMPLE_KEYS = ["cwece_15", "adaece_15", "smece", "aurc"]  # always reported, after the binned
+
+
 def test_default_keys_and_no_silent_extras():
     logits, labels = _data(n=50)
     m = evaluate(logits, labels)
     want = ["acc", "nll", "brier"] + [
         f"{k}_{b}" for k in ("ece", "rmsce", "mce") for b in DEFAULT_N_BINS
     ]
-    assert list(m) == want
+    assert list(m) == want + SAMPLE_KEYS
     assert all(isinstance(v, float) for v in m.values())
-    assert set(evaluate(logits, labels, n_bins=15, classwise=True)) == {
-        "acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15", "cwece_15",
-    }  # fmt: skip
-    assert set(evaluate(logits, labels, n_bins=15, binning="mass")) == {
-        "acc", "nll", "brier", "ece_mass_15", "rmsce_mass_15", "mce_mass_15",
-    }  # fmt: skip
+    assert list(evaluate(logits, labels, n_bins=15, classwise=True)) == [
+        "acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15", *SAMPLE_KEYS,
+    ]  # fmt: skip
+    assert list(evaluate(logits, labels, n_bins=10, classwise=True)) == [
+        "acc", "nll", "brier", "ece_10", "rmsce_10", "mce_10", "cwece_10", *SAMPLE_KEYS,
+    ]  # fmt: skip
+    assert list(evaluate(logits, labels, n_bins=15, binning="mass")) == [
+        "acc", "nll", "brier", "cwece_15", "ece_mass_15", "rmsce_mass_15", "mce_mass_15",
+        *SAMPLE_KEYS[1:],
+    ]  # fmt: skip
+    with_intervals = evaluate(logits, labels, n_bins=15, intervals=True)
+    assert list(with_intervals) == [
+        *evaluate(logits, labels, n_bins=15),
+        "ece_15_low",
+        "ece_15_high",
+    ]
 
 
 def test_confidence_exactly_one_goes_to_last_closed_bin():
@@ -344,17 +357,18 @@ def test_streaming_equals_one_shot(task):
     for i in range(0, 1000, 96):
         s.update(z[i : i + 96], y[i : i + 96])
     out = s.compute()
-    assert list(out) == list(ref)
+    # the sample-level keys are one-shot only (they need every sample)
+    assert list(out) == [k for k in ref if k.split("/")[0] not in SAMPLE_KEYS[1:]]
     # float32 sigmoid/exp may differ by 1 ulp between chunk sizes (vectorised tails)
     tol = 1e-12 if task == "multiclass" else 1e-9
-    for key in ref:
+    for key in out:
         assert out[key] == pytest.approx(ref[key], abs=tol), key
     # two "processes", merged; and a state_dict round trip with a SUM reduction
     a, b = StreamingMetrics(task=task, classwise=True), StreamingMetrics(task=task, classwise=True)
     a.update(z[:300], y[:300])
     b.update(z[300:], y[300:])
     merged = a.merge(b).compute()
-    for key in ref:
+    for key in out:
         assert merged[key] == pytest.approx(ref[key], abs=tol)
     c, d = StreamingMetrics(task=task, classwise=True), StreamingMetrics(task=task, classwise=True)
     c.update(z[:700], y[:700])
@@ -362,7 +376,7 @@ def test_streaming_equals_one_shot(task):
     summed = {k: v + d.state_dict()[k] for k, v in c.state_dict().items()}
     e = StreamingMetrics(task=task, classwise=True)
     e.load_state_dict(summed)
-    for key in ref:
+    for key in out:
         assert e.compute()[key] == pytest.approx(ref[key], abs=tol)
 
 
@@ -386,7 +400,8 @@ def test_streaming_reset_errors_and_mass():
     with pytest.raises(ValueError, match="no samples"):
         s.compute()
     s.update(z, y)
-    assert s.compute() == pytest.approx(evaluate(z, y))
+    one_shot = evaluate(z, y)
+    assert s.compute() == pytest.approx({k: one_shot[k] for k in s.compute()})
     with pytest.raises(ValueError, match="4 classes"):
         s.update(*_data(n=10, k=4))
     with pytest.raises(ValueError, match="equal-mass"):
@@ -566,7 +581,9 @@ def test_positive_class_option():
     assert [k for k in default if "positive" in k] == [
         f"{m}_positive_{b}" for m in ("ece", "rmsce", "mce") for b in (10, 15)
     ]
-    assert list(default)[:9] == list(evaluate(z2, y, n_bins=(10, 15), positive_class=False))
+    without = evaluate(z2, y, n_bins=(10, 15), positive_class=False)
+    assert list(default)[:9] == list(without)[:9]
+    assert list(default)[-4:] == list(without)[-4:] == SAMPLE_KEYS
     z7, y7 = _data(n=300, k=7, seed=21)
     assert not any("positive" in k for k in evaluate(z7, y7))
     with pytest.raises(ValueError, match="needs two classes.*7"):
@@ -579,7 +596,7 @@ def test_positive_class_option():
     s = StreamingMetrics(n_bins=15)
     s.update(z2[:100], y[:100])
     s.update(z2[100:], y[100:])
-    ref = evaluate(z2, y, n_bins=15)
+    ref = {k: v for k, v in evaluate(z2, y, n_bins=15).items() if k not in SAMPLE_KEYS}
     assert s.compute() == pytest.approx(ref, abs=1e-12)
     fresh = StreamingMetrics(n_bins=15)
     fresh.load_state_dict(s.state_dict())

@@ -302,6 +302,90 @@ def test_equal_mass_bins_match_sklearn_quantile_and_netcal(n_bins):
     assert mb[f"mce_positive_mass_{n_bins}"] == pytest.approx(mce, abs=1e-12)
 
 
+# ----------------------------------------------------------------------------- sample-level metrics
+
+
+def _array_split_ece(conf, correct, n_bins):
+    """Adaptive ECE as torch-uncertainty computes it: sort, ``array_split``, weighted gaps."""
+    order = np.argsort(conf, kind="stable")
+    total = 0.0
+    for g in np.array_split(order, n_bins):
+        if len(g):
+            total += len(g) / len(conf) * abs(correct[g].mean() - conf[g].mean())
+    return total
+
+
+@pytest.mark.parametrize("n", [600, 503])
+def test_adaptive_ece_matches_netcal_quantile_bins_and_array_split(n):
+    z, p, y = _multiclass(n=n, k=5, seed=3)
+    conf = p.max(1).values.numpy()
+    correct = (p.argmax(1) == y).double().numpy()
+    assert len(np.unique(conf)) == n  # distinct: no tie to split
+    m = evaluate(z, y)
+    assert m["adaece_15"] == pytest.approx(_array_split_ece(conf, correct, 15), abs=1e-12)
+    if n % 15 == 0:  # netcal's quantile edges cut at the same samples when 15 divides N
+        ref = netcal.ECE(bins=15, equal_intervals=False).measure(p.numpy(), y.numpy())
+        assert m["adaece_15"] == pytest.approx(ref, abs=1e-12)
+        assert m["adaece_15"] == pytest.approx(
+            evaluate(z, y, n_bins=15, binning="mass")["ece_mass_15"], abs=1e-12
+        )
+    else:  # the sizes differ from ece_mass_15's floor(b N / B) starts
+        assert m["adaece_15"] != evaluate(z, y, n_bins=15, binning="mass")["ece_mass_15"]
+
+
+def test_classwise_ece_matches_netcal_and_sklearn_per_class():
+    z, p, y = _multiclass(n=700, k=4, seed=4)
+    pn, yn = p.numpy(), y.numpy()
+    _no_edge_values(pn, 15)
+    m = evaluate(z, y)
+    # netcal's ECE of 1-D input is the positive-class ECE of p_k against 1[y = k]
+    per_netcal = [netcal.ECE(bins=15).measure(pn[:, k], (yn == k).astype(int)) for k in range(4)]
+    assert m["cwece_15"] == pytest.approx(np.mean(per_netcal), abs=1e-12)
+    per_sk = [
+        _sklearn_positive((yn == k).astype(int), pn[:, k], 15, strategy="uniform")[0]
+        for k in range(4)
+    ]
+    assert m["cwece_15"] == pytest.approx(np.mean(per_sk), abs=1e-12)
+    assert m["cwece_15"] == evaluate(z, y, n_bins=15, classwise=True)["cwece_15"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_smece_matches_relplot(seed):
+    relplot = pytest.importorskip("relplot")  # pip install relplot (1.0.3 here)
+    n = (300, 5000, 40000)[seed]
+    z, p, y = _multiclass(n=n, k=5, seed=seed, scale=(2.0, 1.0, 0.3)[seed])
+    conf = p.max(1).values.numpy()
+    correct = (p.argmax(1) == y).double().numpy()
+    ref = relplot.smECE(conf, correct)
+    assert evaluate(z, y, n_bins=15)["smece"] == pytest.approx(ref, abs=1e-9)
+    zb, pb, yb = _binary(n=n, seed=seed + 10)  # binary: top-label confidence and correctness
+    cb = np.maximum(pb.numpy(), 1 - pb.numpy())
+    hb = ((pb.numpy() > 0.5) == yb.numpy()).astype(float)
+    assert evaluate(zb, yb, task="binary", n_bins=15)["smece"] == pytest.approx(
+        relplot.smECE(cb, hb), abs=1e-9
+    )
+
+
+def _risks_torch_uncertainty(conf, correct):
+    """torch-uncertainty's cumulative error rates (``_aurc_rejection_rate_compute``)."""
+    errors = torch.as_tensor(1.0 - correct)[torch.as_tensor(-conf).argsort()]
+    return errors.cumsum(0) / torch.arange(1, len(conf) + 1, dtype=torch.float64)
+
+
+def test_aurc_matches_torch_uncertainty_formula_and_a_direct_definition():
+    z, p, y = _multiclass(n=400, k=5, seed=5)
+    conf = p.max(1).values.numpy()
+    correct = (p.argmax(1) == y).double().numpy()
+    assert len(np.unique(conf)) == 400
+    got = evaluate(z, y, n_bins=15)["aurc"]
+    assert got == pytest.approx(float(_risks_torch_uncertainty(conf, correct).mean()), abs=1e-12)
+    direct = np.mean(  # risk of the i most confident, for every coverage i / N
+        [np.mean([1 - correct[j] for j in range(400) if conf[j] >= np.sort(conf)[::-1][i - 1]])
+         for i in range(1, 401)]
+    )  # fmt: skip
+    assert got == pytest.approx(direct, abs=1e-12)
+
+
 # ----------------------------------------------------------------------------- OOD
 
 

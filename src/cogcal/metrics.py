@@ -1,4 +1,4 @@
-"""Evaluation metrics: accuracy, NLL, Brier, binned calibration errors, OOD detection.
+"""Evaluation metrics: accuracy, NLL, Brier, calibration errors, AURC, OOD detection.
 
 The definitions follow docs/method.md §3 and are part of the API:
 
@@ -11,7 +11,11 @@ The definitions follow docs/method.md §3 and are part of the API:
   so that ``c = 1.0`` lands in bin ``B - 1``;
 * ``ece_positive_B``, ``rmsce_positive_B``, ``mce_positive_B`` -- for two classes (binary
   tasks and two-class multiclass input), the same errors of ``P(y = 1)`` against the
-  fraction of positives (scikit-learn's ``calibration_curve`` convention).
+  fraction of positives (scikit-learn's ``calibration_curve`` convention);
+* ``cwece_15`` (classwise ECE), ``adaece_15`` (equal-mass ECE), ``smece`` (smooth ECE,
+  as ``relplot.smECE``) and ``aurc`` (area under the risk-coverage curve); with
+  ``intervals=True``, ``ece_15_low`` / ``ece_15_high`` (a seeded bootstrap interval, also
+  :func:`ece_interval`).
 
 Every public function validates its input and raises ``ValueError`` naming what was wrong
 (one template for every dtype / shape problem: :func:`cogcal._checks.input_error`).
@@ -56,6 +60,7 @@ __all__ = [
     "ProbabilitiesAsLogitsWarning",
     "StreamingMetrics",
     "as_torchmetric",
+    "ece_interval",
     "evaluate",
     "ood",
     "ood_scores",
@@ -66,7 +71,8 @@ __all__ = [
 DEFAULT_N_BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
 
 _BINNINGS = ("width", "mass")
-_OOD_SCORES = ("msp", "energy", "entropy")
+_OOD_SCORES = ("msp", "energy", "entropy", "maxlogit")
+_LOGIT_SCORES = ("energy", "maxlogit")  # scores of the logits themselves
 #: Scores processed at once (rows x columns): the float64 temporaries of a chunk stay
 #: small (8 MiB), large enough to amortise the per-call overhead.
 _CHUNK_ELEMS = 1 << 20
@@ -136,6 +142,29 @@ def _check_eps(eps: Any) -> float | None:
             "eps=1e-15 clips the probability of the true class at 1e-15 in the NLL."
         )
     return float(eps)
+
+
+def _check_bootstrap(level: Any, n_boot: Any, seed: Any) -> tuple[float, int, int]:
+    if (
+        isinstance(level, bool)
+        or not isinstance(level, int | float | np.floating | np.integer)
+        or not (0.0 < float(level) < 1.0)
+    ):
+        raise ValueError(
+            f"`level` must be a number in (0, 1), got {level!r}; e.g. level=0.95 for a 95% "
+            "interval."
+        )
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int | np.integer) or n_boot < 1:
+        raise ValueError(
+            f"`n_boot` must be a positive integer (the number of bootstrap resamples, e.g. "
+            f"1000), got {n_boot!r}."
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(
+            f"`seed` must be a non-negative integer (the bootstrap is seeded so that it is "
+            f"reproducible), got {seed!r}."
+        )
+    return float(level), int(n_boot), int(seed)
 
 
 def _check_positive_class(positive_class: Any, task: str) -> bool | None:
@@ -395,10 +424,13 @@ class _State:
         num_classes: int | None,
         num_tasks: int | None,
         positive: bool | None = False,
+        cw_bins: tuple[int, ...] | None = None,
     ) -> None:
         self.task = task
         self.n_bins = n_bins
         self.classwise = classwise
+        # the bin counts of the classwise sums (evaluate adds 15 for its default cwece_15)
+        self.cw_bins = (n_bins if classwise else ()) if cw_bins is None else cw_bins
         self.positive = positive
         # multiclass: one "task" with K classes; binary / multilabel: T tasks with 2 classes.
         self.num_classes = 2 if task != "multiclass" else num_classes
@@ -443,10 +475,10 @@ class _State:
                 shapes[f"pos_count_{b}"] = (t, b)
                 shapes[f"pos_conf_{b}"] = (t, b)
                 shapes[f"pos_label_{b}"] = (t, b)
-            if self.classwise:
-                shapes[f"cw_count_{b}"] = (t, k, b)
-                shapes[f"cw_prob_{b}"] = (t, k, b)
-                shapes[f"cw_label_{b}"] = (t, k, b)
+        for b in self.cw_bins:
+            shapes[f"cw_count_{b}"] = (t, k, b)
+            shapes[f"cw_prob_{b}"] = (t, k, b)
+            shapes[f"cw_label_{b}"] = (t, k, b)
         return shapes
 
     def allocate(self, device: torch.device) -> None:
@@ -508,15 +540,24 @@ def _onehot(y: torch.Tensor, n: int, k: int, task: str) -> torch.Tensor:
 def _classwise_sums(
     probs: torch.Tensor, y: torch.Tensor, n_bins: tuple[int, ...], task: str
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per-(task, class, bin) (count, sum p_k, sum 1[y = k]) of (n, T, K) probabilities."""
+    """Per-(task, class, bin) (count, sum p_k, sum 1[y = k]) of (n, T, K) probabilities.
+
+    The label sums count, for each sample and task, the bin of its true class only (a
+    gather, no dense one-hot).
+    """
     n, t, k = probs.shape
-    onehot = _onehot(y, n, k, task)
+    true_class = (y.reshape(n, 1, 1) if task == "multiclass" else y.reshape(n, t, 1)).long()
     pd = probs.double()
     offs = torch.arange(t * k, device=probs.device).view(1, t, k)
     out = {}
     for b in n_bins:
         idx = _width_bin(pd, b) + offs * b
-        out[b] = tuple(_hist(idx, w, t * k * b).view(t, k, b) for w in (None, pd, onehot))
+        size = t * k * b
+        out[b] = (
+            _hist(idx, None, size).view(t, k, b),
+            _hist(idx, pd, size).view(t, k, b),
+            _hist(idx.gather(2, true_class), None, size).view(t, k, b),
+        )
     return out
 
 
@@ -565,7 +606,7 @@ def _update(
             "them: build a new StreamingMetrics, or pass positive_class=False."
         )
     dev = s["n"].device
-    want_probs = state.classwise or return_probs
+    want_probs = bool(state.cw_bins) or return_probs
     chunk_fn = _multiclass_chunk if state.task == "multiclass" else _binary_chunk
     want = _Want(is_prob, eps, positive, want_probs)
     with torch.no_grad():
@@ -578,9 +619,9 @@ def _update(
             y = labels[start : start + rows].to(dev)
             raw = chunk_fn(z, y, want)
             probs = raw.pop("probs", None)
-            if state.classwise and state.n_bins:
+            if state.cw_bins:
                 for b, (cnt, psum, ysum) in _classwise_sums(
-                    probs, y, state.n_bins, state.task
+                    probs, y, state.cw_bins, state.task
                 ).items():
                     s[f"cw_count_{b}"] += cnt
                     s[f"cw_prob_{b}"] += psum
@@ -662,10 +703,9 @@ def _compute(state: _State, task_names: list[str] | None = None) -> dict[str, fl
         for i, name in enumerate(("ece", "rmsce", "mce")):
             for b in state.n_bins:
                 per[f"{name}{suffix}_{b}"] = errs[b][i]
-    if state.classwise:
-        for b in state.n_bins:
-            ece_k = _errors(s[f"cw_count_{b}"], s[f"cw_prob_{b}"], s[f"cw_label_{b}"], n)[0]
-            per[f"cwece_{b}"] = ece_k.mean(-1)
+    for b in state.cw_bins:
+        ece_k = _errors(s[f"cw_count_{b}"], s[f"cw_prob_{b}"], s[f"cw_label_{b}"], n)[0]
+        per[f"cwece_{b}"] = ece_k.mean(-1)
     return _finish(per, state.task, task_names, state.num_tasks)
 
 
@@ -740,6 +780,201 @@ def _compute_mass(
 
 
 # --------------------------------------------------------------------------------------
+# sample-level metrics (one-shot: they need every sample, see evaluate's Notes)
+# --------------------------------------------------------------------------------------
+
+#: Bins of ``adaece_15``, ``cwece_15`` and of the bootstrap interval of ``ece_15``.
+_FIXED_BINS = 15
+#: Elements of one (bootstrap replicates x samples) weight matrix of the bootstrap.
+_BOOT_ELEMS = 1 << 22
+
+
+def _run_means(srt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x`` (n, T) with each value replaced by its mean over its run of equal ``srt``.
+
+    ``srt`` is sorted along dim 0 (either direction) and ``x`` is aligned with it; a run
+    is a maximal block of equal values in one column.
+    """
+    n, t = srt.shape
+    new = torch.ones_like(srt, dtype=torch.bool)
+    new[1:] = srt[1:] != srt[:-1]  # row 0 starts a run in every column
+    ids = new.T.reshape(-1).cumsum(0) - 1  # run ids, column after column
+    size = int(ids[-1]) + 1
+    sums = torch.bincount(ids, weights=x.T.reshape(-1).double(), minlength=size)
+    counts = torch.bincount(ids, minlength=size).double()
+    return (sums / counts)[ids].view(t, n).T
+
+
+def _adaptive_ece(conf: torch.Tensor, hit: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Equal-mass ECE (``adaece_B``) of each column of (n, T) confidences and hits.
+
+    The sorted confidences are cut into ``n_bins`` consecutive groups with the sizes of
+    ``numpy.array_split`` (the first ``n mod B`` groups one larger); a run of tied
+    confidences cut by a group boundary gives each group its share of the run's hits.
+    """
+    n, t = conf.shape
+    srt, order = conf.double().sort(0)
+    h = _run_means(srt, hit.double().gather(0, order))
+    q, r = divmod(n, n_bins)
+    i = torch.arange(n, device=conf.device)
+    big = (q + 1) * r  # positions in the r larger groups
+    b = torch.where(i < big, i // (q + 1), r + (i - big) // max(q, 1))
+    idx = b[:, None] + torch.arange(t, device=conf.device)[None, :] * n_bins
+    resid = _hist(idx, h - srt, t * n_bins).view(t, n_bins)  # sum of (hit - conf) per group
+    return resid.abs().sum(-1) / n
+
+
+def _aurc(conf: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    """Area under the risk-coverage curve of each column (ties broken in expectation)."""
+    n = conf.shape[0]
+    srt, order = conf.double().sort(0, descending=True)
+    err = _run_means(srt, 1.0 - hit.double().gather(0, order))
+    cover = torch.arange(1, n + 1, dtype=torch.float64, device=conf.device)[:, None]
+    return (err.cumsum(0) / cover).mean(0)
+
+
+def _reflected_smooth(grid: np.ndarray, sigma: float) -> np.ndarray:
+    """Rows of ``grid`` (values on ``m`` points of [0, 1]) convolved with a reflected Gaussian.
+
+    The kernel is the Gaussian of width ``sigma`` sampled on the grid's offsets within
+    ``[-1/2, 1/2]`` (``m`` is odd), the rows are mirrored at both ends, and the ``m``
+    central outputs of the convolution are kept (relplot's ``ReflectedGaussianKernel``),
+    computed by FFT.
+    """
+    m = grid.shape[-1]
+    t = np.linspace(0.0, 1.0, m)
+    ker = np.exp(-((t - 0.5) ** 2) / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
+    ext = np.concatenate([grid[:, :0:-1], grid, grid[:, -2::-1]], axis=1)  # 3m - 2
+    size = 1 << (ext.shape[1] + m - 2).bit_length()
+    full = np.fft.irfft(np.fft.rfft(ext, size) * np.fft.rfft(ker, size), size)
+    start = m - 1 + m // 2  # 'valid' starts at m - 1; relplot keeps [m // 2, m // 2 + m)
+    return full[:, start : start + m]
+
+
+def _smooth_ece_1d(f: np.ndarray, resid: np.ndarray) -> float:
+    """smECE of confidences ``f`` with residuals ``f - y`` (relplot's ``smECE``, see Notes)."""
+    grids: dict[int, np.ndarray] = {}
+    values: dict[float, float] = {}
+
+    def rounded(m: int) -> np.ndarray:
+        # mass and residual of each sample shared linearly between its two grid points
+        if m not in grids:
+            pos = f * (m - 1)
+            i = np.clip(pos.astype(np.int64), 0, m - 2)
+            frac = pos - i
+            grids[m] = np.stack(
+                [
+                    np.bincount(i, resid * (1 - frac), m) + np.bincount(i + 1, resid * frac, m),
+                    np.bincount(i, 1 - frac, m) + np.bincount(i + 1, frac, m),
+                ]
+            )
+        return grids[m]
+
+    def at(sigma: float) -> float:
+        if sigma not in values:
+            m = max(2000, round(20 / sigma)) // 2 + 1
+            ys, dens = _reflected_smooth(rounded(m), sigma)
+            te = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
+            inds = np.clip((te * (m - 1)).astype(np.int64), 0, m - 2)
+            w = (te - inds * (1 / (m - 1))) / (1 / (m - 1))
+            ys = ys[inds] * (1 - w) + ys[inds + 1] * w
+            dens = dens[inds] * (1 - w) + dens[inds + 1] * w + 1e-4
+            values[sigma] = float(np.sum(np.abs(ys / dens) * dens) / np.sum(dens))
+        return values[sigma]
+
+    def below_fixed_point(sigma: float) -> bool:
+        return sigma < 1e-3 or sigma < at(sigma)
+
+    if below_fixed_point(1.0):
+        return at(1.0)
+    hi, lo = 1.0, 0.0
+    for _ in range(10):  # bisection: sigma* within 2**-10
+        mid = (hi + lo) / 2
+        if below_fixed_point(mid):
+            lo = mid
+        else:
+            hi = mid
+    return at(hi)
+
+
+def _smece(conf: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    """smECE of each column of (n, T) confidences and hits."""
+    f = conf.detach().cpu().double().numpy()
+    resid = f - hit.detach().cpu().double().numpy()
+    vals = [_smooth_ece_1d(f[:, j], resid[:, j]) for j in range(f.shape[1])]
+    return torch.tensor(vals, dtype=torch.float64)
+
+
+def _ece_bootstrap(
+    conf: torch.Tensor, hit: torch.Tensor, n_bins: int, n_boot: int, seed: int
+) -> np.ndarray:
+    """ECE of ``n_boot`` bootstrap resamples of the rows of (n, T) values: (n_boot, T).
+
+    Each resample draws n rows with replacement (the same rows for every task) from
+    ``numpy.random.default_rng(seed)``; a chunk of resamples is a matrix of draw counts
+    ``W`` (resamples x n), and the per-bin sums of ``hit - conf`` are ``W @ F`` with ``F``
+    the (n, B) residuals placed in their bins (ECE = sum_b |sum_{i in b} (hit_i -
+    conf_i)| / n).
+    """
+    c = conf.detach().cpu().double()
+    n, t = c.shape
+    bins = _width_bin(c, n_bins).numpy()
+    resid = (hit.detach().cpu().double() - c).numpy()
+    rng = np.random.default_rng(seed)
+    rows = np.arange(n)
+    out = np.empty((n_boot, t))
+    step = max(1, _BOOT_ELEMS // n)
+    for start in range(0, n_boot, step):
+        cc = min(step, n_boot - start)
+        draws = rng.integers(0, n, size=(cc, n)) + (np.arange(cc) * n)[:, None]
+        weights = np.bincount(draws.ravel(), minlength=cc * n).reshape(cc, n).astype(np.float64)
+        for j in range(t):
+            feats = np.zeros((n, n_bins))
+            feats[rows, bins[:, j]] = resid[:, j]
+            out[start : start + cc, j] = np.abs(weights @ feats).sum(1) / n
+    return out
+
+
+def _sample_metrics(
+    samples: dict[str, torch.Tensor],
+    task: str,
+    task_names: list[str] | None,
+) -> dict[str, float]:
+    """``adaece_15``, ``smece`` and ``aurc`` (per task for multilabel) from the samples."""
+    conf = samples["conf"].detach().cpu().double()
+    hit = samples["correct"].detach().cpu()
+    per = {
+        f"adaece_{_FIXED_BINS}": _adaptive_ece(conf, hit, _FIXED_BINS),
+        "smece": _smece(conf, hit),
+        "aurc": _aurc(conf, hit),
+    }
+    return _finish(per, task, task_names, conf.shape[1])
+
+
+def _interval_keys(
+    samples: dict[str, torch.Tensor],
+    task: str,
+    task_names: list[str] | None,
+    *,
+    level: float,
+    n_boot: int,
+    seed: int,
+) -> dict[str, float]:
+    """``ece_15_low`` / ``ece_15_high`` (and per task for multilabel): percentile bootstrap."""
+    boot = _ece_bootstrap(samples["conf"], samples["correct"], _FIXED_BINS, n_boot, seed)
+    qs = [(1 - level) / 2, (1 + level) / 2]
+    lo, hi = np.quantile(boot.mean(1), qs)  # the plain key: the mean over tasks
+    key = f"ece_{_FIXED_BINS}"
+    out = {f"{key}_low": float(lo), f"{key}_high": float(hi)}
+    if task == "multilabel":
+        names = task_names if task_names is not None else _check_task_names(None, boot.shape[1])
+        for end, vals in zip(("low", "high"), np.quantile(boot, qs, axis=0), strict=True):
+            for name, val in zip(names, vals.tolist(), strict=True):
+                out[f"{key}_{end}/{name}"] = float(val)
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # public API
 # --------------------------------------------------------------------------------------
 
@@ -756,8 +991,11 @@ def evaluate(
     task_names: Sequence[str] | None = None,
     positive_class: bool | None = None,
     eps: float | None = None,
+    intervals: bool = False,
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> dict[str, float]:
-    r"""Accuracy, NLL, Brier score and binned calibration errors of a classifier.
+    r"""Accuracy, NLL, Brier score, calibration errors and AURC of a classifier.
 
     Call it as ``evaluate(logits, labels)``, ``evaluate(labels=y, logits=z)`` or
     ``evaluate(labels=y, probs=p)``: exactly one of ``logits`` and ``probs``.
@@ -799,15 +1037,26 @@ def evaluate(
         clipping, so a true class of probability 0 gives ``nll = inf`` (with a warning
         giving the number of such samples). scikit-learn's ``log_loss`` clips at the
         machine epsilon of the dtype (``eps=numpy.finfo(numpy.float64).eps``).
+    intervals : bool
+        Also report ``ece_15_low`` and ``ece_15_high``, a 95% percentile bootstrap
+        interval of ``ece_15`` (see :func:`ece_interval`). Default False: the keys are
+        absent.
+    n_boot : int
+        Bootstrap resamples of the interval; default 1000.
+    seed : int
+        Seed of the bootstrap; default 0 (the same data give the same interval).
 
     Returns
     -------
     dict of str to float
         ``acc``, ``nll``, ``brier`` and, for each ``B``, ``ece_B``, ``rmsce_B``, ``mce_B``,
         then ``ece_positive_B``, ``rmsce_positive_B``, ``mce_positive_B`` for two classes
-        (``*_mass_B`` with equal-mass bins; then ``cwece_B`` when ``classwise``). For
-        multilabel, these keys hold the unweighted mean over tasks and every metric is
-        also given per task under ``"{metric}/{task_name}"``.
+        (``*_mass_B`` with equal-mass bins), ``cwece_B`` for each ``B`` when
+        ``classwise``, then always ``cwece_15``, ``adaece_15``, ``smece``, ``aurc``, then
+        ``ece_15_low``, ``ece_15_high`` when ``intervals``. For multilabel, these keys
+        hold the unweighted mean over tasks and every metric is also given per task
+        under ``"{metric}/{task_name}"`` (the plain interval keys are the interval of
+        the mean over tasks).
 
     Notes
     -----
@@ -842,12 +1091,48 @@ def evaluate(
     edge goes to the upper bin, so tied confidences always share a bin (some bins may be
     empty when there are ties or fewer than ``B`` samples). Classwise ECE is the mean
     over the K classes (absent classes included) of the ECE of :math:`p_{\cdot k}` against
-    :math:`1[y = k]`, each on its own bins.
+    :math:`1[y = k]`, each on its own bins; ``cwece_15`` (always reported) is this
+    with 15 equal-width bins.
+
+    ``adaece_15``, ``smece`` and ``aurc`` need every sample at once (so
+    :class:`StreamingMetrics` does not report them). ``adaece_15`` is the ECE on 15
+    equal-mass bins of the sorted confidences, cut with the group sizes of
+    ``numpy.array_split`` (the first :math:`N \bmod 15` groups hold
+    :math:`\lceil N/15 \rceil` samples, the others :math:`\lfloor N/15 \rfloor`); when a
+    cut falls inside a run of tied confidences, each side gets its share of the run's
+    correct predictions, so the value does not depend on the order of tied samples
+    (unlike ``ece_mass_15``, whose ties share one bin). ``smece`` is the smooth ECE of
+    Błasiok & Nakkiran (2023) computed exactly as ``relplot.smECE(c, correct)``: the
+    residuals :math:`c_i - 1[\hat y_i = y_i]` and the sample mass are spread linearly
+    onto a grid of at least 1001 points, smoothed with a Gaussian kernel of width
+    :math:`\sigma` reflected at 0 and 1, and
+
+    .. math::
+
+        \mathrm{smECE}_\sigma = \frac{\sum_t |\hat r_\sigma(t)|\, \hat\delta_\sigma(t)}
+            {\sum_t \hat\delta_\sigma(t)}
+
+    over at least 200 evaluation points (:math:`\hat r = ` smoothed residual / smoothed
+    density, :math:`\hat\delta` = smoothed density + 1e-4); :math:`\sigma^*` is the
+    fixed point :math:`\mathrm{smECE}_\sigma = \sigma`, found by 10 bisection steps on
+    ``[0, 1]`` (the smallest tried :math:`\sigma \ge \mathrm{smECE}_\sigma`), and
+    ``smece`` :math:`= \mathrm{smECE}_{\sigma^*}`. ``aurc``: with the samples sorted by
+    decreasing confidence, the risk at coverage :math:`i/N` is the error rate of the
+    :math:`i` most confident ones, and
+
+    .. math::
+
+        \mathrm{AURC} = \frac1N \sum_{i=1}^N \frac1i \sum_{j \le i} 1[\hat y_{(j)}
+            \ne y_{(j)}] ,
+
+    with ties broken in expectation (the mean over every order of the tied samples: a run
+    of tied confidences contributes its mean error rate at each position).
 
     Binary tasks use :math:`p = \sigma(z)`, top-label confidence :math:`\max(p, 1 - p)`,
     prediction ``z > 0`` (``p > 0.5`` for ``probs=``; a tie predicts 0), and with the
     margin against the truth :math:`s = (1 - 2y) z`: NLL :math:`\log(1 + e^{s})` and Brier
-    :math:`(p - y)^2 = \sigma(s)^2`; classwise ECE uses the two classes ``1 - p`` and ``p``.
+    :math:`(p - y)^2 = \sigma(s)^2`; classwise ECE uses the two classes ``1 - p`` and ``p``;
+    ``adaece_15``, ``smece`` and ``aurc`` use the top-label confidence and correctness.
     The positive-class errors bin :math:`p = P(y = 1)` (column 1 of two-class
     multiclass input) and compare each bin's mean :math:`p` with its fraction of
     positives :math:`\frac{1}{n_b}\sum_{i \in b} y_i`. Top-label and positive-class
@@ -864,8 +1149,8 @@ def evaluate(
     >>> logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0]])
     >>> labels = torch.tensor([0, 2, 2])
     >>> m = evaluate(logits, labels, n_bins=(10,))
-    >>> sorted(m)
-    ['acc', 'brier', 'ece_10', 'mce_10', 'nll', 'rmsce_10']
+    >>> list(m)
+    ['acc', 'nll', 'brier', 'ece_10', 'rmsce_10', 'mce_10', 'cwece_15', 'adaece_15', 'smece', 'aurc']
     >>> round(m["acc"], 4), round(m["nll"], 4), round(m["brier"], 4)
     (0.6667, 0.6286, 0.3594)
     >>> round(m["ece_10"], 4), round(m["mce_10"], 4)
@@ -884,9 +1169,13 @@ def evaluate(
     binning = _check_binning(binning)
     positive_class = _check_positive_class(positive_class, task)
     eps = _check_eps(eps)
+    level, n_boot, seed = _check_bootstrap(0.95, n_boot, seed)
     scores, y, is_prob = _check_tensors(logits, labels, probs, task, eps)
     names = _check_task_names(task_names, scores.shape[1]) if task == "multilabel" else None
     mass = binning == "mass"
+    cw_bins = bins if classwise and not mass else ()
+    if _FIXED_BINS not in cw_bins:
+        cw_bins += (_FIXED_BINS,)  # cwece_15 is always reported
     state = _State(
         task=task,
         n_bins=() if mass else bins,
@@ -894,25 +1183,98 @@ def evaluate(
         num_classes=None,
         num_tasks=None,
         positive=positive_class,
+        cw_bins=cw_bins,
     )
-    if mass:
-        state.classwise = False  # no width-bin classwise sums with equal-mass bins
     samples = _update(
         state,
         scores,
         y,
         is_prob=is_prob,
         eps=eps,
-        return_samples=mass,
+        return_samples=True,
         return_probs=mass and classwise,
     )
     out = _compute(state, names)
     if mass:
-        state.classwise = bool(classwise)
         out.update(_compute_mass(samples, state, bins, names))
-        if task == "multilabel":  # keep the plain keys before the per-task keys
-            out = {k: out[k] for k in sorted(out, key=lambda k: "/" in k)}
+    out.update(_sample_metrics(samples, task, names))
+    if intervals:
+        out.update(_interval_keys(samples, task, names, level=level, n_boot=n_boot, seed=seed))
+    if task == "multilabel":  # keep the plain keys before the per-task keys
+        out = {k: out[k] for k in sorted(out, key=lambda k: "/" in k)}
     return out
+
+
+def ece_interval(
+    logits: Any = None,
+    labels: Any = None,
+    *,
+    probs: Any = None,
+    task: str = "multiclass",
+    n_bins: int = 15,
+    level: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    r"""Percentile bootstrap interval of the equal-width top-label ECE.
+
+    Parameters
+    ----------
+    logits, labels, probs, task
+        As in :func:`evaluate` (exactly one of ``logits`` and ``probs``).
+    n_bins : int
+        Number of equal-width bins ``B`` of the ECE (as ``ece_B`` of :func:`evaluate`).
+    level : float in (0, 1)
+        Coverage of the interval; default 0.95.
+    n_boot : int
+        Number of bootstrap resamples; default 1000.
+    seed : int
+        Seed of ``numpy.random.default_rng``: the same data, ``n_boot`` and ``seed`` give
+        the same interval.
+
+    Returns
+    -------
+    tuple of float
+        ``(low, high)``, the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles
+        (``numpy.quantile``, linear interpolation) of the ECE of the resamples; for
+        multilabel, of the mean ECE over tasks.
+
+    Notes
+    -----
+    Each resample draws :math:`N` samples with replacement (whole rows: the same samples
+    for every task). The bins stay those of the full data (fixed edges), so a resample's
+    ECE is :math:`rac1N \sum_b ig|\sum_i w_i\, 1[i \in b]\, (1[\hat y_i = y_i] -
+    c_i)ig|` with :math:`w_i` the number of times sample :math:`i` is drawn. The
+    interval describes the sampling variability of the ECE of this model on data like
+    the test set; ECE is biased upwards on finite samples, so the point value may lie
+    near or below ``low`` for a well-calibrated model. :func:`evaluate` with
+    ``intervals=True`` reports the same interval for ``B = 15`` as ``ece_15_low`` and
+    ``ece_15_high``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> logits = torch.randn(2000, 10, generator=g) * 3
+    >>> labels = torch.randint(0, 10, (2000,), generator=g)
+    >>> low, high = ece_interval(logits, labels, n_boot=200)
+    >>> low < evaluate(logits, labels, n_bins=15)["ece_15"] < high
+    True
+    >>> (low, high) == ece_interval(logits, labels, n_boot=200)  # seeded
+    True
+    """
+    task = check_task(task)
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer) or n_bins < 1:
+        raise ValueError(f"`n_bins` must be a positive integer (e.g. 15), got {n_bins!r}.")
+    level, n_boot, seed = _check_bootstrap(level, n_boot, seed)
+    scores, y, is_prob = _check_tensors(logits, labels, probs, task)
+    state = _State(task=task, n_bins=(), classwise=False, num_classes=None, num_tasks=None)
+    with warnings.catch_warnings():  # a zero true-class probability only matters to the NLL
+        warnings.filterwarnings("ignore", message=r".*true class probability 0")
+        samples = _update(state, scores, y, is_prob=is_prob, return_samples=True)
+    boot = _ece_bootstrap(samples["conf"], samples["correct"], int(n_bins), n_boot, seed)
+    low, high = np.quantile(boot.mean(1), [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
 
 
 class StreamingMetrics:
@@ -923,6 +1285,9 @@ class StreamingMetrics:
     is a dict of float64 tensors that are all *sums* over samples, so states from several
     processes combine by addition: :meth:`sync` all-reduces them under
     ``torch.distributed``; :meth:`merge` and :meth:`state_dict` do it by hand.
+    :meth:`compute` gives :func:`evaluate`'s keys except those that need every sample:
+    ``adaece_15``, ``smece``, ``aurc``, the intervals, and ``cwece_15`` unless
+    ``classwise=True`` and 15 is among ``n_bins``.
 
     Parameters
     ----------
@@ -955,9 +1320,11 @@ class StreamingMetrics:
     ...     m.update(logits[i : i + 32], labels[i : i + 32])
     >>> m.sync()  # no-op unless torch.distributed is initialised  # doctest: +ELLIPSIS
     <cogcal.metrics.StreamingMetrics object at ...>
-    >>> one_shot = evaluate(logits, labels, n_bins=(10, 15))
-    >>> all(abs(m.compute()[k] - one_shot[k]) < 1e-12 for k in one_shot)
+    >>> one_shot, streamed = evaluate(logits, labels, n_bins=(10, 15)), m.compute()
+    >>> all(abs(streamed[k] - one_shot[k]) < 1e-12 for k in streamed)
     True
+    >>> sorted(set(one_shot) - set(streamed))  # these need every sample at once
+    ['adaece_15', 'aurc', 'cwece_15', 'smece']
     """
 
     def __init__(
@@ -1019,7 +1386,7 @@ class StreamingMetrics:
         _update(self._state, scores, y, is_prob=is_prob, eps=self.eps)
 
     def compute(self) -> dict[str, float]:
-        """Metrics of every sample seen so far (same keys and values as :func:`evaluate`).
+        """Metrics of every sample seen so far (:func:`evaluate`'s binned keys and values).
 
         After :meth:`sync`, the samples seen by every process.
         """
@@ -1468,9 +1835,10 @@ def _ood_input(
     is_prob = probs is not None
     name = pname if is_prob else lname
     x = probs if is_prob else logits
-    if is_prob and score == "energy":
+    if is_prob and score in _LOGIT_SCORES:
+        what = "log-sum-exp" if score == "energy" else "maximum"
         raise ValueError(
-            "score='energy' (log-sum-exp of the logits) needs logits: pass "
+            f"score={score!r} (the {what} of the logits) needs logits: pass "
             f"`{lname}` instead of `{pname}`, or use score='msp' / 'entropy'."
         )
     if task == "multiclass":
@@ -1496,6 +1864,8 @@ def _score(z: torch.Tensor, score: str, is_prob: bool) -> torch.Tensor:
         return torch.log_softmax(z, dim=1, dtype=torch.float64).amax(1).exp()
     if score == "energy":
         return torch.logsumexp(z.double(), dim=1)
+    if score == "maxlogit":
+        return z.double().amax(1)
     logp = torch.log_softmax(z, dim=1, dtype=torch.float64)
     return (logp.exp() * logp).sum(1)
 
@@ -1509,11 +1879,12 @@ def ood_scores(
     ----------
     logits : array-like, shape (N, K), or (N,) / (N, 1) for ``task="binary"``
         Logits (a binary logit ``z`` is treated as the 2-class logits ``(0, z)``).
-    score : {"msp", "energy", "entropy"}
+    score : {"msp", "energy", "entropy", "maxlogit"}
         ``msp``: maximum softmax probability :math:`\max_k p_k`; ``energy``: the negative
         free energy :math:`\log\sum_k e^{z_k}` (temperature 1, logits only);
         ``entropy``: the negative entropy :math:`\sum_k p_k \log p_k` (with
-        :math:`0 \log 0 = 0`).
+        :math:`0 \log 0 = 0`); ``maxlogit``: the maximum logit :math:`\max_k z_k`
+        (logits only; a binary logit ``z`` gives :math:`\max(0, z)`).
     task : {"multiclass", "binary"}
         Kind of problem.
     probs : array-like, optional
@@ -1571,15 +1942,15 @@ def ood(
         Logits on in-distribution data (the positive class).
     ood_logits : array-like, shape (M, K)
         Logits on out-of-distribution data (the negative class); same K.
-    score : {"msp", "energy", "entropy"}
+    score : {"msp", "energy", "entropy", "maxlogit"}
         The score, higher = more in-distribution (see :func:`ood_scores`); default
         ``"msp"`` (docs/method.md §3).
     task : {"multiclass", "binary"}
         Kind of problem (binary: logits of shape (N,) or (N, 1)).
     id_probs, ood_probs : array-like, optional
         Probabilities instead of logits, side by side: for each side pass exactly one of
-        the logits and the probabilities. ``msp`` and ``entropy`` only (``energy`` needs
-        logits).
+        the logits and the probabilities. ``msp`` and ``entropy`` only (``energy`` and
+        ``maxlogit`` need logits).
 
     Returns
     -------
@@ -1614,6 +1985,8 @@ def ood(
     >>> id_logits = torch.tensor([[5.0, 0.0], [3.0, 0.0], [0.0, 4.0]])
     >>> ood_logits = torch.tensor([[0.5, 0.0], [0.0, 3.0]])
     >>> ood(id_logits, ood_logits)
+    {'auroc': 0.9166666666666666, 'fpr95': 0.5}
+    >>> ood(id_logits, ood_logits, score="maxlogit")  # scores 5, 3, 4 against 0.5, 3
     {'auroc': 0.9166666666666666, 'fpr95': 0.5}
     """
     score = _check_score(score)
