@@ -392,8 +392,10 @@ def load_calibrator(path: str | os.PathLike[str]) -> Calibration:
     )  # fmt: skip
 
 
-def _metrics(z: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    return evaluate(torch.from_numpy(z), torch.from_numpy(y))
+def _metrics(z: np.ndarray, y: np.ndarray, *, intervals: bool = False) -> dict[str, float]:
+    """:func:`~cogcal.metrics.evaluate`; ``intervals``: with the seeded bootstrap 95% interval
+    of ECE-15 (``ece_15_low``, ``ece_15_high``)."""
+    return evaluate(torch.from_numpy(z), torch.from_numpy(y), intervals=intervals)
 
 
 def _inputs(s: Scores) -> dict[str, Any]:
@@ -478,8 +480,8 @@ def calibrate_files(
         }
         if t is not None:
             after = cal(t.logits)
-            metrics["test_before"] = _metrics(t.logits, t.labels)
-            metrics["test"] = _metrics(after, t.labels)
+            metrics["test_before"] = _metrics(t.logits, t.labels, intervals=True)
+            metrics["test"] = _metrics(after, t.labels, intervals=True)
             folder.write(
                 "test_logits.npz", {"logits": t.logits, "calibrated": after, "labels": t.labels}
             )
