@@ -30,6 +30,7 @@ def _metrics_table(metrics: dict[str, Any], method: str) -> Table:
         "test_before": "test, as given",
         "test": f"test, after {method}",
     }
+
     def value(m: dict[str, Any], key: str) -> str:
         low, high = m.get(f"{key}_low"), m.get(f"{key}_high")
         interval = f" [{num(low)}, {num(high)}]" if low is not None and high is not None else ""
