@@ -1,13 +1,15 @@
-"""Post-hoc vector / matrix scaling with a cross-validated penalty against scikit-learn's
-``LogisticRegressionCV`` (8 Cs, 5 folds) on the same logits, timed side by side in one run.
+"""Post-hoc vector / matrix scaling and Dirichlet calibration with a cross-validated penalty
+against scikit-learn's ``LogisticRegressionCV`` (8 Cs, 5 folds) on the same logits, timed side
+by side in one run.
 
     python bench/posthoc_fit.py [--repeats 3] [--threads 1]
 
-Target: ``MatrixScaling().fit`` / ``VectorScaling().fit`` (``l2="cv"``: 5 folds, the
-default grid of 9 strengths) at most 2x the time of ``LogisticRegressionCV(Cs=8, cv=5)``
-(multinomial, lbfgs) for n <= 10,000 samples and K <= 100 classes. The two do comparable
-work: a regularised multinomial logistic regression on the K logits, its strength chosen
-by 5-fold cross-validation. Both run on ``--threads`` threads (torch's, and NumPy's BLAS
+Target: ``MatrixScaling().fit`` / ``VectorScaling().fit`` / ``Dirichlet().fit``
+(``l2="cv"``: 5 folds, the default grid of 9 strengths) at most 2x the time of
+``LogisticRegressionCV(Cs=8, cv=5)`` (multinomial, lbfgs) for n <= 10,000 samples and
+K <= 100 classes. They do comparable work: a regularised multinomial logistic regression on
+the K logits (Dirichlet: on the K log-probabilities), its strength chosen by 5-fold
+cross-validation; scikit-learn is fitted on the logits for all three. Both run on ``--threads`` threads (torch's, and NumPy's BLAS
 and OpenMP pools through threadpoolctl for scikit-learn: with its default pools, idle BLAS
 threads spinning on a 2-core machine double its CPU time and flatter the ratio). Times are
 process CPU seconds (user + system) of one fit each, the median of ``--repeats``,
@@ -29,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stamp import stamp  # noqa: E402
-from cogcal.calibrators import MatrixScaling, VectorScaling  # noqa: E402
+from cogcal.calibrators import Dirichlet, MatrixScaling, VectorScaling  # noqa: E402
 
 SIZES = ((288, 10), (1000, 2), (2000, 10), (10_000, 10), (2000, 100), (10_000, 100))
 
@@ -69,24 +71,28 @@ def main() -> None:
     z, y = logits_of(100, 3)
     MatrixScaling().fit(z, y)
     print(stamp())
-    print(f"{'n x K':>12s} {'sklearn CV':>11s} {'ms':>8s} {'ratio':>6s} {'vs':>8s} {'ratio':>6s}")
+    ours = ("ms", "vs", "dir")
+    print(f"{'n x K':>12s} {'sklearn CV':>11s}" + "".join(f" {k:>8s} {'ratio':>6s}" for k in ours))
     for n, k in sizes:
         z, y = logits_of(n, k)
-        times: dict[str, list[float]] = {"sk": [], "ms": [], "vs": []}
+        times: dict[str, list[float]] = {"sk": [], **{key: [] for key in ours}}
         fits = {
             "sk": lambda z=z, y=y: LogisticRegressionCV(Cs=8, cv=5, max_iter=1000).fit(z, y),
             "ms": lambda z=z, y=y: MatrixScaling().fit(z, y),
             "vs": lambda z=z, y=y: VectorScaling().fit(z, y),
+            "dir": lambda z=z, y=y: Dirichlet().fit(z, y),
         }
         for _ in range(args.repeats):
             for key, fit in fits.items():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     times[key].append(cpu_seconds(fit))
-        sk, ms, vs = (statistics.median(times[key]) for key in ("sk", "ms", "vs"))
-        print(
-            f"{f'{n} x {k}':>12s} {sk:10.2f}s {ms:7.2f}s {ms / sk:6.2f} {vs:7.2f}s {vs / sk:6.2f}"
+        sk = statistics.median(times["sk"])
+        row = "".join(
+            f" {statistics.median(times[key]):7.2f}s {statistics.median(times[key]) / sk:6.2f}"
+            for key in ours
         )
+        print(f"{f'{n} x {k}':>12s} {sk:10.2f}s" + row)
 
 
 if __name__ == "__main__":

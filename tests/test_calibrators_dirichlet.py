@@ -1,0 +1,256 @@
+"""Dirichlet calibration (ODIR): references, the penalty, its fit and cross-validation."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cogcal.calibrators import (
+    Calibrator,
+    Dirichlet,
+    L2GridEdgeWarning,
+    ProbabilitiesAsLogitsWarning,
+    _Problem,
+    _stratified_folds,
+    make_calibrator,
+)
+
+sklearn_linear = pytest.importorskip("sklearn.linear_model")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _miscalibrated(n: int, k: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Classes scaled and shifted differently (needs more than a temperature), float64."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    z = torch.randn(n, k, generator=g) + 1.5 * F.one_hot(y, k)
+    scale = torch.linspace(0.5, 3.0, k)
+    return (z * scale + torch.linspace(0.5, -0.5, k)).double(), y
+
+
+def _log_probs(z: torch.Tensor) -> np.ndarray:
+    return F.log_softmax(z.double(), dim=1).numpy()
+
+
+def _logistic_regression(C: float):
+    return sklearn_linear.LogisticRegression(C=C, tol=1e-10, max_iter=10_000)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_unpenalised_dirichlet_is_multinomial_regression_on_log_probabilities(k):
+    z, y = _miscalibrated(600, k, seed=1)
+    cal = Dirichlet(k, l2=0.0).double().fit(z, y)
+    ref = _logistic_regression(np.inf).fit(_log_probs(z), y.numpy())
+    z_new, _ = _miscalibrated(300, k, seed=2)
+    for logits in (z, z_new):
+        np.testing.assert_allclose(
+            cal.predict_proba(logits.numpy()), ref.predict_proba(_log_probs(logits)), atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("lam", [0.5, 20.0, 2000.0])
+def test_whole_matrix_penalty_hook_equals_sklearn_l2_regression_at_c_one_over_lambda(lam):
+    # With the test hooks the penalty is (lam/2) ||W||_F^2 and the bias is free: scikit-learn's
+    # C sum_i l_i + (1/2) ||W||^2 on log p has the same minimiser for C = 1/lam (see
+    # test_calibrators_regularisation). The three strengths exercise both conditionings.
+    z, y = _miscalibrated(500, seed=3)
+    cal = Dirichlet(4, l2=lam).double()
+    cal._weights_toward_identity, cal._penalize_bias = False, False
+    stats = cal._standardisation(z, lam / (2 * len(y)))
+    if lam != 20.0:  # whitened (weak penalty), or scaled entry by entry (strong)
+        assert isinstance(stats[1], tuple) == (lam < 1)
+    cal.fit(z, y)
+    ref = _logistic_regression(1.0 / lam).fit(_log_probs(z), y.numpy())
+    np.testing.assert_allclose(cal.weight.numpy(), ref.coef_, atol=1e-5)
+    b = cal.bias.numpy()
+    np.testing.assert_allclose(b - b.mean(), ref.intercept_ - ref.intercept_.mean(), atol=1e-5)
+
+
+def _odir_gradients(cal: Dirichlet, z, y, lam):
+    """Gradient of (1/N)[sum_i l_i + lam/2 (sum_{j != k} W_jk^2 + ||b||^2)], by autograd."""
+    w = cal.weight.detach().double().clone().requires_grad_(True)
+    b = cal.bias.detach().double().clone().requires_grad_(True)
+    out = F.log_softmax(z.double(), dim=1) @ w.T + b
+    off = w - torch.diag(torch.diagonal(w))
+    j = F.cross_entropy(out, y, reduction="sum") + 0.5 * lam * ((off**2).sum() + (b**2).sum())
+    return torch.autograd.grad(j / len(y), (w, b))
+
+
+@pytest.mark.parametrize("lam", [3.0, 300.0])
+def test_fit_is_the_stationary_point_of_the_odir_objective(lam):
+    z, y = _miscalibrated(400, seed=4)
+    cal = Dirichlet(4, l2=lam).double().fit(z, y)
+    grads = _odir_gradients(cal, z, y, lam)
+    assert max(float(g.abs().max()) for g in grads) < 1e-6
+    # the same parameters are not stationary for another strength: the check can fail
+    grads = _odir_gradients(cal, z, y, 3 * lam)
+    assert max(float(g.abs().max()) for g in grads) > 1e-4
+    # the returned representative: each column's off-diagonal entries and the bias centred
+    off = cal.weight.numpy() * (1 - np.eye(4))
+    np.testing.assert_allclose(off.sum(0), 0.0, atol=1e-10)
+    assert abs(float(cal.bias.sum())) < 1e-10
+
+
+def _closure_value_and_grads(closure, variables):
+    loss = float(closure().detach())
+    return loss, {name: v.grad.clone() for name, v in variables.items()}
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.01, 5.0, 500.0])
+@pytest.mark.parametrize("conditioning", ["standardised", "raw"])
+@pytest.mark.parametrize("toward_identity", [True, False])
+def test_hand_written_gradient_equals_autograd(weight, conditioning, toward_identity):
+    """The fit uses J and its gradient by hand; autograd on the generic objective (decode,
+    forward on log p, NLL, ODIR penalty terms) is the reference, away from the optimum."""
+    z, y = _miscalibrated(60, seed=5)
+    cal = Dirichlet(4).double()
+    cal._weights_toward_identity = cal._penalize_bias = toward_identity
+    cal._prepare(z, y)
+    stats = cal._standardisation(z, weight) if conditioning == "standardised" else None
+    if conditioning == "standardised":  # both conditionings of the fit are exercised
+        assert weight == 0.01 or isinstance(stats[1], tuple) == (weight == 0)
+    g = torch.Generator().manual_seed(1)
+    start = {
+        k: v + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype)
+        for k, v in cal._encode(stats).items()
+    }
+    ours = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    reference = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    assert type(cal)._closure is not Calibrator._closure
+    with torch.no_grad():
+        loss, grads = _closure_value_and_grads(
+            cal._closure(ours, _Problem(z, y, stats, weight)), ours
+        )
+    with torch.enable_grad():
+        ref = Calibrator._closure(cal, reference, _Problem(z, y, stats, weight))
+        ref_loss, ref_grads = _closure_value_and_grads(ref, reference)
+    assert loss == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
+    for name in ref_grads:
+        torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-11)
+
+
+def test_very_strong_penalty_leaves_a_diagonal_map_fitted_by_likelihood():
+    z, y = _miscalibrated(500, seed=6)
+    cal = Dirichlet(4, l2=1e6).double().fit(z, y)  # off-diagonal weights of order 1e-5
+    w = cal.weight.numpy()
+    np.testing.assert_allclose(w * (1 - np.eye(4)), 0.0, atol=2e-4)
+    np.testing.assert_allclose(cal.bias.numpy(), 0.0, atol=2e-4)
+    # the diagonal is the maximum-likelihood power of each class: softmax(d * log p)
+    d = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([d], max_iter=500, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
+    logp = F.log_softmax(z, dim=1)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(logp * d, y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    np.testing.assert_allclose(np.diagonal(w), d.detach().numpy(), atol=1e-3)
+    assert np.ptp(np.diagonal(w)) > 0.1  # one power per class, not one temperature
+
+
+def test_binary_dirichlet_penalises_only_the_intercept():
+    # K = 2: the representative with the smallest penalty has no off-diagonal weight, so
+    # any l2 leaves the two powers free (beta calibration) and pulls only the bias to 0.
+    z, y = _miscalibrated(800, 2, seed=7)
+    free = Dirichlet(2, l2=0.0).double().fit(z, y)
+    strong = Dirichlet(2, l2=1e8).double().fit(z, y)
+    np.testing.assert_allclose(strong.weight.numpy() * (1 - np.eye(2)), 0.0, atol=1e-12)
+    np.testing.assert_allclose(strong.bias.numpy(), 0.0, atol=1e-6)
+    assert float((free.bias.abs()).max()) > 0.01  # the data want an intercept ...
+    # ... and the strong fit is the maximum-likelihood one without it: a log p1 - c log p0
+    ref = _logistic_regression(np.inf)
+    ref.fit(_log_probs(z), y.numpy())  # with intercept: matches the free fit
+    np.testing.assert_allclose(
+        free.predict_proba(z)[:, 1], ref.predict_proba(_log_probs(z))[:, 1], atol=1e-5
+    )
+    ref_no_b = sklearn_linear.LogisticRegression(
+        C=np.inf, fit_intercept=False, tol=1e-10, max_iter=10_000
+    ).fit(_log_probs(z), y.numpy())
+    np.testing.assert_allclose(
+        strong.predict_proba(z)[:, 1], ref_no_b.predict_proba(_log_probs(z))[:, 1], atol=1e-5
+    )
+
+
+def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
+    z, y = _miscalibrated(300, seed=8)
+    grid = (0.0, 1.0, 100.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", L2GridEdgeWarning)
+        cal = Dirichlet(l2="cv", cv=3, l2_grid=grid).double().fit(z, y)
+    assert cal.l2_ in grid and np.array_equal(cal.l2_grid_, np.array(grid))
+    folds = _stratified_folds(y, 3)
+    for j, lam in enumerate(grid):
+        if np.isnan(cal.cv_scores_[j]):
+            continue
+        total = 0.0
+        for f in range(3):
+            held = folds == f
+            fold = Dirichlet(4, l2=lam).double().fit(z[~held], y[~held])
+            total += float(F.cross_entropy(fold(z[held]), y[held], reduction="sum"))
+        assert cal.cv_scores_[j] == pytest.approx(total / len(y), abs=1e-5)
+    assert cal.l2_ == grid[int(np.nanargmin(cal.cv_scores_))]
+
+
+def test_fit_improves_on_the_network_and_keeps_the_contract():
+    z, y = _miscalibrated(2000, seed=9)
+    z32 = z.float()
+    cal = make_calibrator("dirichlet").fit(z32, y)
+    assert isinstance(cal, Dirichlet) and cal.num_outputs == 4
+    assert cal.nll_after_ < cal.nll_before_ - 0.05
+    assert not any(p.requires_grad for p in cal.parameters())  # frozen after fit
+    out = cal(z32[:5].numpy())
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32
+    assert cal(z32[:5]).dtype == torch.float32
+    proba = cal.predict_proba(z32[:5].half())
+    assert proba.dtype == torch.float16
+    # a fresh Dirichlet is the identity map: softmax of its output is softmax(z)
+    fresh = Dirichlet(4)
+    torch.testing.assert_close(torch.softmax(fresh(z32), 1), torch.softmax(z32, 1))
+    loaded = Dirichlet()
+    loaded.load_state_dict(cal.state_dict())
+    torch.testing.assert_close(loaded(z32), cal(z32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_fit_accepts_every_float_dtype(dtype):
+    z, y = _miscalibrated(400, seed=10)
+    cal = Dirichlet(l2=1.0).fit(z.to(dtype), y)
+    assert cal(z.to(dtype)).dtype == dtype
+    assert cal.weight.dtype == torch.float32
+
+
+def test_input_errors_are_specific():
+    z, y = _miscalibrated(20, seed=11)
+    bad = z.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        Dirichlet().fit(bad, y)
+    with pytest.raises(ValueError, match="needs at least 5 samples"):
+        Dirichlet().fit(z[:3], y[:3])
+    with pytest.raises(ValueError, match="built for 3 classes"):
+        Dirichlet(3).fit(z, y)
+    with pytest.raises(ValueError, match="l2"):
+        Dirichlet(l2=-1.0)
+    with pytest.raises(ValueError, match="cv"):
+        Dirichlet(cv=1)
+    with pytest.raises(ValueError, match="num_classes"):
+        Dirichlet(1)
+    with pytest.warns(ProbabilitiesAsLogitsWarning, match="log-probabilities"):
+        Dirichlet(l2=1.0).fit(torch.softmax(z, 1), y)
+
+
+def test_one_class_present_fits_like_matrix_scaling():
+    # as MatrixScaling and Temperature: no error; the penalty keeps the map finite
+    z, _ = _miscalibrated(50, seed=12)
+    y = torch.zeros(50, dtype=torch.long)
+    cal = Dirichlet().fit(z, y)
+    assert all(bool(torch.isfinite(p).all()) for p in cal.parameters())
+    assert bool((cal.predict_proba(z).argmax(1) == 0).all())
