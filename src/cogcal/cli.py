@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import math
 import os
 import signal
 import sys
@@ -142,23 +143,47 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_grid(text: str, flag: str) -> list[float]:
-    values = []
+    values: list[float] = []
     for part in text.split(","):
         try:
             value = float(part)
         except ValueError:
-            raise UserError(f"{flag} expects comma-separated numbers, got {text!r}.") from None
+            raise UserError(
+                f"{flag} expects comma-separated numbers (e.g. {flag} 1e-3,1e-2), got {text!r}."
+            ) from None
         if not 0 < value < float("inf"):
-            raise UserError(f"{flag} values must be positive, got {part!r}.")
+            raise UserError(f"{flag} values must be positive finite numbers, got {part!r}.")
+        if any(math.isclose(value, v, rel_tol=1e-9) for v in values):
+            raise UserError(f"{flag} lists {value:g} twice ({text!r}); give each grid value once.")
         values.append(value)
     return values
 
 
+_TUNE_DEFAULT_RATIOS = "0.01,0.1"
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
+    for flag, value in (("--lr", args.fixed_lr), ("--calibrator-lr", args.fixed_calibrator_lr)):
+        if value is not None:
+            raise UserError(
+                f"{flag} is not a flag of `cogcal tune`, which chooses the learning rates: give "
+                "the grid to search with --lrs (and --calibrator-ratios for COG methods), or "
+                f"train one configuration with `cogcal train {flag} {value}`."
+            )
     method = get_method(args.method)
-    ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios") if method.is_cog else None
+    lrs = _parse_grid(args.lrs, "--lrs")
+    ratios = None
+    if args.calibrator_ratios is not None:
+        ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios")
+        if not method.is_cog:
+            raise UserError(
+                f"--calibrator-ratios applies to COG methods only; method {method.name!r} "
+                "trains with one learning rate (tune it with --lrs alone)."
+            )
+    elif method.is_cog:
+        ratios = _parse_grid(_TUNE_DEFAULT_RATIOS, "--calibrator-ratios")
     grid = Grid(
-        tuple(_parse_grid(args.lrs, "--lrs")),
+        tuple(lrs),
         None if ratios is None else tuple(ratios),
         allow_fast_calibrator=args.allow_fast_calibrator,
     )
@@ -188,7 +213,13 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
     add_arguments(p, exclude=("lr", "calibrator_lr"))
     p.add_argument("--lrs", default="1e-4,1e-3", help="comma-separated, log-spaced λ_f values")
     p.add_argument(
-        "--calibrator-ratios", default="0.01,0.1", help="comma-separated λ_c/λ_f (COG methods)"
+        "--calibrator-ratios", default=None,
+        help=f"comma-separated λ_c/λ_f (COG methods only; default: {_TUNE_DEFAULT_RATIOS})",
+    )  # fmt: skip
+    # `cogcal train`'s rates: refused with a pointer to the grid flags (never taken for --lrs)
+    p.add_argument("--lr", dest="fixed_lr", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--calibrator-lr", dest="fixed_calibrator_lr", default=None, help=argparse.SUPPRESS
     )
     p.add_argument(
         "--max-extensions", type=int, default=2,

@@ -24,6 +24,7 @@ were written for what had finished.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -45,7 +46,7 @@ from cogcal.bench.plan import Blocked, Plan, tuning_method
 from cogcal.bench.results import write_tables
 from cogcal.bench.suite_yaml import list_suites
 from cogcal.bench.suites import PROTOCOLS, Suite, load_suite
-from cogcal.data import load_dataset
+from cogcal.data import default_model, load_dataset
 from cogcal.models import create_model
 from cogcal.train.methods import METHODS, get_method
 from cogcal.train.rundir import RunDir, is_bench_folder, lock_folder, write_bench_meta
@@ -340,6 +341,7 @@ def run_bench(
     if say:
         say(f"suite {loaded.name!r}: checking data and configuration ...")
     info = check_requirements(loaded, data_root)
+    loaded = _with_plugin_models(loaded, info)
     RunDir(out).check_path()
     with lock_folder(out, what=f"bench folder {out}"):  # before anything in out is read
         entries = RunDir(out).entries()
@@ -356,6 +358,20 @@ def run_bench(
         return _run_locked(
             loaded, out, jobs, data_root, info, say, report, runner, executor, address
         )
+
+
+def _with_plugin_models(suite: Suite, info: dict[str, Any]) -> Suite:
+    """``suite`` with the backbone of each plugin dataset that states none set to the
+    plugin's default (known only once it is loaded, as :func:`check_requirements` did), so
+    that every planned configuration names the model its run records and a finished run
+    is recognised as such (as ``cogcal train`` resolves it from the loaded data)."""
+    entries = tuple(
+        dataclasses.replace(entry, model=info[entry.name]["model"])
+        if entry.model is None and default_model(entry.name) is None and entry.name in info
+        else entry
+        for entry in suite.datasets
+    )
+    return dataclasses.replace(suite, datasets=entries)
 
 
 def _run_locked(

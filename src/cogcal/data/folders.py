@@ -28,6 +28,7 @@ from cogcal.data.base import (
 )
 from cogcal.data.custom import (
     USER_SPLIT_RULE,
+    _check_every_class_in_every_split,
     _check_split_sizes,
     _class_counts,
     _err,
@@ -36,7 +37,7 @@ from cogcal.data.custom import (
 )
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 
-__all__ = ["DEFAULT_IMAGE_SIZE", "load_image_folder"]
+__all__ = ["DEFAULT_IMAGE_SIZE", "image_files", "load_image_folder"]
 
 #: Side of the square images of ``folder:`` datasets unless ``image_size`` says otherwise.
 DEFAULT_IMAGE_SIZE = 32
@@ -63,19 +64,19 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _images_under(folder: Path, spec: str, root: str, seen: dict[str, Path]) -> list[Path]:
+def _images_under(folder: Path, what: str, root: str, seen: dict[str, Path]) -> list[Path]:
     """Image files under ``folder`` (recursively), in sorted order.
 
     Symbolic links are followed only where they stay inside the dataset folder ``root``
     (a real path) and do not lead back to a folder they sit in (a loop); a link leaving
     the dataset folder, a loop, or an image reached twice (``seen``: real path -> first
     path) is an error naming the link, so no image is read twice or from elsewhere
-    without a word.
+    without a word. ``what`` starts each message (``"dataset 'folder:PATH'"``).
     """
     out: list[Path] = []
     if not _inside(os.path.realpath(folder), root):  # a class or split folder that is a link
         raise _err(
-            f"dataset 'folder:{spec}': {folder} is a link to {os.path.realpath(folder)}, outside "
+            f"{what}: {folder} is a link to {os.path.realpath(folder)}, outside "
             "the dataset folder; cogcal reads only files inside it: copy the files in, or link "
             "the whole dataset folder instead."
         )
@@ -95,13 +96,13 @@ def _images_under(folder: Path, spec: str, root: str, seen: dict[str, Path]) -> 
             if entry.is_symlink():
                 if not _inside(real, root):
                     raise _err(
-                        f"dataset 'folder:{spec}': {path} is a link to {real}, outside the "
+                        f"{what}: {path} is a link to {real}, outside the "
                         "dataset folder; cogcal reads only files inside it: copy the files in, "
                         "or link the whole dataset folder instead."
                     )
                 if real in ancestors:
                     raise _err(
-                        f"dataset 'folder:{spec}': {path} is a link to {real}, a folder it sits "
+                        f"{what}: {path} is a link to {real}, a folder it sits "
                         "in (a loop that would read the same images again); remove the link."
                     )
             if entry.is_dir():
@@ -109,7 +110,7 @@ def _images_under(folder: Path, spec: str, root: str, seen: dict[str, Path]) -> 
             elif entry.is_file() and _is_image(path):
                 if real in seen:
                     raise _err(
-                        f"dataset 'folder:{spec}': {path} and {seen[real]} are the same image "
+                        f"{what}: {path} and {seen[real]} are the same image "
                         "file (through a link); each image may be in the dataset once: remove "
                         "the link."
                     )
@@ -118,6 +119,28 @@ def _images_under(folder: Path, spec: str, root: str, seen: dict[str, Path]) -> 
         out.extend(reversed(files))
         stack.extend(dirs)  # reverse-sorted: popped in sorted order
     return out
+
+
+def image_files(folder: str | os.PathLike[str], *, what: str) -> list[Path]:
+    """The image files under ``folder`` (recursively, sorted), read as ``folder:``
+    datasets read them: hidden files and folders skipped, links followed only inside
+    ``folder`` and never into a loop, no image reached twice (``cogcal predict`` reads a
+    folder of images with it).
+
+    ``what`` starts the message of the error raised for a link out, a loop or an image
+    reached twice (an :class:`~cogcal._errors.ArgumentError`, a ``ValueError``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "a").mkdir(); (root / "a" / "x.png").touch(); (root / ".hidden.png").touch()
+    >>> [p.relative_to(root).as_posix() for p in image_files(root, what="inputs")]
+    ['a/x.png']
+    """
+    folder = Path(folder)
+    return _images_under(folder, what, os.path.realpath(folder), {})
 
 
 def _scan_classes(
@@ -143,7 +166,7 @@ def _scan_classes(
         raise _err(msg + ".", cls=DatasetNotFoundError)
     out = {}
     for c in classes:
-        files = _images_under(c, spec, root, seen)
+        files = _images_under(c, f"dataset 'folder:{spec}'", root, seen)
         if not files:
             raise _err(
                 f"dataset 'folder:{spec}': the class folder {c} holds no image files "
@@ -312,6 +335,11 @@ def load_image_folder(
     idx["test"] = pool[te] if te is not None else np.flatnonzero(where == "test")
     sizes = {s: int(len(i)) for s, i in idx.items()}
     _check_split_sizes(f"dataset 'folder:{spec}'", sizes, len(y_all), "add images")
+    drawn_from = {s: i for s, i in idx.items() if s == "train" or s not in given}
+    if len(drawn_from) > 1:  # as csv: a class the drawn splits leave out is refused
+        _check_every_class_in_every_split(
+            f"dataset 'folder:{spec}'", y_all, drawn_from, classes, "images"
+        )
 
     splits = {
         s: Split(torch.from_numpy(np.ascontiguousarray(x_all[i])), torch.from_numpy(y_all[i]))

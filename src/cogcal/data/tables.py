@@ -131,9 +131,54 @@ def read_table(path: Path, *, what: str, error: Callable[[str], Exception]) -> T
             )
         rows.append([c.strip() for c in cells])
         lines.append(line)
+    _check_records(text, delimiter, first_line, lines, what=what, error=error)
     if not rows:
         return empty
     return Table(path, raw, delimiter, rows[0], lines[0], rows[1:], lines[1:])
+
+
+def _check_records(
+    text: str,
+    delimiter: str,
+    first_line: int,
+    lines: list[int],
+    *,
+    what: str,
+    error: Callable[[str], Exception],
+) -> None:
+    """Check the rows read against a second, independent reading with Python's
+    :mod:`csv` module, so that no row is dropped or merged without a word: a quote left
+    open to the end of the file is an error naming the line it opens on (pandas drops
+    such a row), and any other difference in the number of rows names the first line
+    where the two readings part. ``lines``: the line each non-blank row (header included)
+    ends on, as :func:`read_table` counted them."""
+    ends: list[int] = []
+    end = 0
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        for record in reader:
+            end = reader.line_num
+            if any(field.strip() for field in record):
+                ends.append(first_line - 1 + end)
+    except csv.Error as err:
+        if "unexpected end of data" not in str(err):
+            return  # a quoting pandas reads leniently (`"a"b`); its rows were checked above
+        start = first_line + end
+        raise error(
+            f"{what}: line {start} opens a quoted field that is never closed: it runs to the "
+            f"end of the file (line {first_line - 1 + reader.line_num}) and would swallow the "
+            "rows below it; close the quote (a field that starts with a quote ends at the "
+            'next quote; write a quote inside a field as "").'
+        ) from None
+    if len(ends) != len(lines):
+        n = min(len(ends), len(lines))
+        parted = [min(a, b) for a, b in zip(ends, lines, strict=False) if a != b]
+        part = parted[0] if parted else max(ends, lines, key=len)[n]
+        raise error(
+            f"{what}: the file holds {len(ends)} rows (header included) but {len(lines)} were "
+            f"read, from line {part} on; check the quoting there (a field that starts with a "
+            'quote ends at the next quote; write a quote inside a field as "").'
+        )
 
 
 def _is_missing(value: str) -> bool:

@@ -179,6 +179,8 @@ def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
     try:
         logits, labels = folder.read_logits("test")
     except RunFolderError as err:
+        if (folder.path / "test_logits.npz").exists():  # damaged: never a report without it
+            raise ArgumentError(f"cannot report on {folder.path}: {err}") from None
         return Paragraph(f"No reliability diagram: {err}")
     task = str(record.config.get("task") or "multiclass")
     task = task if task in ("binary", "multilabel") else "multiclass"

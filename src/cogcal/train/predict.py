@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from cogcal import _io
 from cogcal._errors import ArgumentError
+from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 from cogcal.data.tables import read_table
 from cogcal.train.assemble import LoadedRun, load_run
@@ -38,6 +39,7 @@ __all__ = ["Inputs", "Predictions", "predict", "read_inputs"]
 #: Inputs at least this large show a progress bar (stderr) when ``progress`` is on.
 PROGRESS_IMAGES = 200
 PROGRESS_ROWS = 50_000
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class PredictInputError(ArgumentError):
@@ -236,19 +238,27 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
             )
         features, order = header, list(range(len(header)))
     x = np.empty((len(data), len(order)), dtype=np.float32)
-    for i, (line, row) in enumerate(data):
-        for j, col in enumerate(order):
-            cell = row[col]
-            try:
-                value = float(cell)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value):
-                raise _err(
-                    f"{path}, line {line}, column {features[j]!r}: {cell!r} is not a finite "
-                    "number; every feature must be one (cogcal does not impute)."
-                )
-            x[i, j] = value
+    with np.errstate(over="ignore"):  # a value beyond float32 is named below
+        for i, (line, row) in enumerate(data):
+            for j, col in enumerate(order):
+                cell = row[col]
+                try:
+                    value = float(cell)
+                except ValueError:
+                    value = math.nan
+                if not math.isfinite(value):
+                    raise _err(
+                        f"{path}, line {line}, column {features[j]!r}: {cell!r} is not a finite "
+                        "number; every feature must be one (cogcal does not impute)."
+                    )
+                x[i, j] = value
+                if not math.isfinite(x[i, j]):
+                    raise _err(
+                        f"{path}, line {line}, column {features[j]!r}: {cell!r} is beyond the "
+                        f"float32 range (|x| <= {_FLOAT32_MAX:.3g}) that the run's features are "
+                        "stored in, so it would become infinite; rescale that column as the "
+                        "training data was."
+                    )
     found = None
     if target is not None and target in header:
         t = header.index(target)
@@ -290,17 +300,42 @@ def _read_npy(path: Path, run: LoadedRun) -> Inputs:
                 "(as uint8): multiply by 255 first."
             )
     dtype = np.uint8 if image and arr.dtype.kind in "biu" else np.float32
-    return Inputs(torch.from_numpy(np.ascontiguousarray(arr.astype(dtype))), source=str(path))
+    if dtype == np.float32:
+        _check_float32(arr, str(path), run)
+    x = arr.astype(dtype)
+    return Inputs(torch.from_numpy(np.ascontiguousarray(x)), source=str(path))
+
+
+def _check_float32(arr: np.ndarray, source: str, run: LoadedRun) -> None:
+    """Refuse finite values that become infinite as float32, the dtype a run's inputs are
+    stored in (training refuses them too), naming the row and column of the first."""
+    if arr.dtype.kind != "f" or arr.dtype.itemsize <= 4:
+        return
+    with np.errstate(over="ignore"):
+        big = ~np.isfinite(arr.astype(np.float32)) & np.isfinite(arr)
+    if not big.any():
+        return
+    where = tuple(int(v[0]) for v in np.nonzero(big))
+    features = list((run.input or {}).get("features") or [])
+    at = f"row {where[0]} (0-based)"
+    if len(where) == 2:
+        name = f"{features[where[1]]!r}, " if len(features) == arr.shape[1] else ""
+        at += f", column {name}index {where[1]}"
+    elif len(where) > 2:
+        at += f", position {where[1:]}"
+    raise _err(
+        f"{source}: {at} holds {arr[where].item()!r}, beyond the float32 range (|x| <= "
+        f"{_FLOAT32_MAX:.3g}) that the run's inputs are stored in, so it would become "
+        "infinite; rescale those values as the training data was."
+    )
 
 
 def _read_images(path: Path, run: LoadedRun, *, progress: bool) -> Inputs:
     shape = tuple(run.input_shape or ())
     if path.is_dir():
-        files = sorted(
-            (Path(d) / f for d, _, names in os.walk(path, followlinks=True) for f in names
-             if Path(f).suffix.lower() in IMAGE_EXTENSIONS and not f.startswith(".")),
-            key=lambda f: f.relative_to(path).as_posix(),
-        )  # fmt: skip
+        # the reader of folder: datasets: links only inside, never a loop or an image twice
+        found = image_files(path, what=f"--input {path}")
+        files = sorted(found, key=lambda f: f.relative_to(path).as_posix())
         if not files:
             raise _err(
                 f"--input {path}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in this folder."
@@ -384,6 +419,8 @@ def predict(
     elif not isinstance(inputs, Inputs):
         inputs = Inputs(torch.as_tensor(np.asarray(inputs) if not torch.is_tensor(inputs)
                                         else inputs))  # fmt: skip
+        if inputs.x.is_floating_point():
+            _check_float32(inputs.x.cpu().numpy(), "inputs", run)
     model = run.model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     x = inputs.x

@@ -38,6 +38,7 @@ import errno
 import json
 import math
 import os
+import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,10 +118,29 @@ def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     ka = result_fields(dict(a), fingerprint=both)
     kb = result_fields(dict(b), fingerprint=both)
     return [
-        f"{k}: {ka.get(k)!r} -> {kb.get(k)!r}"
+        _data_change(a, b) if k == "dataset" and both else f"{k}: {ka.get(k)!r} -> {kb.get(k)!r}"
         for k in sorted(set(ka) | set(kb))
         if k not in ka or k not in kb or not _equal(ka[k], kb[k])
     ]
+
+
+def _data_change(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """A ``csv:``/``folder:`` dataset whose content fingerprint differs, in words: the same
+    file (or folder) whose content changed since the run started, or another one."""
+    paths, digests = [], []
+    for c in (before, now):
+        data = c.get("data") or {}
+        spec = str(c.get("dataset", ""))
+        paths.append(data.get("path") or os.path.realpath(spec.partition(":")[2]))
+        digests.append(str((data.get("fingerprint") or {}).get("sha256", ""))[:12])
+    change = f"sha256 {digests[0]}... -> {digests[1]}..."
+    if paths[0] == paths[1]:
+        return f"dataset: the content of {paths[0]} changed since the run started ({change})"
+    return (
+        f"dataset: {before.get('dataset')!r} -> {now.get('dataset')!r}, another "
+        f"{'folder' if str(now.get('dataset')).startswith('folder:') else 'file'} with other "
+        f"content ({change})"
+    )
 
 
 def _has_fingerprint(c: Mapping[str, Any]) -> bool:
@@ -360,14 +380,28 @@ class RunDir:
         Raises
         ------
         RunFolderError
-            The file is missing or unreadable (names it).
+            The file is missing, or damaged: unreadable, or not (N, K) float logits with N
+            labels (names it, and says which).
         """
         path = self.path / f"{split}_logits.npz"
+        if not path.is_file():
+            raise RunFolderError(f"cannot read {path}: no such file; the run is incomplete.")
         try:
             with np.load(path, allow_pickle=False) as f:
-                return f["logits"], f["labels"]
-        except (OSError, ValueError, KeyError) as err:
-            raise RunFolderError(f"cannot read {path}: {err}; the run is incomplete.") from None
+                logits, labels = f["logits"], f["labels"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+            raise RunFolderError(
+                f"{path} is damaged ({type(err).__name__}: {str(err).split('. ')[0]}); it is "
+                "not the .npz of logits and labels that cogcal wrote: train the run again "
+                "(--overwrite)."
+            ) from None
+        if logits.ndim != 2 or len(labels) != len(logits) or logits.dtype.kind != "f":
+            raise RunFolderError(
+                f"{path} is damaged: logits of shape {logits.shape} ({logits.dtype}) and "
+                f"labels of shape {labels.shape} are not the (N, K) logits and N labels that "
+                "cogcal wrote: train the run again (--overwrite)."
+            )
+        return logits, labels
 
     def is_complete(self) -> bool:
         """Whether the folder holds a finished run."""
@@ -572,7 +606,23 @@ class RunDir:
             before = (saved["data"] or {}).get("fingerprint")
             now = (resolved["data"] or {}).get("fingerprint")
             if before != now and not any(d.startswith("dataset:") for d in diff):
-                diff.append(f"data fingerprint: {before!r} -> {now!r}")
+                digests = [str((f or {}).get("sha256", ""))[:12] for f in (before, now)]
+                diff.append(
+                    f"data: the content of {resolved.get('dataset')} changed since the run "
+                    f"started (sha256 {digests[0]}... -> {digests[1]}...)"
+                )
+        changed = [
+            d.partition(": ")[2].replace("the run started", f"the run in {path} started")
+            for d in diff
+            if "changed since the run started" in d
+        ]
+        if diff and len(changed) == len(diff):  # only the data's content: say so in words
+            raise RunFolderError(
+                f"`resume`: {'; '.join(changed)}; resume with the data the run started with, "
+                "or start over with `overwrite=True`.",
+                cli_message=f"--resume: {'; '.join(changed)}; restore it to resume the run, or "
+                "start over on the new data with --overwrite (or use another --out).",
+            )
         if diff:
             raise RunFolderError(
                 f"`resume`: the run in {path} was started with other settings "

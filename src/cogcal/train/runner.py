@@ -48,7 +48,15 @@ from cogcal.train.methods import METHODS, Method, get_method, loss_function
 from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
-from cogcal.train.tuning import Grid, GridSearch, point_config, point_label, write_tables
+from cogcal.train.tuning import (
+    Grid,
+    GridSearch,
+    check_tune_folder,
+    mark_tune_folder,
+    point_config,
+    point_label,
+    write_tables,
+)
 
 __all__ = [
     "EVAL_BATCH",
@@ -530,6 +538,19 @@ def _tune_point_locked(
     return "complete", folder.read_record(), trained
 
 
+def _with_data_model(
+    config: TrainConfig, data: DataSource | None, model: nn.Module | None
+) -> TrainConfig:
+    """``config`` naming the backbone its runs record: a plugin dataset's default is known
+    only once loaded (``data``), so grid points are compared with their folders (reused,
+    resumed) under the name ``cogcal train`` records. Unchanged with a model given in
+    Python or a name already known."""
+    dataset = getattr(data, "dataset", None)
+    if model is not None or config.model_name is not None or dataset is None:
+        return config
+    return config.replace(model=dataset.default_model) if dataset.default_model else config
+
+
 def search_points(
     config: TrainConfig,
     search: GridSearch,
@@ -547,6 +568,7 @@ def search_points(
     in this call, its model. ``model`` (copied for each point) replaces the backbone;
     points in ``known`` (from an earlier search into ``out``) are reused as they are."""
     runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
+    config = _with_data_model(config, data, model)
     while points := search.next_points():
         for point in points:
             if known is not None and point_label(point) in known:
@@ -593,10 +615,15 @@ def tune(
     (or diverged) run *of the same configuration* is reused, an unfinished one is resumed,
     and one holding a run of another configuration is an error unless ``overwrite``. A
     diverged point is recorded with ``status: diverged`` and excluded from the choice.
-    Writes ``out/tune.csv`` and ``out/tune.json`` and returns the latter's content.
+    Writes ``out/tune.csv`` and ``out/tune.json`` and returns the latter's content. ``out``
+    is taken as ``cogcal train`` takes its folder: locked first, then refused unless it is
+    new, empty or written by ``cogcal tune`` (:func:`~cogcal.train.tuning.check_tune_folder`),
+    and marked as tune's before its first point trains.
 
     Raises
     ------
+    ArgumentError
+        ``out`` holds a ``cogcal train`` run, a bench or files cogcal did not write.
     NonFiniteLossError
         Every point diverged (the message names them); the tables are written first.
     """
@@ -604,11 +631,15 @@ def tune(
     search = GridSearch(grid, max_extensions=max_extensions)
     rows: list[dict[str, Any]] = []
     with RunDir(out).lock():
+        check_tune_folder(out)  # the lock first, then the folder's owner
         source = None
-        if not config.budget_resolved:  # every point trains the same budget
+        # every point trains the same budget, and a plugin's backbone is known once loaded
+        if not config.budget_resolved or config.model_name is None:
             source = DatasetSource(_load(config))
             _check_multilabel(get_method(config.method), source)
+        if not config.budget_resolved:
             config = config.with_budget(train_size(source), task=source.task)
+        mark_tune_folder(out)
         runs = search_points(config, search, out, rows, overwrite=overwrite, data=source)
         summary = search.summary(rows)
         if search.best is not None:  # the chosen run's health check (validation only)

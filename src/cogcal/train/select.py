@@ -51,6 +51,8 @@ from cogcal.train.tuning import (
     SELECTION_RULE,
     Grid,
     GridSearch,
+    check_tune_folder,
+    mark_tune_folder,
     open_edges,
     point_label,
     write_tables,
@@ -176,6 +178,8 @@ def select_and_train(
     # the points skip the OOD and shift sets; the chosen one is evaluated on them below
     points = config.replace(extra={**config.extra, DEFER_ROBUSTNESS: True})
     with RunDir(folder).lock(), out.lock():
+        check_tune_folder(folder)  # a `cogcal tune` folder: the same rule
+        mark_tune_folder(folder)
         if method.is_cog:
             first = GridSearch(
                 Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)), max_extensions=MAX_EXTENSIONS

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +57,10 @@ __all__ = [
     "LR_FLOOR_BOUND",
     "RATIO_BOUND",
     "SELECTION_RULE",
+    "TUNE_MARK",
+    "check_tune_folder",
     "edge_warning",
+    "mark_tune_folder",
     "open_edges",
     "point_config",
     "point_label",
@@ -71,6 +76,12 @@ _LADDER = (1.0, 3.0)  # mantissas of the half-decade ladder
 #: What stops an edge choice from moving outward although the search could extend it.
 RATIO_BOUND = "ratio < 1 bound"
 LR_FLOOR_BOUND = "lr >= 1e-8 floor"
+#: The key of ``tune.json`` that marks a folder as written by ``cogcal tune`` (its value:
+#: the format); written before the first point trains, kept by :func:`write_tables`.
+TUNE_MARK = "cogcal_tune"
+TUNE_FORMAT = 1
+_TUNE_FILES = ("tune.json", "tune.csv", ".cogcal.lock")
+_POINT_NAME = re.compile(r"^lr[0-9.e+-]+(_ratio[0-9.e+-]+)?$")
 
 
 def _ladder_index(value: float) -> int | None:
@@ -94,23 +105,37 @@ def _on_ladder(values: tuple[float, ...]) -> bool:
     return None not in idx and all(b - a == 1 for a, b in zip(idx, idx[1:], strict=False))  # type: ignore[operator]
 
 
+#: The flag of ``cogcal tune`` that gives each axis (its errors name the flag).
+_FLAGS = {"lrs": "--lrs", "ratios": "--calibrator-ratios"}
+
+
 def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
+    flag = _FLAGS.get(name, name)
+
+    def error(problem: str) -> ArgumentError:
+        return ArgumentError(f"`{name}` {problem}", cli_message=f"{flag} {problem}")
+
     if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-        raise ArgumentError(
-            f"`{name}` must be a non-empty list of positive numbers, got {values!r}."
-        )
-    out = []
+        raise error(f"must be a non-empty list of positive numbers, got {values!r}.")
+    out: list[float] = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-            raise ArgumentError(f"`{name}` values must be positive finite numbers, got {v!r}.")
+            raise error(f"values must be positive finite numbers, got {v!r}.")
+        if any(math.isclose(float(v), u, rel_tol=1e-9) for u in out):
+            raise error(f"lists {v:g} twice; give each grid value once.")
         out.append(float(v))
-    out = sorted(set(out))
+    out = sorted(out)
+    if name == "lrs" and out[0] < LR_FLOOR:
+        raise error(
+            f"value {out[0]:g} is below {LR_FLOOR:g}, where training stops at once (no update "
+            "that small changes the result); use larger learning rates."
+        )
     if len(out) > 2 and not _on_ladder(tuple(out)):
         steps = [math.log(b / a) for a, b in zip(out, out[1:], strict=False)]
         if max(steps) - min(steps) > 1e-2 * max(steps):  # values rounded to 3 digits pass
-            raise ArgumentError(
-                f"`{name}` must be log-spaced (a constant factor between neighbours, or "
-                "consecutive half-decade steps such as 0.03, 0.1, 0.3), got "
+            raise error(
+                "must be log-spaced (a constant factor between neighbours, or consecutive "
+                "half-decade steps such as 0.03, 0.1, 0.3), got "
                 f"{', '.join(f'{v:g}' for v in out)}."
             )
     return tuple(out)
@@ -168,11 +193,11 @@ class Grid:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lrs", _check_axis("lrs", self.lrs))
+        ratios = _check_axis("ratios", self.ratios) if self.ratios is not None else None
         if self.factors is None:
-            ratio_step = _factor(tuple(sorted(self.ratios))) if self.ratios else HALF_DECADE
+            ratio_step = _factor(ratios) if ratios else HALF_DECADE
             object.__setattr__(self, "factors", (_factor(self.lrs), ratio_step))
-        if self.ratios is not None:
-            ratios = _check_axis("ratios", self.ratios)
+        if ratios is not None:
             if not self.allow_fast_calibrator and max(ratios) >= 1:
                 raise ArgumentError(
                     f"ratio {max(ratios):g} gives a calibrator learning rate >= the network's, "
@@ -234,7 +259,10 @@ class Grid:
         """The grid with one more value outward on each of ``edges``."""
         lrs, ratios = list(self.lrs), list(self.ratios or ())
         for edge in edges:
-            (lrs if edge.startswith("lr") else ratios).append(self._next(edge))
+            axis = lrs if edge.startswith("lr") else ratios
+            value = self._next(edge)
+            if not any(math.isclose(value, v, rel_tol=1e-9) for v in axis):  # 3-digit rounding
+                axis.append(value)
         return Grid(
             tuple(lrs),
             tuple(ratios) if self.ratios is not None else None,
@@ -376,10 +404,81 @@ class GridSearch:
         }
 
 
+def _is_marked(folder: Path) -> bool:
+    try:
+        data = json.loads((folder / "tune.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get(TUNE_MARK) == TUNE_FORMAT
+
+
+def _is_point_run(entry: Path) -> bool:
+    """A grid-point run folder of an earlier ``cogcal tune`` (before the mark): a folder
+    named like a point, not a link, whose ``config.json`` carries the run mark."""
+    if not _POINT_NAME.match(entry.name) or entry.is_symlink() or not entry.is_dir():
+        return False
+    try:
+        config = json.loads((entry / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "cogcal_run" in config
+
+
+def check_tune_folder(folder: str | Path) -> None:
+    """Refuse to tune into ``folder`` unless it is new, empty (a lock file aside) or was
+    written by ``cogcal tune``: its ``tune.json`` carries :data:`TUNE_MARK` (or, written
+    before the mark, it holds only grid-point run folders and tune's tables). The rule
+    of ``cogcal train`` and ``cogcal bench --out``: cogcal never mixes its runs with files
+    it did not write, nor one kind of run folder with another. Take the folder's lock
+    first.
+
+    Raises
+    ------
+    ArgumentError
+        The folder holds anything else: a ``cogcal train`` run, a bench folder, the user's
+        files (names what it found).
+    """
+    folder = Path(folder)
+    if not folder.is_dir() or _is_marked(folder):
+        return
+    entries = sorted(
+        e for e in folder.iterdir()
+        if e.name != ".cogcal.lock" and _io.temp_target(e.name) not in _TUNE_FILES
+    )  # fmt: skip
+    if not entries or all(e.name in _TUNE_FILES or _is_point_run(e) for e in entries):
+        return
+    names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    if (folder / "config.json").is_file() and "config.json" in names:
+        what = "a `cogcal train` run folder (config.json)"
+    elif (folder / "bench.json").is_file():
+        what = "a `cogcal bench` folder (bench.json)"
+    else:
+        what = "not empty"
+    why = (
+        f"{folder} is {what} and was not written by cogcal tune (no tune.json with its mark; "
+        f"it holds {shown}); cogcal never writes a grid into a folder it did not write"
+    )
+    raise ArgumentError(
+        f"`out` {why}: choose a new or empty `out`.",
+        cli_message=f"--out {why}: choose a new or empty --out.",
+    )
+
+
+def mark_tune_folder(folder: str | Path) -> None:
+    """Mark ``folder`` as written by ``cogcal tune`` (a ``tune.json`` holding
+    :data:`TUNE_MARK`) before its first point trains, unless it is marked already;
+    :func:`write_tables` replaces it with the full summary, mark included."""
+    folder = Path(folder)
+    if not _is_marked(folder):
+        _io.write_json(folder / "tune.json", {TUNE_MARK: TUNE_FORMAT, "status": "running"})
+
+
 def write_tables(folder: Path, summary: dict[str, Any]) -> None:
-    """Write ``tune.json`` and ``tune.csv`` (one row per trained point)."""
+    """Write ``tune.json`` (with :data:`TUNE_MARK`) and ``tune.csv`` (one row per trained
+    point)."""
     rows = summary["table"]
-    _io.write_json(folder / "tune.json", summary)
+    _io.write_json(folder / "tune.json", {TUNE_MARK: TUNE_FORMAT, **summary})
     buf = io.StringIO()
     names: list[str] = []
     for row in rows:
