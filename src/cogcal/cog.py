@@ -33,6 +33,7 @@ from cogcal.calibrators import (
     Temperature,
     TSTHead,
     VectorScaling,
+    VTSTHead,
     make_calibrator,
 )
 
@@ -955,7 +956,10 @@ class CalibratedModel(nn.Module):
           (one exception: folding a calibrator with a bias into a layer without one, such
           as GPT-2's ``score``, gives that layer a bias).
         * ``"tst"``: the network with its :class:`~cogcal.calibrators.TSTHead` rewritten as
-          the equivalent ``nn.Sequential(Linear, ReLU, Linear, Linear)``.
+          the equivalent ``nn.Sequential(Linear, ReLU, Linear, Linear)``; a
+          :class:`~cogcal.calibrators.VTSTHead` (V-TST) stays as it is, since its
+          prediction, the mean of the softmaxes of its fixed draws, is no composition of
+          ``torch.nn`` layers.
         * otherwise (no foldable head, another calibrator module):
           ``nn.Sequential(network, calibrator)``, the calibrator rewritten with ``torch.nn``
           classes where it is one of cogcal's (a temperature becomes
@@ -1023,9 +1027,10 @@ class CalibratedModel(nn.Module):
             assert self.classifier_name is not None
             tst = exported.get_submodule(self.classifier_name)
             assert isinstance(tst, TSTHead)
-            _set_submodule(
-                exported, self.classifier_name, nn.Sequential(*tst.encoder, tst.classifier)
-            )
+            if not isinstance(tst, VTSTHead):  # V-TST: the head itself (its predictive mean)
+                _set_submodule(
+                    exported, self.classifier_name, nn.Sequential(*tst.encoder, tst.classifier)
+                )
         elif self.appended is not None:
             exported = self._export_appended(exported)
         if self.preprocess is not None:
