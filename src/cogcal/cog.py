@@ -561,7 +561,8 @@ class CalibratedModel(nn.Module):
 
     On the first forward pass the wrapper checks that the detected final layer's output
     *is* the model's output (or a selection of its rows, as when GPT-2 pools the last
-    token): an error for ``"fc"``/``"tst"`` when it is not; for the appended calibrators
+    token): a ``ValueError`` for ``"fc"``/``"tst"`` when it is not (a model ending in a
+    softmax, a clamp, a sum over positions); for the appended calibrators
     the result only decides whether :meth:`export` may fold them into that layer.
 
     When the model returns a structured output that carries a ``loss`` (a HuggingFace
@@ -917,12 +918,12 @@ class CalibratedModel(nn.Module):
             raise self._no_logits(out)
         self._head_is_output = bool(seen) and _is_selection(seen[-1], logits)
         if self.kind in ("fc", "tst") and not seen:
-            raise RuntimeError(
+            raise ValueError(
                 f"The detected final layer {self.classifier_name!r} was not called in the "
                 "forward pass; pass classifier_name= naming the layer that produces the logits."
             )
         if self.kind in ("fc", "tst") and not self._head_is_output:
-            raise RuntimeError(
+            raise ValueError(
                 f"The output of the detected final layer {self.classifier_name!r} is not the "
                 "model's output (something transforms the logits after it); COG needs the "
                 "final layer's output to be the logits: pass classifier_name= or remove the "
