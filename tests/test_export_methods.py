@@ -36,7 +36,8 @@ def _run(root, method):
     out = root / method
     if not (out / "metrics.json").is_file():
         argv = ["train", "--dataset", "digits", "--method", method, "--epochs", "1"]
-        argv += ["--lr", "1e-2", "--stage2-epochs", "1", "--data-root", str(root / "data")]
+        argv += ["--lr", "1e-2", "--stage2-epochs", "1", "--batch-size", "256"]
+        argv += ["--data-root", str(root / "data")]
         assert main([*argv, "--no-progress", "--out", str(out)]) == 0
     return out
 
