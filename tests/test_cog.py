@@ -248,7 +248,7 @@ def test_head_followed_by_clipping_is_refused_on_first_forward():
             return self.fc(x).clamp(-1, 1)
 
     model = CalibratedModel(Clipped())
-    with pytest.raises(RuntimeError, match="not the model's output"):
+    with pytest.raises(ValueError, match="not the model's output"):
         model(torch.randn(2, 4) * 100)
 
 
@@ -367,7 +367,7 @@ def test_head_whose_rows_are_selected_passes_the_first_forward_check():
         def forward(self, x):  # a sum over positions is not a selection
             return self.score(x).sum(1)
 
-    with pytest.raises(RuntimeError, match="not the model's output"):
+    with pytest.raises(ValueError, match="not the model's output"):
         CalibratedModel(Summed())(torch.randn(4, 7, 6))
 
 

@@ -133,3 +133,37 @@ def test_bad_input_is_refused():
         diagnose(torch.full((2, 2), float("nan")), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="yielded no batches"):
         check_calibration(torch.nn.Identity(), [])
+
+
+# --------------------------------------------------------------------------- issue 34 item 5
+
+
+def _val(labels):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(len(labels), 4, generator=g), torch.as_tensor(labels))]
+
+
+def test_check_calibration_refuses_bad_arguments_with_value_errors():
+    from cogcal import CalibratedModel
+    from cogcal.health import check_calibration
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    ok = _val([0, 1, 2, 1] * 5)
+    for steps in (-1, 2.5, True, "10"):
+        with pytest.raises(ValueError, match=r"`steps` must be the number of optimizer steps"):
+            check_calibration(net, ok, steps=steps)
+    assert check_calibration(net, ok, steps=0).steps == 0
+    with pytest.raises(ValueError, match=r"class indices in 0..2 .*found 5"):
+        check_calibration(net, _val([0, 1, 5, 1]))
+    with pytest.raises(ValueError, match=r"class indices in 0..2 .*found -1"):
+        check_calibration(net, _val([0, -1, 2, 1]))
+    with pytest.raises(ValueError, match=r"class indices in 0..2 .*found 0.5"):
+        check_calibration(net, _val([0.5, 1.0, 2.0, 1.0]))
+    with pytest.raises(ValueError, match=r"shape of the logits \(4, 3\)"):
+        check_calibration(net, _val([[0, 1], [1, 0], [1, 1], [0, 0]]), task="multilabel")
+    with pytest.raises(ValueError, match=r"0/1 targets; found 2"):
+        check_calibration(net, _val([[0, 1, 2]] * 4), task="multilabel")
+    # a model ending in a softmax, wrapped for COG: the documented ValueError
+    soft = CalibratedModel(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softmax(1)))
+    with pytest.raises(ValueError, match="not the model's output"):
+        check_calibration(soft, ok)

@@ -2021,6 +2021,10 @@ class TSTHead(nn.Module):
         return probs.to(x.device) if is_tensor else probs.cpu().numpy()
 
 
+#: Seed of the fixed standard-normal draws of :class:`VTSTHead`'s predictive mean.
+VTST_NOISE_SEED = 0
+
+
 class VTSTHead(TSTHead):
     """The variational TST head (V-TST, Jordahn & Olmos, 2024).
 
@@ -2032,16 +2036,24 @@ class VTSTHead(TSTHead):
       its logits with the KL term (summed over Z, divided by Z, averaged over the batch).
     * In eval mode, :meth:`forward` returns the logits of the predictive mean over
       ``num_samples`` draws, ``logsumexp_m(log_softmax(z_m)) - log M``, so metrics and
-      post-hoc steps take them like any other logits. In training mode ``forward`` returns
-      the single-sample logits.
+      post-hoc steps take them like any other logits. The draws
+      ``z_m = mu + eps_m * sigma`` use ``num_samples`` fixed standard-normal vectors
+      ``eps_m`` (the buffer :attr:`noise`, the same for every input and every head of
+      this size), so the prediction is deterministic: it does not depend on the global
+      random state or on the other inputs of a batch, and an export
+      (:meth:`cogcal.CalibratedModel.export`, ONNX) computes exactly it. In training mode
+      ``forward`` returns the single-sample logits of a fresh draw.
 
     Examples
     --------
     >>> import torch
     >>> from cogcal.calibrators import VTSTHead
     >>> head = VTSTHead(16, 5, latent_dim=8).eval()
-    >>> logits = head(torch.randn(4, 16))         # log of the mean of 10 softmaxes
+    >>> x = torch.randn(4, 16)
+    >>> logits = head(x)                         # log of the mean of 10 softmaxes
     >>> torch.allclose(logits.exp().sum(1), torch.ones(4), atol=1e-5)
+    True
+    >>> torch.allclose(head(x[:2]), logits[:2], atol=1e-6)  # the same, whatever the batch
     True
     >>> _, kl = head.train().forward_with_kl(torch.randn(4, 16))
     >>> bool(kl >= 0)
@@ -2063,6 +2075,10 @@ class VTSTHead(TSTHead):
         self.log_var = nn.Sequential(
             nn.Linear(in_features, 3 * z), nn.ReLU(), nn.Linear(3 * z, z), nn.LogSigmoid()
         )
+        # the predictive mean's draws: fixed, so that a prediction is a function of its input
+        # (not saved in checkpoints: every head of this size has the same ones)
+        g = torch.Generator().manual_seed(VTST_NOISE_SEED)
+        self.register_buffer("noise", torch.randn(num_samples, z, generator=g), persistent=False)
 
     def forward_with_kl(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One-sample logits and ``KL(q(z|x) || N(0, I))`` (sum over Z / Z, batch mean)."""
@@ -2076,6 +2092,6 @@ class VTSTHead(TSTHead):
         if self.training:
             return self.classifier(mu + torch.randn_like(mu) * (0.5 * log_var).exp())
         std = (0.5 * log_var).exp()
-        eps = torch.randn((self.num_samples, *mu.shape), dtype=mu.dtype, device=mu.device)
+        eps = self.noise.to(dtype=mu.dtype).unsqueeze(1)  # (M, 1, Z): the same for every input
         logp = F.log_softmax(self.classifier(mu + eps * std).float(), dim=-1)
         return (torch.logsumexp(logp, dim=0) - math.log(self.num_samples)).to(mu.dtype)

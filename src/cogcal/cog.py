@@ -33,6 +33,7 @@ from cogcal.calibrators import (
     Temperature,
     TSTHead,
     VectorScaling,
+    VTSTHead,
     make_calibrator,
 )
 
@@ -560,7 +561,8 @@ class CalibratedModel(nn.Module):
 
     On the first forward pass the wrapper checks that the detected final layer's output
     *is* the model's output (or a selection of its rows, as when GPT-2 pools the last
-    token): an error for ``"fc"``/``"tst"`` when it is not; for the appended calibrators
+    token): a ``ValueError`` for ``"fc"``/``"tst"`` when it is not (a model ending in a
+    softmax, a clamp, a sum over positions); for the appended calibrators
     the result only decides whether :meth:`export` may fold them into that layer.
 
     When the model returns a structured output that carries a ``loss`` (a HuggingFace
@@ -916,12 +918,12 @@ class CalibratedModel(nn.Module):
             raise self._no_logits(out)
         self._head_is_output = bool(seen) and _is_selection(seen[-1], logits)
         if self.kind in ("fc", "tst") and not seen:
-            raise RuntimeError(
+            raise ValueError(
                 f"The detected final layer {self.classifier_name!r} was not called in the "
                 "forward pass; pass classifier_name= naming the layer that produces the logits."
             )
         if self.kind in ("fc", "tst") and not self._head_is_output:
-            raise RuntimeError(
+            raise ValueError(
                 f"The output of the detected final layer {self.classifier_name!r} is not the "
                 "model's output (something transforms the logits after it); COG needs the "
                 "final layer's output to be the logits: pass classifier_name= or remove the "
@@ -955,7 +957,10 @@ class CalibratedModel(nn.Module):
           (one exception: folding a calibrator with a bias into a layer without one, such
           as GPT-2's ``score``, gives that layer a bias).
         * ``"tst"``: the network with its :class:`~cogcal.calibrators.TSTHead` rewritten as
-          the equivalent ``nn.Sequential(Linear, ReLU, Linear, Linear)``.
+          the equivalent ``nn.Sequential(Linear, ReLU, Linear, Linear)``; a
+          :class:`~cogcal.calibrators.VTSTHead` (V-TST) stays as it is, since its
+          prediction, the mean of the softmaxes of its fixed draws, is no composition of
+          ``torch.nn`` layers.
         * otherwise (no foldable head, another calibrator module):
           ``nn.Sequential(network, calibrator)``, the calibrator rewritten with ``torch.nn``
           classes where it is one of cogcal's (a temperature becomes
@@ -1023,9 +1028,10 @@ class CalibratedModel(nn.Module):
             assert self.classifier_name is not None
             tst = exported.get_submodule(self.classifier_name)
             assert isinstance(tst, TSTHead)
-            _set_submodule(
-                exported, self.classifier_name, nn.Sequential(*tst.encoder, tst.classifier)
-            )
+            if not isinstance(tst, VTSTHead):  # V-TST: the head itself (its predictive mean)
+                _set_submodule(
+                    exported, self.classifier_name, nn.Sequential(*tst.encoder, tst.classifier)
+                )
         elif self.appended is not None:
             exported = self._export_appended(exported)
         if self.preprocess is not None:

@@ -148,6 +148,35 @@ class HealthReport:
         )
 
 
+def _check_labels(logits: torch.Tensor, labels: torch.Tensor, task: str) -> None:
+    """Class indices in [0, K) (multiclass), or 0/1 targets shaped like the logits."""
+    y = labels.detach().cpu()
+    if y.dtype == torch.bool:
+        y = y.long()
+    if task == "multilabel":
+        if tuple(y.shape) != tuple(logits.shape):
+            raise ValueError(
+                f"multi-label `labels` must have the shape of the logits {tuple(logits.shape)} "
+                f"(0/1 per task), got {tuple(y.shape)}."
+            )
+        bad = ~((y == 0) | (y == 1))
+        what = "0/1 targets"
+    else:
+        if y.ndim != 1:
+            raise ValueError(
+                f"`labels` must be class indices of shape (N,), got shape {tuple(y.shape)}; "
+                "for 0/1 targets per output pass task='multilabel'."
+            )
+        k = logits.shape[1]
+        bad = (y < 0) | (y >= k)
+        if y.is_floating_point():
+            bad |= y != y.round()  # NaN too
+        what = f"class indices in 0..{k - 1} (the logits have {k} columns)"
+    if bool(bad.any()):
+        first = y[bad].flatten()[0].item()
+        raise ValueError(f"`labels` must be {what}; found {first!r}.")
+
+
 def _two_class(logits: torch.Tensor, labels: torch.Tensor, task: str) -> tuple[Any, Any]:
     """Multi-label logits (N, T) as N*T two-class problems with logits (0, z)."""
     if task == "multiclass":
@@ -262,6 +291,14 @@ def diagnose(
         )
     if not torch.isfinite(z).all():
         raise ValueError("`logits` hold NaN or infinite values: the model diverged.")
+    _check_labels(z, y, task)
+    if steps is not None and (
+        isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 0
+    ):
+        raise ValueError(
+            f"`steps` must be the number of optimizer steps (an integer >= 0) or None, got "
+            f"{steps!r}."
+        )
     z, y = _two_class(z.detach().double().cpu(), y.detach().cpu(), task)
     advice = advice or {}
     ece, gap = _ece(z.softmax(dim=1), y)

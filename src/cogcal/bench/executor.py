@@ -665,6 +665,7 @@ class Scheduler:
             except RunFolderError:
                 saved = None
             resume = saved is not None and same_config(saved, job.config) and folder.has_state()
+            resume = resume and not folder.is_complete()  # an edited record: trained again
         if not resume:
             try:  # under its lock; everything is checked before anything is deleted, and
                 # the mark stays, so that the run may be written again beside user files

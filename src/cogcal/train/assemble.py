@@ -10,6 +10,7 @@ logits. Nothing here imports Lightning: a deployed model loads without it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import warnings
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cogcal._errors import ArgumentError
 from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data.transforms import Preprocess
@@ -213,8 +215,94 @@ class LoadedRun:
         return path
 
 
-def _final_state(folder: RunDir, which: str) -> dict[str, torch.Tensor]:
-    return load_checkpoint(folder.checkpoints / f"{which}.ckpt")["model"]
+def _final_state(folder: RunDir, which: str, record: RunRecord) -> dict[str, torch.Tensor]:
+    """The weights of ``checkpoints/<which>.ckpt``, checked to be the file the record was
+    written with and to carry the digest of the run's configuration."""
+    name = f"checkpoints/{which}.ckpt"
+    ckpt = load_checkpoint(folder.path / name)  # an empty or truncated file is named first
+    folder.check_file(name, record)
+    if ckpt.get("config_sha256") != (record.integrity or {}).get("config"):
+        raise RunFolderError(
+            f"{folder.path / name} was not trained with the run's configuration "
+            f"({folder.config_path}); train the run again."
+        )
+    return ckpt["model"]
+
+
+def _damaged(folder: RunDir, field: str, problem: str) -> RunFolderError:
+    return RunFolderError(
+        f"{folder.config_path}: {field!r} {problem}; the run record is damaged: restore "
+        "config.json or train the run again."
+    )
+
+
+def _positive_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+    )
+
+
+def _finite_numbers(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        and all(math.isfinite(v) for v in value)
+    )
+
+
+def _recorded_config(folder: RunDir, saved: dict[str, Any]) -> TrainConfig:
+    """The configuration of ``config.json``, with the values load_run and predict use
+    checked: a damaged value is a :class:`RunFolderError` naming the file and the field."""
+    try:
+        config = TrainConfig.from_record(saved)
+    except ArgumentError as err:
+        raise RunFolderError(
+            f"{folder.config_path}: {err} The run record is damaged: restore config.json or "
+            "train the run again."
+        ) from None
+    classes = saved.get("num_classes")
+    if classes is not None and not _positive_ints([classes]):
+        raise _damaged(folder, "num_classes", f"must be an integer >= 1, got {classes!r}")
+    for key in ("input_shape",):
+        if saved.get(key) is not None and not _positive_ints(saved[key]):
+            raise _damaged(folder, key, f"must be a list of integers >= 1, got {saved[key]!r}")
+    names = saved.get("class_names")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str | int) for n in names):
+            raise _damaged(folder, "class_names", f"must be a list of names, got {names!r}")
+        if isinstance(classes, int) and len(names) != classes:
+            raise _damaged(folder, "class_names", f"holds {len(names)} names for {classes} outputs")
+    inputs = saved.get("input")
+    if inputs is None:
+        return config
+    if not isinstance(inputs, dict):
+        raise _damaged(folder, "input", f"must be a mapping, got {inputs!r}")
+    if not _positive_ints(inputs.get("input_shape")) or not inputs.get("input_shape"):
+        raise _damaged(
+            folder, "input.input_shape",
+            f"must be a list of integers >= 1, got {inputs.get('input_shape')!r}",
+        )  # fmt: skip
+    for key in ("mean", "std"):
+        if not _finite_numbers(inputs.get(key)):
+            raise _damaged(
+                folder, f"input.{key}", f"must be a list of finite numbers, got {inputs.get(key)!r}"
+            )
+    if len(inputs["mean"]) != len(inputs["std"]):
+        raise _damaged(folder, "input.std", "must have one value per value of input.mean")
+    if any(v <= 0 for v in inputs["std"]):
+        raise _damaged(folder, "input.std", f"must be positive, got {inputs['std']!r}")
+    scale = inputs.get("scale", 1.0)
+    if not _finite_numbers([scale]) or scale <= 0:
+        raise _damaged(folder, "input.scale", f"must be a positive number, got {scale!r}")
+    size = inputs.get("image_size")
+    if size is not None and not _positive_ints([size]):
+        raise _damaged(folder, "input.image_size", f"must be an integer >= 1, got {size!r}")
+    if inputs.get("dtype", "float32") not in ("float32", "uint8"):
+        raise _damaged(
+            folder, "input.dtype", f"must be 'float32' or 'uint8', got {inputs.get('dtype')!r}"
+        )
+    return config
 
 
 def _shown(name: str) -> str:
@@ -299,7 +387,11 @@ def load_run(
     ------
     RunFolderError
         The folder is not a finished cogcal run, its files do not fit each other, or
-        ``model`` is missing, not needed or does not fit.
+        ``model`` is missing, not needed or does not fit. Nothing edited or replaced after
+        the run is trusted (:meth:`RunDir.check_record <cogcal.train.rundir.RunDir.check_record>`):
+        a ``config.json`` that differs from the record in ``metrics.json`` (the message names
+        the fields) or holds a damaged value (names it), a checkpoint or ``calibrator.pt``
+        whose sha256 is not the one the record holds (e.g. copied from another run).
 
     Examples
     --------
@@ -336,7 +428,8 @@ def load_run(
                 "rebuilt (it records the backbone, method and data shape); the folder is "
                 "incomplete: retrain the run, or restore config.json."
             )
-        config = TrainConfig.from_record(saved)
+        folder.check_record(record, saved)  # config.json is the record of the checkpoints
+        config = _recorded_config(folder, saved)
         method = get_method(config.method)
         model_name = saved.get("model")
         python_model = isinstance(model_name, str) and model_name.startswith("python:")
@@ -365,7 +458,7 @@ def load_run(
             model_name, num_classes=num_classes, input_shape=input_shape
         )  # fmt: skip
         try:
-            state = _final_state(folder, which)
+            state = _final_state(folder, which, record)
             if method.stage2:
                 stage2 = stage2_model(method, network, num_classes)
                 if model is not None:
@@ -383,6 +476,7 @@ def load_run(
                     calibrator.load_state_dict(
                         torch.load(folder.path / "calibrator.pt", weights_only=True)
                     )
+                    folder.check_file("calibrator.pt", record)  # the one the run fitted
                     calibrator.requires_grad_(False)
                 loaded = final_model(method, network, stage1, task=task, calibrator=calibrator)
         except pickle.UnpicklingError as err:  # not weights only: never unpickled

@@ -13,6 +13,10 @@ epoch so far) and, once the stage has finished, ``done.json``.
   interrupted run ends exactly where an uninterrupted one does.
 * :func:`load_checkpoint` reads any of them safely (``weights_only=True``), naming a
   missing, empty, truncated or foreign file with the fix.
+
+Every checkpoint carries, under ``"config_sha256"``, the digest of the configuration it was
+trained with (:func:`cogcal.train.rundir.config_digest`), so that a run resumes and loads
+only checkpoints of its own configuration.
 """
 
 from __future__ import annotations
@@ -226,10 +230,14 @@ class CheckpointWriter:
     with the final evaluation. An error in the thread (disk full) is raised at the next
     ``save``/``write_json`` or at ``close``. A disabled writer (processes other than 0 of a
     multi-process run) writes nothing.
+
+    ``config_sha256`` (the digest of the run's configuration,
+    :func:`cogcal.train.rundir.config_digest`) is written into every checkpoint.
     """
 
-    def __init__(self, *, enabled: bool = True) -> None:
+    def __init__(self, *, enabled: bool = True, config_sha256: str | None = None) -> None:
         self.enabled = enabled
+        self.config_sha256 = config_sha256
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=2)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -244,6 +252,8 @@ class CheckpointWriter:
         self.close()
 
     def save(self, folder: Path, snapshot: dict, *, best: bool) -> None:
+        if self.config_sha256 is not None:
+            snapshot = {**snapshot, "config_sha256": self.config_sha256}
         self._submit(lambda: _write_checkpoint(Path(folder), snapshot, best))
 
     def write_json(self, path: Path, obj: Any) -> None:
@@ -285,7 +295,7 @@ def _write_checkpoint(folder: Path, snapshot: dict, best: bool) -> None:
     if best:
         link_atomic(last, folder / "best.ckpt")
     elif "best" in snapshot:
-        _write_best(folder, snapshot["best"])
+        _write_best(folder, snapshot["best"], snapshot.get("config_sha256"))
 
 
 def link_atomic(src: Path, dst: Path) -> None:
@@ -300,12 +310,12 @@ def link_atomic(src: Path, dst: Path) -> None:
     _io.fsync_dir(dst.parent)
 
 
-def _write_best(folder: Path, best: dict[str, Any]) -> None:
+def _write_best(folder: Path, best: dict[str, Any], config_sha256: str | None) -> None:
     """Write ``best.ckpt`` from the best epoch's weights and loop counters."""
-    _io.save_torch(
-        folder / "best.ckpt",
-        {"format": CHECKPOINT_FORMAT, "model": best["model"], "loop": best["loop"]},
-    )
+    ckpt = {"format": CHECKPOINT_FORMAT, "model": best["model"], "loop": best["loop"]}
+    if config_sha256 is not None:
+        ckpt["config_sha256"] = config_sha256
+    _io.save_torch(folder / "best.ckpt", ckpt)
 
 
 def _restore_best(folder: Path, state: LoopState, ckpt: dict[str, Any]) -> None:
@@ -322,7 +332,7 @@ def _restore_best(folder: Path, state: LoopState, ckpt: dict[str, Any]) -> None:
         except (CheckpointError, KeyError):
             held = None
         if held != state.best_epoch:
-            _write_best(folder, ckpt["best"])
+            _write_best(folder, ckpt["best"], ckpt.get("config_sha256"))
 
 
 def load_weights(model: nn.Module, path: Path, ckpt: dict[str, Any]) -> None:

@@ -29,12 +29,25 @@ replaced (``overwrite`` included). Every command takes the folder's lock
 Same configuration: two runs are the same when :func:`same_config` holds for their
 resolved configurations, i.e. every field that can change results (after defaults) is
 equal (:func:`cogcal.train.config.result_fields`).
+
+Integrity: the record and its files are bound together. :func:`config_digest` hashes what
+a configuration computes (every field that can change results, the model, the classes and
+the input preprocessing; not where the run lies or how it was shown). Every checkpoint
+carries the digest of the configuration it was trained with; ``metrics.json`` carries,
+under ``"integrity"``, that digest and the sha256 of each checkpoint and of
+``calibrator.pt`` (:meth:`RunDir.write_record` computes them, once every file is on the
+disk). :meth:`RunDir.check_record` and :meth:`RunDir.check_file` refuse a ``config.json``
+edited after the run, a checkpoint copied from another run, a replaced calibrator;
+:meth:`RunDir.finished_with` (what ``cogcal bench`` and ``cogcal tune`` reuse) counts a
+run whose record does not check as not finished, so it is trained again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import hashlib
 import json
 import math
 import os
@@ -60,6 +73,7 @@ __all__ = [
     "RunRecord",
     "RunFolderError",
     "config_diff",
+    "config_digest",
     "is_bench_folder",
     "lock_folder",
     "same_config",
@@ -98,6 +112,84 @@ _STAGE_DIR = "stage1"  # checkpoints/stage1/ of two-stage methods
 
 class RunFolderError(ArgumentError):
     """A run folder cannot be used as asked (names the folder and the fix)."""
+
+
+# --------------------------------------------------------------------------- integrity
+
+#: Keys of a run's ``data`` record that say where the data lies, not what it is.
+_DATA_PLACE = ("dataset", "path", "source_files")
+#: Whether each :class:`TrainConfig` field can change results.
+_RESULTS = {f.name: bool(f.metadata["results"]) for f in dataclasses.fields(TrainConfig)}
+#: Keys of ``config.json`` that say where a run lies or how it was shown.
+_UNBOUND = frozenset({MARK, "cogcal_version"} | {k for k, r in _RESULTS.items() if not r})
+#: The files whose sha256 the record carries (relative to the run folder), in the order a
+#: resumed run reads them.
+BOUND_FILES = tuple(
+    f"checkpoints/{stage}{name}"
+    for stage in (f"{_STAGE_DIR}/", "")
+    for name in ("last.ckpt", "best.ckpt")
+) + ("calibrator.pt",)
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """The sha256 (hex) of what a resolved configuration (or ``config.json``) computes.
+
+    It covers every field that can change results (:func:`cogcal.train.config.result_fields`:
+    a ``csv:``/``folder:`` dataset by its content fingerprint) and everything else the run
+    recorded (model, task, classes and their names, input shape and preprocessing, the
+    data's sizes and statistics), but not where the run or its data lie, nor how it was
+    shown (``out``, ``data_root``, ``progress``, ``extra``, ...), so a run moved, copied or
+    resumed with another ``--no-progress`` keeps its digest.
+
+    >>> a = TrainConfig(method="ce", out="a").resolved()
+    >>> config_digest(a) == config_digest({**a, "out": "b", "progress": False})
+    True
+    >>> config_digest(a) == config_digest({**a, "lr": 0.5})
+    False
+    """
+    config = dict(config)
+    try:
+        fields = result_fields(config)
+    except (ValueError, TypeError, KeyError):  # an unknown method: a damaged record as it is
+        fields = {k: v for k, v in config.items() if _RESULTS.get(k)}
+    rest = {k: v for k, v in config.items() if k not in _RESULTS and k not in _UNBOUND}
+    if isinstance(rest.get("data"), Mapping):
+        rest["data"] = {k: v for k, v in rest["data"].items() if k not in _DATA_PLACE}
+    text = json.dumps(
+        _finite({"fields": fields, "record": rest}), sort_keys=True, separators=(",", ":"),
+        default=repr,
+    )  # fmt: skip
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """The sha256 (hex) of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _record_diff(
+    recorded: Mapping[str, Any], now: Mapping[str, Any], skip: frozenset[str] = _UNBOUND
+) -> list[str]:
+    """The keys on which two recorded configurations differ, as ``"key: a -> b"``
+    (nested keys as ``input.std``), except those that say where a run or its data lie."""
+    out = []
+    for key in sorted((set(recorded) | set(now)) - skip):
+        a, b = recorded.get(key), now.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            inner = frozenset(_DATA_PLACE) if key == "data" else frozenset()
+            out += [f"{key}.{d}" for d in _record_diff(a, b, inner)]
+        elif not _equal(a, b):
+            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --------------------------------------------------------------------------- comparison
@@ -206,6 +298,10 @@ class RunRecord:
     selection : dict or None
         When the learning rates were chosen by validation cross-entropy (no ``lr`` given):
         the grid trained, the choice and its cost (:mod:`cogcal.train.select`).
+    integrity : dict or None
+        ``{"config": digest, "files": {path: sha256}}``: the :func:`config_digest` of
+        ``config`` and the sha256 of each checkpoint and of ``calibrator.pt``, written by
+        :meth:`RunDir.write_record` (see the module docstring).
     """
 
     config: dict[str, Any]
@@ -221,6 +317,7 @@ class RunRecord:
     error: str | None = None
     health: dict[str, Any] | None = None
     selection: dict[str, Any] | None = None
+    integrity: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "metrics.json") -> RunRecord:
@@ -253,7 +350,7 @@ class RunRecord:
             out["copied_from"] = self.copied_from
         if self.error is not None:
             out["error"] = self.error
-        for key in ("health", "selection"):
+        for key in ("health", "selection", "integrity"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return _finite(out)
@@ -412,9 +509,98 @@ class RunDir:
         return self.checkpoints.is_dir() and any(self.checkpoints.rglob("*.ckpt"))
 
     def finished_with(self, config: Mapping[str, Any] | TrainConfig) -> bool:
-        """Whether the folder holds a finished run of the same configuration."""
+        """Whether the folder holds a finished run of the same configuration, whose record
+        checks (:meth:`check_record`: an edited ``config.json`` or ``metrics.json`` is never
+        trusted; the checkpoints are checked by whoever loads them)."""
         record = self.read_record()
-        return record is not None and same_config(record.config, config)
+        if record is None or not same_config(record.config, config):
+            return False
+        try:
+            self.check_record(record)
+        except RunFolderError:
+            return False
+        return True
+
+    # -- integrity -----------------------------------------------------------------------
+    def check_record(self, record: RunRecord, saved: Mapping[str, Any] | None = None) -> None:
+        """Check that ``config.json`` (``saved``, read if not given) and the record
+        ``metrics.json`` describe the same run, the one the record's integrity names.
+
+        Raises
+        ------
+        RunFolderError
+            ``config.json`` is missing or differs from the record (the message names the
+            fields), or either was edited after the run (its digest is not the recorded
+            one), or the record carries no integrity (an older cogcal wrote it).
+        """
+        saved = self.read_config() if saved is None else saved
+        if saved is None:
+            raise RunFolderError(f"{self.path} has a metrics.json but no config.json.")
+        fix = "restore the file or train the run again"
+        diff = _record_diff(record.config, saved)
+        if diff:
+            raise RunFolderError(
+                f"{self.config_path} differs from the run's record {self.metrics_path.name} "
+                f"({'; '.join(diff[:4])}{' ...' if diff[4:] else ''}): it was edited after the "
+                f"run, so it does not describe the checkpoints; {fix}."
+            )
+        integrity = record.integrity if isinstance(record.integrity, Mapping) else {}
+        recorded = integrity.get("config")
+        if not isinstance(recorded, str):
+            raise RunFolderError(
+                f"{self.metrics_path} carries no integrity record (the hashes binding it to "
+                "config.json and the checkpoints): it was written by an older cogcal or "
+                "edited; train the run again."
+            )
+        if config_digest(saved) != recorded:
+            raise RunFolderError(
+                f"{self.config_path} and {self.metrics_path.name} were edited after the run: "
+                "they no longer hash to the configuration the checkpoints were trained with; "
+                f"{fix}."
+            )
+
+    def check_file(self, name: str, record: RunRecord) -> None:
+        """Check that the file ``name`` (relative to the folder, one of
+        :data:`BOUND_FILES`) is the one the record was written with (its sha256).
+
+        Raises
+        ------
+        RunFolderError
+            The record does not list the file, or its content differs (e.g. a checkpoint
+            copied from another run).
+        """
+        files = (record.integrity or {}).get("files")
+        expected = files.get(name) if isinstance(files, Mapping) else None
+        path = self.path / name
+        if not isinstance(expected, str):
+            raise RunFolderError(
+                f"{path} is not part of the run's record ({self.metrics_path.name} lists no "
+                "hash for it): it was added after the run; remove it or train the run again."
+            )
+        try:
+            actual = file_digest(path)
+        except FileNotFoundError:
+            raise RunFolderError(f"{path} is missing; the run folder is incomplete.") from None
+        if actual != expected:
+            raise RunFolderError(
+                f"{path} is not the file the run wrote (its sha256 differs from the one in "
+                f"{self.metrics_path.name}): it was replaced, e.g. copied from another run; "
+                "restore it or train the run again."
+            )
+
+    def _integrity(self, record: RunRecord) -> dict[str, Any]:
+        files: dict[str, str] = {}
+        seen: dict[tuple[int, int], str] = {}  # best.ckpt is often last.ckpt (a hard link)
+        for name in BOUND_FILES:
+            path = self.path / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            stat = path.stat()
+            key = (stat.st_dev, stat.st_ino)
+            if key not in seen:
+                seen[key] = file_digest(path)
+            files[name] = seen[key]
+        return {"config": config_digest(record.config), "files": files}
 
     def foreign_entries(self) -> list[str]:
         """Entries of the folder that cogcal did not write (never deleted)."""
@@ -440,7 +626,10 @@ class RunDir:
         )
 
     def write_record(self, record: RunRecord) -> None:
-        """Write ``metrics.json`` (last, atomically, durably)."""
+        """Write ``metrics.json`` (last, atomically, durably), with the integrity of the
+        run (``record.integrity``: the digest of its configuration and the sha256 of the
+        checkpoints and ``calibrator.pt`` now in the folder)."""
+        record.integrity = self._integrity(record)
         _io.write_json(self.metrics_path, record.to_dict())
 
     def write_outcome(self, outcome: Mapping[str, Any]) -> None:
@@ -633,7 +822,56 @@ class RunDir:
         if not state:  # stopped before its first checkpoint: resuming is starting over
             self.clear()
             return False
+        self.check_checkpoints(saved or {})
         return True
+
+    def damaged_checkpoints(self) -> list[str]:
+        """One line per checkpoint of the folder that cannot be loaded: ``"<path> is empty
+        (0 bytes)"`` or ``"<path> is truncated or corrupt"``."""
+        from cogcal.train.checkpoints import CheckpointError, load_checkpoint
+
+        found = []
+        for name in BOUND_FILES:
+            path = self.path / name
+            if not name.endswith(".ckpt") or path.is_symlink() or not path.is_file():
+                continue
+            if path.stat().st_size == 0:
+                found.append(f"{path} is empty (0 bytes)")
+                continue
+            try:
+                load_checkpoint(path)
+            except CheckpointError:
+                found.append(f"{path} is truncated or corrupt")
+        return found
+
+    def check_checkpoints(self, saved: Mapping[str, Any]) -> None:
+        """Check, before a run resumes, that each of its checkpoints loads and was trained
+        with the configuration ``saved`` (its ``config.json``).
+
+        Raises
+        ------
+        cogcal.train.checkpoints.CheckpointError
+            A checkpoint is empty, truncated or not a cogcal checkpoint (names it).
+        RunFolderError
+            A checkpoint was trained with another configuration (copied from another run)
+            or written by an older cogcal.
+        """
+        from cogcal.train.checkpoints import load_checkpoint  # torch: only when resuming
+
+        digest = config_digest(saved)
+        for name in BOUND_FILES:
+            path = self.path / name
+            if not name.endswith(".ckpt") or not path.is_file():
+                continue
+            if load_checkpoint(path).get("config_sha256") != digest:
+                raise RunFolderError(
+                    f"`resume`: {path} was not trained with the configuration in "
+                    f"{self.config_path} (it was copied from another run, or written by an "
+                    "older cogcal); start over with `overwrite=True`.",
+                    cli_message=f"--resume: {path} was not trained with the configuration in "
+                    f"{self.config_path} (it was copied from another run, or written by an "
+                    "older cogcal); start over with --overwrite.",
+                )
 
     def entries(self) -> list[str]:
         """The names in the folder, sorted, except its lock file (a lock left by a killed

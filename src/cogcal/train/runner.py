@@ -45,7 +45,7 @@ from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage, seed_global_rng
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff, config_digest
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import (
@@ -245,7 +245,8 @@ def execute(
             folder.write_config(resolved)
         fabric.barrier()
         try:
-            with CheckpointWriter(enabled=fabric.is_global_zero) as writer:
+            digest = config_digest(resolved)  # every checkpoint names its configuration
+            with CheckpointWriter(enabled=fabric.is_global_zero, config_sha256=digest) as writer:
                 return _train(
                     config, method, fabric, folder, source, network, resolved, resumed, writer
                 )
@@ -519,11 +520,12 @@ def _tune_point_locked(
         if not diff:
             outcome = folder.read_outcome()
             status = (outcome or {}).get("status")
-            if status == "complete":
+            if status == "complete" and folder.finished_with(cfg):
                 return "complete", folder.read_record(), None
             if status == "diverged":
                 return "diverged", None, None
-            resume = folder.has_state()
+            # a record edited after the run is never trusted: the point is trained again
+            resume = status != "complete" and folder.has_state()
     try:
         if data is None and model is None:
             trained = None

@@ -153,6 +153,12 @@ def select_and_train(
     folder = selection_folder(config.out)
     with out.lock():  # the lock before anything in the folder is read, cleared or written
         if resume and out.is_marked() and not out.is_complete():
+            for problem in out.damaged_checkpoints():  # named, then made again (README)
+                print(
+                    f"cogcal: warning: {problem}; {out.path} holds a copy of the chosen run "
+                    f"of the learning-rate selection in {folder}: it is copied again",
+                    file=sys.stderr,
+                )
             out.clear()  # a copy of the chosen run that was interrupted: copied again below
         if not (resume and not out.is_complete()):
             out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
