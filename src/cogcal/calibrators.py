@@ -1818,11 +1818,12 @@ class Isotonic(_NonParametric):
         width = hi - lo
         slopes = (values[:, 1:] - values[:, :-1]) / torch.where(width > 0, width, 1.0)
         if torch.onnx.is_in_onnx_export():
-            # ONNX has no searchsorted: sum the pieces instead, (R, M - 1, N) entries
-            pieces = torch.minimum(torch.maximum(x[:, None, :], lo[..., None]), hi[..., None])
-            return values[:, :1] + (slopes[..., None] * (pieces - lo[..., None])).sum(1)
-        j = torch.searchsorted(knots, x.contiguous(), right=True).sub_(1)
-        j = j.clamp_(max=knots.shape[1] - 2)
+            # ONNX has no searchsorted: the piece is the number of inner knots at or below x
+            # ((R, M - 2, N) comparisons), the same index searchsorted gives
+            j = (x[:, None, :] >= knots[:, 1:-1, None]).sum(1)
+        else:
+            j = torch.searchsorted(knots, x.contiguous(), right=True).sub_(1)
+            j = j.clamp_(max=knots.shape[1] - 2)
         return values.gather(1, j) + slopes.gather(1, j) * (x - lo.gather(1, j))
 
 

@@ -387,6 +387,7 @@ def check_calibration(
     >>> import torch
     >>> from cogcal import CalibratedModel
     >>> from cogcal.health import check_calibration
+    >>> _ = torch.manual_seed(0)  # the network's initialisation
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     >>> model = CalibratedModel(net)
     >>> g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ winner is refitted on all of it. The test split is never an input.
 >>> import torch, cogcal
 >>> g = torch.Generator().manual_seed(0)
 >>> y = torch.randint(0, 3, (600,), generator=g)
->>> z = 4.0 * torch.nn.functional.one_hot(y, 3) + 2.0 * torch.randn(600, 3, generator=g)
+>>> z = 3.0 * (2.0 * torch.nn.functional.one_hot(y, 3) + torch.randn(600, 3, generator=g))
 >>> cal = cogcal.calibrate(z, y, method="ts")   # over-confident logits: T > 1
 >>> cal.method, round(cal.calibrator.temperature, 1) > 1
 ('ts', True)

@@ -211,7 +211,7 @@ def fit(
     >>> result.validation
     'stratified 20% of train_data (120 samples, seed 20240917)'
     >>> sorted(result.metrics)[:3], len(result.history)
-    (['acc', 'brier', 'ece_10'], 3)
+    (['acc', 'adaece_15', 'aurc'], 3)
     >>> [f.kind for f in result.health.findings]  # 3 epochs of 8 steps: too short
     ['under-trained']
     """
