@@ -298,10 +298,11 @@ class CalibrationFolder:
         with lock_folder(self.path, what=f"calibration folder {self.path}"):
             yield
 
-    def prepare(self, *, overwrite: bool) -> None:
+    def prepare(self, *, overwrite: bool, remove: bool = True) -> None:
         """Make the folder ready for a new calibration (hold :meth:`lock`): refuse one that
         holds anything not written by ``cogcal calibrate``, and one that holds a calibration
-        unless ``overwrite`` (then only the files of :data:`FILES` are removed)."""
+        unless ``overwrite`` (then only the files of :data:`FILES` are removed; with
+        ``remove=False`` nothing is, the folder is only checked)."""
         entries = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
         if not entries:
             return
@@ -317,7 +318,7 @@ class CalibrationFolder:
                 f"output folder {self.path} holds a calibration already; pass --overwrite to "
                 "replace it, or choose another --out."
             )
-        for name in entries:
+        for name in entries if remove else ():
             p = self.path / name
             if name not in foreign and p.is_file() and not p.is_symlink():
                 p.unlink()
@@ -460,16 +461,17 @@ def calibrate_files(
         )
     folder = CalibrationFolder(out)
     with folder.lock():
+        folder.prepare(overwrite=overwrite, remove=False)  # refusals before the fit
+        try:  # fitted before anything is removed: a refusal of the data loses nothing
+            cal = calibrate(v.logits, v.labels, method, cv=cv)
+        except ValueError as err:  # calibrate's documented refusals of the data
+            raise _err(v.path, str(err)) from None
         folder.prepare(overwrite=overwrite)
         meta: dict[str, Any] = {
             MARK: FORMAT, "status": "writing", "cogcal": cogcal.__version__,
             "val": _inputs(v), "test": _inputs(t) if t is not None else None,
         }  # fmt: skip
         folder.write("calibration.json", meta)
-        try:
-            cal = calibrate(v.logits, v.labels, method, cv=cv)
-        except ValueError as err:  # calibrate's documented refusals of the data
-            raise _err(v.path, str(err)) from None
         if cal.cv_nll:
             scores = ", ".join(f"{m} {s:.4f}" for m, s in cal.cv_nll.items())
             say(f"chose {cal.method} by {cv}-fold cross-validated validation NLL ({scores})")
