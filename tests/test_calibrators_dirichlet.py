@@ -15,6 +15,7 @@ from cogcal.calibrators import (
     L2GridEdgeWarning,
     ProbabilitiesAsLogitsWarning,
     _Problem,
+    _RowBlocks,
     _stratified_folds,
     make_calibrator,
 )
@@ -57,13 +58,12 @@ def test_unpenalised_dirichlet_is_multinomial_regression_on_log_probabilities(k)
 def test_whole_matrix_penalty_hook_equals_sklearn_l2_regression_at_c_one_over_lambda(lam):
     # With the test hooks the penalty is (lam/2) ||W||_F^2 and the bias is free: scikit-learn's
     # C sum_i l_i + (1/2) ||W||^2 on log p has the same minimiser for C = 1/lam (see
-    # test_calibrators_regularisation). The three strengths exercise both conditionings.
+    # test_calibrators_regularisation). The three strengths run from data-dominated to
+    # penalty-dominated curvature in the row-block conditioning.
     z, y = _miscalibrated(500, seed=3)
     cal = Dirichlet(4, l2=lam).double()
     cal._weights_toward_identity, cal._penalize_bias = False, False
-    stats = cal._standardisation(z, lam / (2 * len(y)))
-    if lam != 20.0:  # whitened (weak penalty), or scaled entry by entry (strong)
-        assert isinstance(stats[1], tuple) == (lam < 1)
+    assert isinstance(cal._standardisation(z, lam / (2 * len(y))), _RowBlocks)
     cal.fit(z, y)
     ref = _logistic_regression(1.0 / lam).fit(_log_probs(z), y.numpy())
     np.testing.assert_allclose(cal.weight.numpy(), ref.coef_, atol=1e-5)
@@ -112,8 +112,8 @@ def test_hand_written_gradient_equals_autograd(weight, conditioning, toward_iden
     cal._weights_toward_identity = cal._penalize_bias = toward_identity
     cal._prepare(z, y)
     stats = cal._standardisation(z, weight) if conditioning == "standardised" else None
-    if conditioning == "standardised":  # both conditionings of the fit are exercised
-        assert weight == 0.01 or isinstance(stats[1], tuple) == (weight == 0)
+    if conditioning == "standardised":  # the fit's conditioning: one block per row of [W|b]
+        assert isinstance(stats, _RowBlocks) and stats.factor.shape == (4, 5, 5)
     g = torch.Generator().manual_seed(1)
     start = {
         k: v + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype)
@@ -254,3 +254,40 @@ def test_one_class_present_fits_like_matrix_scaling():
     cal = Dirichlet().fit(z, y)
     assert all(bool(torch.isfinite(p).all()) for p in cal.parameters())
     assert bool((cal.predict_proba(z).argmax(1) == 0).all())
+
+
+def test_row_block_conditioning_makes_each_rows_curvature_the_identity_at_the_start():
+    """The conditioning (docs/performance.md): in the fit's variables the Hessian's diagonal
+    blocks, one per row of [W | b], are the identity at the starting map (temperature
+    scaling), where they are exact for the unpenalised objective; the blocks between rows
+    are not (they are what the conditioning neglects)."""
+    z, y = _miscalibrated(300, seed=13)
+    cal = Dirichlet(4, l2=0.0).double()
+    cal._prepare(z, y)
+    stats = cal._standardisation(z, 0.0)
+    start = cal._encode(stats)
+    flat = torch.cat([start["weight"], start["bias"][:, None]], 1).reshape(-1)
+
+    def objective(v: torch.Tensor) -> torch.Tensor:
+        v = v.reshape(4, 5)
+        params = cal._decode({"weight": v[:, :4], "bias": v[:, 4]}, stats)
+        return F.cross_entropy(cal._map(z, params), y)
+
+    h = torch.autograd.functional.hessian(objective, flat).reshape(4, 5, 4, 5)
+    for j in range(4):
+        torch.testing.assert_close(h[j, :, j, :], torch.eye(5, dtype=h.dtype), atol=1e-6, rtol=0)
+    assert float(h[0, :, 1, :].abs().max()) > 1e-3  # the coupling between rows remains
+
+
+def test_fit_does_not_depend_on_the_rows_the_curvature_is_estimated_from(monkeypatch):
+    # the curvature is only a preconditioner: a strided subset of the rows (above
+    # _CURVATURE_ROWS) changes the path of the fit, not its solution
+    import cogcal.calibrators as calibrators
+
+    z, y = _miscalibrated(400, seed=14)
+    full = Dirichlet(4, l2=2.0).double().fit(z, y)
+    monkeypatch.setattr(calibrators, "_CURVATURE_ROWS", 7)
+    strided = Dirichlet(4, l2=2.0).double().fit(z, y)
+    assert strided.n_iter_ != full.n_iter_ or not torch.equal(strided.weight, full.weight)
+    torch.testing.assert_close(strided.weight, full.weight, atol=1e-6, rtol=0)
+    torch.testing.assert_close(strided.bias, full.bias, atol=1e-6, rtol=0)
