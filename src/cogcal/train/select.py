@@ -558,7 +558,7 @@ def _halve(
             stopped = [label for label in ranked if label not in kept]
             _say(
                 config,
-                f"  after {epochs} epochs: "
+                f"  after {epochs} epoch{'s' if epochs > 1 else ''}: "
                 + ", ".join(f"{label} {_fmt(sel.nll(label, epochs))}" for label in ranked)
                 + f"; continued: {', '.join(kept) or 'none'}"
                 + (f"; stopped: {', '.join(stopped)}" if stopped else ""),
