@@ -14,7 +14,7 @@ from torch import nn
 import cogcal
 from cogcal.cli import main
 from cogcal.health import CalibrationWarning
-from cogcal.train import runner
+from cogcal.train import robustness, runner
 from cogcal.train.config import (
     AUTO_MIN_STEPS,
     ConfigError,
@@ -195,15 +195,15 @@ def test_a_selection_killed_during_the_chosen_runs_ood_evaluation_is_not_complet
     leaves no finished run behind, and --resume finishes it without training again."""
     out, data = tmp_path / "run", ["--data-root", str(tmp_path / "data")]
     argv = ["train", "--dataset", "digits", "--method", "ce", "--epochs", "1", "--no-progress"]
-    real = runner._robustness
+    real = robustness.evaluate_robustness
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "_robustness", killed)
+    monkeypatch.setattr(robustness, "evaluate_robustness", killed)
     assert main([*argv, *data, "--out", str(out)]) == 130  # interrupted
     assert not (out / "metrics.json").exists()
-    monkeypatch.setattr(runner, "_robustness", real)
+    monkeypatch.setattr(robustness, "evaluate_robustness", real)
     calls = _count_runs(monkeypatch)
     assert main([*argv, *data, "--out", str(out), "--resume"]) == 0
     assert calls == []  # every point was finished: reused, none trained again

@@ -23,6 +23,7 @@ OTHER = {
     "batch_size": 64,
     "lr": 3e-3,
     "calibrator_lr": 3e-5,
+    "selection": "full",
     "allow_fast_calibrator": True,
     "schedule": "none",
     "step_size": 4,
@@ -102,6 +103,11 @@ def test_fields_a_method_does_not_use_do_not_make_runs_differ():
         TrainConfig(method="ce", schedule="step"),
     )
     assert "stage2_epochs" not in result_fields(TrainConfig(method="ce").resolved())
+    # how the learning rates are chosen matters only when they are chosen: a point of a
+    # selection (lr given) is the same run whichever way the points were compared
+    given = {"method": "cog-fc", "lr": 1e-3}
+    assert same_config(TrainConfig(**given, selection="full"), TrainConfig(**given))
+    assert not same_config(TrainConfig(selection="full"), TrainConfig())
 
 
 def _finished(folder: RunDir, config: TrainConfig) -> None:

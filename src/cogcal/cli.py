@@ -210,7 +210,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _tune_flags(p: argparse.ArgumentParser) -> None:
-    add_arguments(p, exclude=("lr", "calibrator_lr"))
+    # tune trains every point of its grid to the end: no lr, and no way to choose one
+    add_arguments(p, exclude=("lr", "calibrator_lr", "selection"))
     p.add_argument("--lrs", default="1e-4,1e-3", help="comma-separated, log-spaced λ_f values")
     p.add_argument(
         "--calibrator-ratios", default=None,

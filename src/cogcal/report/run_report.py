@@ -157,19 +157,37 @@ def health_section(record: Any) -> Section | None:
         section.blocks.append(Paragraph(f"{facts} {said}", items=findings))
     if selection:
         rows = [
-            [Cell(num(r.get("lr"))), Cell(num(r.get("ratio"), 3))]
-            + [Cell("diverged" if r.get("val_nll") is None else num(r["val_nll"]))]
+            [Cell(num(r.get("lr"))), Cell(num(r.get("ratio"), 3)), Cell(_selection_nll(r))]
             for r in selection.get("table") or []
         ]
         edge = " (at the edge of the grid)" if selection.get("at_edge") else ""
+        cost = f"{selection.get('runs')} runs of the same budget"
+        if selection.get("rungs"):  # successive halving (docs/method.md §1)
+            cost = (
+                f"{selection.get('runs')} points by successive halving, "
+                f"{selection.get('epochs_trained')} epochs in all "
+                f"({num(selection.get('run_equivalents'), 2)} runs of the budget)"
+            )
         notes = [
             f"Chosen by validation cross-entropy: {plain(selection.get('best_config'))}{edge}; "
-            f"{selection.get('runs')} runs of the same budget, "
-            f"{num(selection.get('seconds'), 0)} s; points in {selection.get('folder')}."
+            f"{cost}, {num(selection.get('seconds'), 0)} s; points in "
+            f"{selection.get('folder')}."
         ]
         header = ["λ_f", "λ_c/λ_f", "validation NLL"]
         section.blocks.append(Table("Learning rates tried", header, rows, notes, "selection"))
     return section
+
+
+def _selection_nll(row: dict[str, Any]) -> str:
+    """A point of the learning-rate selection: its final validation NLL, or where it was
+    stopped (successive halving) with the NLL that stopped it, or "diverged"."""
+    if row.get("status") == "stopped":
+        rung = max(
+            (k for k in row if k.startswith("rung") and k.endswith("_val_nll")), default=None
+        )
+        nll = row.get(rung) if rung else None
+        return f"stopped after {row.get('stopped_at_epoch')} epochs ({num(nll)})"
+    return "diverged" if row.get("val_nll") is None else num(row["val_nll"])
 
 
 def _reliability(folder: Any, record: Any) -> Figure | Paragraph:

@@ -51,6 +51,7 @@ __all__ = [
     "LR_FLOOR",
     "PRESETS",
     "SCHEDULES",
+    "SELECTIONS",
     "auto_budget",
     "add_argument",
     "add_arguments",
@@ -63,6 +64,8 @@ __all__ = [
 LR_FLOOR = 1e-8  # every learning rate below this: a run stops (docs/method.md §1)
 SCHEDULES = ("step", "none")
 PRESETS = ("auto", "paper")
+#: How the default path chooses the learning rates (``selection``, docs/method.md §1).
+SELECTIONS = ("halving", "full")
 #: The automatic budget (``preset="auto"``, docs/method.md §1): the batch is the largest power
 #: of two giving at least AUTO_STEPS_PER_EPOCH steps per epoch, within [AUTO_MIN_BATCH,
 #: PAPER_BATCH]; the epochs give at least AUTO_MIN_STEPS optimizer steps and at least
@@ -196,6 +199,16 @@ class TrainConfig:
     )
     calibrator_lr: float | None = field(
         default=None, metadata=_opt("calibrator learning rate λ_c of COG methods (default: lr/10)")
+    )
+    selection: str = field(
+        default="halving",
+        metadata=_opt(
+            "how the learning rates are chosen by validation cross-entropy when no --lr is "
+            "given: halving (successive halving: every grid point trained for the first "
+            "third of the epochs, the best two continued to half of them, the best one to the "
+            "end) or full (every point trained to the end)",
+            choices=SELECTIONS,
+        ),
     )
     allow_fast_calibrator: bool = field(
         default=False,
@@ -369,6 +382,7 @@ class TrainConfig:
                 _check_int(name, getattr(self, name), minimum=1)
         for name, allowed in (
             ("preset", PRESETS),
+            ("selection", SELECTIONS),
             ("schedule", SCHEDULES),
             ("strategy", STRATEGIES),
             ("precision", PRECISIONS),
@@ -667,7 +681,7 @@ def result_fields(resolved: dict[str, Any], *, fingerprint: bool = True) -> dict
     ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields
     the method does not use (``stage2_epochs`` without a second stage, ``step_size``
     without the step schedule, ``target``/``image_size`` for datasets they do not apply
-    to), so that two runs computing the same thing compare equal. Every other field is
+    to, ``selection`` when the learning rates are given), so that two runs computing the same thing compare equal. Every other field is
     kept, defaults included; ``normalization`` counts for every dataset (it changes the
     inputs of the registered ones too).
 
@@ -683,6 +697,8 @@ def result_fields(resolved: dict[str, Any], *, fingerprint: bool = True) -> dict
         out.pop("stage2_epochs", None)
     if out.get("schedule") != "step":
         out.pop("step_size", None)
+    if resolved.get("lr") is not None:  # the learning rates are given: nothing is selected
+        out.pop("selection", None)
     dataset = str(out.get("dataset", ""))
     if not dataset.startswith("csv:"):
         out.pop("target", None)

@@ -181,8 +181,11 @@ def fit(
         and the epochs come from the training-set size (at least 1,500 optimizer steps,
         :func:`cogcal.train.config.auto_budget`), the learning rates are divided by 10
         after each third of the run, and without ``lr`` the learning rates are chosen by
-        validation cross-entropy on a small grid (at most 5 runs of that budget for COG
-        methods, 3 for the others; the chosen run is the result). ``lr=`` trains exactly
+        validation cross-entropy on a small grid (at most 5 points for COG methods, 3 for
+        the others), by successive halving (``selection="halving"``: every point for a
+        third of the epochs, the best two to half, the best one to the end, about 2.2 runs
+        of that budget; ``selection="full"`` trains every point to the end); the chosen run
+        is the result. ``lr=`` trains exactly
         one configuration (λ_c = λ_f/10 unless ``calibrator_lr``); ``preset="paper"`` gives
         the paper's settings (batch 256, λ_f 1e-3 for COG methods and 1e-4 for the others,
         rates /10 every 10 epochs).

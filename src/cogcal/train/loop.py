@@ -11,7 +11,10 @@
   checkpoint (:mod:`cogcal.train.checkpoints`: when, how, and how a run resumes);
 * stopping: after ``epochs``, once every learning rate has decayed below the 1e-8 floor
   (later steps cannot change the result), or after ``patience`` epochs without a better
-  validation Brier score.
+  validation Brier score;
+* pausing (``stop_at``, the rungs of a learning-rate selection by successive halving,
+  :mod:`cogcal.train.select`): after that many epochs the stage saves its state and
+  returns unfinished; resumed, it continues exactly as if it had never paused.
 
 Lightning Fabric provides devices, DDP, mixed precision and process launching; the loop
 is ours. Progress bar, messages and the CSV log are :class:`_Progress`.
@@ -113,7 +116,7 @@ class StageResult:
     epochs_run: int
     best_epoch: int
     best_val_brier: float
-    stopped: str | None = None  # None (all epochs) | "lr_floor" | "patience"
+    stopped: str | None = None  # None (all epochs) | "lr_floor" | "patience" | "paused"
     resumed_from_epoch: int | None = None
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -160,6 +163,7 @@ def fit_stage(
     progress: bool = True,
     channels_last: bool = False,
     checkpoint_seconds: float = 0.0,
+    stop_at: int | None = None,
 ) -> StageResult:
     """Train one stage; on return ``stage.model`` holds its best-validation-Brier weights.
 
@@ -168,6 +172,11 @@ def fit_stage(
     splits; ``folder``: where ``writer`` puts the checkpoints, at most every
     ``checkpoint_seconds`` (0: every epoch) and after the last epoch; ``resume``: continue
     from ``last.ckpt`` (or skip a finished stage); ``channels_last``: NHWC 4-D inputs.
+
+    ``stop_at``: pause once that many epochs are done (the stage not otherwise over):
+    ``last.ckpt`` then holds the state after epoch ``stop_at - 1`` and the result says
+    ``stopped="paused"``; ``stage.model`` keeps its last weights and no ``done.json`` is
+    written, so a later call with ``resume`` continues the stage exactly.
     """
     if resume and (summary := finished_stage(folder, stage.model)) is not None:
         return StageResult.from_summary(summary)  # the stage finished before an interruption
@@ -192,8 +201,12 @@ def fit_stage(
                      rank0=fabric.is_global_zero)  # fmt: skip
     metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
     started = time.perf_counter()
+    paused = False
     with show:
         for epoch in range(state.epoch, stage.epochs) if state.stopped is None else ():
+            if stop_at is not None and epoch >= stop_at:
+                paused = True  # the state after epoch stop_at - 1 is saved below
+                break
             rates = [g["lr"] for g in optimizer.param_groups]
             if max(rates) < LR_FLOOR:  # no later step can change the result
                 state.stopped = "lr_floor"
@@ -237,7 +250,12 @@ def fit_stage(
                 show.say(f"no better validation Brier since epoch {state.best_epoch}", epoch)
                 break
         saver.stage_end()
-    fabric.barrier()  # every process has finished the stage
+    fabric.barrier()  # every process has finished the stage (or paused it)
+    if paused:  # unfinished: no best weights loaded, no done.json
+        return StageResult(
+            time.perf_counter() - started, state.epoch, state.best_epoch, state.best_brier,
+            "paused", resumed_from, history,
+        )  # fmt: skip
     if state.best_epoch < 0:
         raise RuntimeError(f"{stage.name} trained no epoch, so it has no checkpoint in {folder}.")
     saver.load_best(stage.model)

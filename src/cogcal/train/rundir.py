@@ -500,6 +500,23 @@ class RunDir:
             )
         return logits, labels
 
+    def read_history(self, *, two_stage: bool = False) -> list[dict[str, float]]:
+        """The per-epoch log rows of stage 1 (``epoch``, ``val_brier``, ``val_nll``, ...)
+        saved in its ``last.ckpt``, the state a resumed run continues from (its CSV log may
+        lag or lead it after a kill); ``[]`` when there is no checkpoint yet.
+
+        Raises
+        ------
+        cogcal.train.checkpoints.CheckpointError
+            ``last.ckpt`` is empty, truncated or not a cogcal checkpoint (names it).
+        """
+        from cogcal.train.checkpoints import load_checkpoint  # torch: only when asked
+
+        path = self.stage_dir(two_stage) / "last.ckpt"
+        if not path.is_file():
+            return []
+        return [dict(row) for row in load_checkpoint(path).get("history") or []]
+
     def is_complete(self) -> bool:
         """Whether the folder holds a finished run."""
         return self.read_record() is not None

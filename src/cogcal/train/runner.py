@@ -23,29 +23,34 @@ import copy
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from cogcal import _io
 from cogcal.cog import CalibratedModel
-from cogcal.data import BatchLoader, Dataset, load_dataset, ood_sets, shift_sets, with_augment
-from cogcal.data.robustness import ROBUSTNESS_DATASETS, shift_conditions
-from cogcal.metrics import evaluate, ood
+from cogcal.data import Dataset, load_dataset, with_augment
+from cogcal.metrics import evaluate
 from cogcal.models import create_model
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.checkpoints import CheckpointWriter
 from cogcal.train.checkup import run_health
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
-from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage, seed_global_rng
+from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
 from cogcal.train.methods import METHODS, Method, get_method, loss_function
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff, config_digest
+from cogcal.train.robustness import (
+    DEFER_ROBUSTNESS,
+    DEFERRED,
+    evaluate_robustness,
+    inputs,
+    predict_logits,
+)
+from cogcal.train.rundir import RunDir, RunRecord, config_digest
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import (
@@ -55,6 +60,8 @@ from cogcal.train.tuning import (
     mark_tune_folder,
     point_config,
     point_label,
+    point_status,
+    with_data_model,
     write_tables,
 )
 
@@ -69,83 +76,6 @@ __all__ = [
 ]
 
 STAGE2_LR = 1e-4  # TST / V-TST stage-2 head learning rate (Adam), docs/method.md §2
-
-#: ``extra`` key of a run whose OOD and shift evaluation its caller does afterwards
-#: (:func:`add_robustness`): the points of a learning-rate selection, of which only the
-#: chosen one is evaluated on them.
-DEFER_ROBUSTNESS = "defer_robustness"
-_DEFERRED = "left to the chosen run of the learning-rate selection"
-
-
-@torch.no_grad()
-def predict_logits(
-    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], *, device: torch.device,
-    seed: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Float32 logits (on the CPU, in the batches' order) and the batches' labels."""
-    model.eval().to(device)
-    seed_global_rng(seed, device)  # V-TST draws its Monte Carlo samples from the global RNG
-    logits, labels = [], []
-    for x, y in batches:
-        logits.append(model(x.to(device)).float().cpu())
-        labels.append(y.cpu())
-    return torch.cat(logits), torch.cat(labels)
-
-
-def _inputs(data: Dataset, x: torch.Tensor) -> BatchLoader:
-    """Batches of raw stored inputs (e.g. OOD images), normalised like ``data``."""
-    return BatchLoader(
-        x, x.new_zeros(len(x)), batch_size=EVAL_BATCH, shuffle=False, transform=data.transform
-    )
-
-
-def _robustness(
-    predict: Callable[[torch.Tensor], torch.Tensor],
-    data: Dataset,
-    test_logits: torch.Tensor,
-    config: TrainConfig,
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """OOD detection and covariate-shift metrics of the final (calibrated) model.
-
-    Returns ``(ood, shift, unavailable)``: ``ood[set] = {"auroc", "fpr95"}`` plus
-    ``"pooled"``; ``shift[condition][severity] = {metric: value}`` plus ``"mean"`` over
-    conditions per severity; ``unavailable`` names the sets that could not be loaded.
-    """
-    if data.name not in ROBUSTNESS_DATASETS:
-        reason = f"no OOD or shift sets are defined for {data.name!r}"
-        return {}, {}, {"ood": {"all": reason}, "shift": {"all": reason}}
-    fetch = dict(download=config.download, mirror=config.mirror, progress=config.progress)
-    ood_inputs, ood_missing = ood_sets(data, root=config.data_root, **fetch)
-    ood_result: dict[str, Any] = {}
-    pooled = []
-    for name, x in ood_inputs.items():
-        logits = predict(x)
-        pooled.append(logits)
-        ood_result[name] = ood(test_logits, logits, task=data.task)
-    if len(pooled) > 1:
-        ood_result["pooled"] = ood(test_logits, torch.cat(pooled), task=data.task)
-
-    names = data.class_names if data.task == "multilabel" else None
-    shift: dict[str, Any] = {}
-    shift_missing: dict[str, str] = {}
-    for condition in shift_conditions(data.name):  # one at a time: CIFAR-C is 150 MB each
-        loaded, missing = shift_sets(data, root=config.data_root, conditions=[condition], **fetch)
-        shift_missing.update(missing)
-        for cond, severities in loaded.items():
-            shift[cond] = {
-                str(sev): evaluate(predict(split.x), split.y, task=data.task, task_names=names)
-                for sev, split in sorted(severities.items())
-            }
-    if len(shift) > 1:
-        sevs = sorted({s for c in shift.values() for s in c}, key=int)
-        shift["mean"] = {
-            s: {
-                k: float(np.mean([c[s][k] for c in shift.values() if s in c]))
-                for k in next(c[s] for c in shift.values() if s in c)
-            }
-            for s in sevs
-        }
-    return ood_result, shift, {"ood": ood_missing, "shift": shift_missing}
 
 
 def _stage1_groups(method: Method, model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
@@ -190,6 +120,8 @@ def execute(
     overwrite: bool = False,
     data: DataSource | None = None,
     model: nn.Module | None = None,
+    fabric: Any | None = None,
+    stop_at_epoch: int | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:
     """:func:`run`, returning also the trained model (a :class:`~cogcal.CalibratedModel`
     predicting the calibrated logits the run evaluated; None on processes other than 0).
@@ -197,6 +129,14 @@ def execute(
     ``data`` and ``model`` replace the dataset and backbone named by ``config`` (this is
     how :func:`cogcal.fit` trains the user's own model on the user's own data, through the
     same loop, checks and files).
+
+    Used by the learning-rate selection (:mod:`cogcal.train.select`) to train its points:
+    ``fabric`` is a launched Fabric (or :class:`~cogcal.train.devices.SingleProcess`) to
+    train with instead of launching one (every point of a multi-process selection trains
+    in the processes launched once for all of them); ``stop_at_epoch`` pauses stage 1 once
+    that many epochs are done, the stage not otherwise over: the state is saved, nothing is
+    evaluated, and ``({"status": "paused", "epoch": N}, None)`` is returned; a later call
+    with ``resume=True`` continues the run exactly as if it had never paused.
     """
     method = get_method(config.method)
     source = data if data is not None else DatasetSource(_load(config))
@@ -205,8 +145,11 @@ def execute(
     # are kept, so a fully specified configuration is unchanged)
     config = config.with_budget(train_size(source), task=source.task)
     if config.selects_learning_rates:  # no lr given: chosen by validation cross-entropy
-        return select_and_train(config, source, model, resume=resume, overwrite=overwrite)
-    fabric = launch(config)
+        return select_and_train(
+            config, source, model, train=execute, resume=resume, overwrite=overwrite
+        )
+    if fabric is None:
+        fabric = launch(config)
     folder = RunDir(config.out)
     if model is None:
         network, model_name = _network(config, source.dataset)
@@ -248,8 +191,9 @@ def execute(
             digest = config_digest(resolved)  # every checkpoint names its configuration
             with CheckpointWriter(enabled=fabric.is_global_zero, config_sha256=digest) as writer:
                 return _train(
-                    config, method, fabric, folder, source, network, resolved, resumed, writer
-                )
+                    config, method, fabric, folder, source, network, resolved, resumed, writer,
+                    stop_at_epoch,
+                )  # fmt: skip
         except NonFiniteLossError as err:
             if fabric.is_global_zero:  # a result, not a crash: tune and bench record it
                 folder.write_record(
@@ -298,6 +242,7 @@ def _train(
     resolved: dict[str, Any],
     resume: bool,
     writer: CheckpointWriter,
+    stop_at_epoch: int | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:
     started = time.perf_counter()
     if config.channels_last:
@@ -316,7 +261,8 @@ def _train(
 
     histories: dict[str, list[dict[str, float]]] = {}
 
-    def fit(stage: Stage, ckpt_dir: Path) -> None:
+    def fit(stage: Stage, ckpt_dir: Path, stop_at: int | None = None) -> bool:
+        """Train ``stage``; whether it paused at ``stop_at`` (unfinished)."""
         # CPU kernels are deterministic for a fixed thread count: CPU runs repeat and resume
         # bit for bit (tested) without torch.use_deterministic_algorithms, whose import of
         # torch._inductor costs seconds of start-up
@@ -324,21 +270,28 @@ def _train(
                 fabric, stage, train_loader, val_loader, ckpt_dir, writer=writer,
                 log_path=folder.logs / f"{stage.name}.csv", resume=resume,
                 progress=config.progress, channels_last=config.channels_last,
-                checkpoint_seconds=float(config.checkpoint_seconds),
+                checkpoint_seconds=float(config.checkpoint_seconds), stop_at=stop_at,
             )  # fmt: skip
         timing[stage.name] = result.to_dict()
         histories[stage.name] = result.history
+        return result.stopped == "paused"
 
     # -- stage 1: the network (COG: with its calibrator on λ_c) ---------------------------
     model = stage1_model(method, network, source.task)
-    fit(
+    paused = fit(
         Stage(
             "stage1", model, loss_function(method, source.task),
             _stage1_groups(method, model, config), config.epochs, step_size=step_size,
             patience=config.patience, task=source.task, seed=config.seed,
         ),
         folder.stage_dir(two_stage),
+        stop_at_epoch,
     )  # fmt: skip
+    if paused:  # a rung of the learning-rate selection: the state is saved, nothing else
+        writer.close()
+        epoch = int(timing["stage1"]["epochs_run"])
+        return ({"status": "paused", "epoch": epoch} if fabric.is_global_zero else
+                {"status": "worker"}), None  # fmt: skip
     final: nn.Module = model
 
     # -- stage 2: TST / V-TST head on the frozen body -----------------------------------
@@ -415,11 +368,11 @@ def _train(
             folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
         )
         if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
-            unavailable = {"ood": {"all": _DEFERRED}, "shift": {"all": _DEFERRED}}
+            unavailable = {"ood": {"all": DEFERRED}, "shift": {"all": DEFERRED}}
         elif source.dataset is not None:
             start = time.perf_counter()
-            ood_result, shift, unavailable = _robustness(
-                lambda x: predict(_inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
+            ood_result, shift, unavailable = evaluate_robustness(
+                lambda x: predict(inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
                 test_logits,
                 config,
             )  # fmt: skip
@@ -454,31 +407,6 @@ def _train(
     return record.to_dict(), trained.eval()
 
 
-def add_robustness(
-    record: RunRecord, folder: RunDir, model: nn.Module, data: Dataset, config: TrainConfig
-) -> None:
-    """Evaluate the OOD and shift sets deferred by :data:`DEFER_ROBUSTNESS` into
-    ``record``, with the run's final ``model`` (as :func:`execute` returned it) and the test
-    logits saved in ``folder``; a record evaluated already is left as it is."""
-    if (record.unavailable.get("ood") or {}).get("all") != _DEFERRED:
-        return
-    device = next(model.parameters()).device
-
-    def predict(x: torch.Tensor) -> torch.Tensor:
-        logits = predict_logits(model, _inputs(data, x), device=device, seed=config.seed)[0]
-        if not bool(torch.isfinite(logits).all()):
-            raise NonFiniteLossError(
-                "the final model's OOD or shift logits are non-finite; the run diverged. "
-                "Lower the learning rate(s) and retry."
-            )
-        return logits
-
-    start = time.perf_counter()
-    test_logits = torch.from_numpy(folder.read_logits("test")[0])
-    record.ood, record.shift, record.unavailable = _robustness(predict, data, test_logits, config)
-    record.timing["robustness_seconds"] = time.perf_counter() - start
-
-
 def is_complete(out: str | Path) -> bool:
     """Whether ``out`` holds a finished run (see :class:`cogcal.train.rundir.RunDir`)."""
     return RunDir(out).is_complete()
@@ -506,51 +434,21 @@ def _tune_point_locked(
     data: DataSource | None,
     model: nn.Module | None,
 ) -> tuple[str, RunRecord | None, CalibratedModel | None]:
-    saved = folder.read_config() if folder.is_marked() else None
-    resume = False
-    if saved is not None:
-        diff = config_diff(saved, cfg.resolved())
-        if diff and not overwrite:
-            raise RunFolderError(
-                f"{folder.path} holds a run of another configuration ({'; '.join(diff)}); use "
-                "another output folder or `overwrite=True`.",
-                cli_message=f"{folder.path} holds a run of another configuration "
-                f"({'; '.join(diff)}); use another --out or pass --overwrite.",
-            )
-        if not diff:
-            outcome = folder.read_outcome()
-            status = (outcome or {}).get("status")
-            if status == "complete" and folder.finished_with(cfg):
-                return "complete", folder.read_record(), None
-            if status == "diverged":
-                return "diverged", None, None
-            # a record edited after the run is never trusted: the point is trained again
-            resume = status != "complete" and folder.has_state()
+    status = point_status(folder, cfg, overwrite=overwrite)
+    if status in ("complete", "diverged"):
+        return status, folder.read_record(), None
+    resume = status == "unfinished"
     try:
         if data is None and model is None:
             trained = None
-            run(cfg, resume=resume, overwrite=saved is not None and not resume)
+            run(cfg, resume=resume, overwrite=status == "replace")
         else:
             _, trained = execute(
-                cfg, resume=resume, overwrite=saved is not None and not resume, data=data,
-                model=model,
+                cfg, resume=resume, overwrite=status == "replace", data=data, model=model,
             )  # fmt: skip
     except NonFiniteLossError:
         return "diverged", None, None
     return "complete", folder.read_record(), trained
-
-
-def _with_data_model(
-    config: TrainConfig, data: DataSource | None, model: nn.Module | None
-) -> TrainConfig:
-    """``config`` naming the backbone its runs record: a plugin dataset's default is known
-    only once loaded (``data``), so grid points are compared with their folders (reused,
-    resumed) under the name ``cogcal train`` records. Unchanged with a model given in
-    Python or a name already known."""
-    dataset = getattr(data, "dataset", None)
-    if model is not None or config.model_name is not None or dataset is None:
-        return config
-    return config.replace(model=dataset.default_model) if dataset.default_model else config
 
 
 def search_points(
@@ -570,7 +468,7 @@ def search_points(
     in this call, its model. ``model`` (copied for each point) replaces the backbone;
     points in ``known`` (from an earlier search into ``out``) are reused as they are."""
     runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
-    config = _with_data_model(config, data, model)
+    config = with_data_model(config, data, model)
     while points := search.next_points():
         for point in points:
             if known is not None and point_label(point) in known:

@@ -48,7 +48,8 @@ from typing import Any
 
 from cogcal import _io
 from cogcal._errors import ArgumentError
-from cogcal.train.config import LR_FLOOR
+from cogcal.train.config import LR_FLOOR, TrainConfig
+from cogcal.train.rundir import RunDir, RunFolderError, config_diff
 
 __all__ = [
     "Grid",
@@ -64,6 +65,8 @@ __all__ = [
     "open_edges",
     "point_config",
     "point_label",
+    "point_status",
+    "with_data_model",
     "write_tables",
 ]
 
@@ -283,6 +286,59 @@ def point_config(point: dict[str, float]) -> dict[str, float]:
     if "ratio" in point:
         out["calibrator_lr"] = _round(point["lr"] * point["ratio"])
     return out
+
+
+def point_status(folder: RunDir, cfg: TrainConfig, *, overwrite: bool) -> str:
+    """What the folder of a grid point holds for the run ``cfg`` (explicit learning rates),
+    and so what training the point takes; read it under the folder's lock:
+
+    * ``"complete"``: a finished run of ``cfg`` whose record checks: reused;
+    * ``"diverged"``: a run of ``cfg`` that diverged: a result, not trained again;
+    * ``"unfinished"``: an unfinished run of ``cfg`` with checkpoints (interrupted, or
+      paused at a rung of a selection by successive halving): resumed;
+    * ``"new"``: nothing of a run: trained from the start;
+    * ``"replace"``: a run that must be trained again from the start (another
+      configuration with ``overwrite``, a record edited after the run, a run stopped
+      before its first checkpoint): the folder is cleared first (``overwrite``).
+
+    Raises
+    ------
+    RunFolderError
+        The folder holds a run of another configuration and ``overwrite`` is false (names
+        the differences).
+    """
+    saved = folder.read_config() if folder.is_marked() else None
+    if saved is None:
+        return "new"
+    diff = config_diff(saved, cfg.resolved())
+    if diff and not overwrite:
+        raise RunFolderError(
+            f"{folder.path} holds a run of another configuration ({'; '.join(diff)}); use "
+            "another output folder or `overwrite=True`.",
+            cli_message=f"{folder.path} holds a run of another configuration "
+            f"({'; '.join(diff)}); use another --out or pass --overwrite.",
+        )
+    if diff:
+        return "replace"
+    status = (folder.read_outcome() or {}).get("status")
+    if status == "complete" and folder.finished_with(cfg):
+        return "complete"
+    if status == "diverged":
+        return "diverged"
+    # a record edited after the run is never trusted: the point is trained again
+    return "unfinished" if status != "complete" and folder.has_state() else "replace"
+
+
+def with_data_model(config: TrainConfig, data: Any, model: Any) -> TrainConfig:
+    """``config`` naming the backbone its runs record: a plugin dataset's default is known
+    only once loaded (``data``, a :class:`~cogcal.train.sources.DataSource`), so grid
+    points are compared with their folders (reused, resumed) under the name ``cogcal
+    train`` records. Unchanged with a model given in Python (``model``) or a name already
+    known."""
+    dataset = getattr(data, "dataset", None)
+    if model is not None or config.model_name is not None or dataset is None:
+        return config
+    return config.replace(model=dataset.default_model) if dataset.default_model else config
 
 
 @dataclass
