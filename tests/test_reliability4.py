@@ -385,3 +385,21 @@ def test_a_folder_class_too_small_for_every_split_is_refused(tmp_path):
             Image.new("L", (8, 8), 20 * k + i).save(root / cls / f"{i}.png")
     with pytest.raises(ValueError, match=r"class\(es\) 'b' \(2 images; none in"):
         load_dataset(f"folder:{root}", image_size=8)
+
+
+def test_a_folder_of_two_images_per_class_is_one_line_and_exit_2(tmp_path, capsys):
+    """Every class at 2 images (the repro: a run reporting "validation NLL 0.0000" on a
+    split without some class): `cogcal train` refuses it in one line, before any folder."""
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for k, cls in enumerate("ab"):
+        (root / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (8, 8), 20 * k + i).save(root / cls / f"{i}.png")
+    out = tmp_path / "r"
+    argv = ["train", "--dataset", f"folder:{root}", "--method", "ce", "--lr", "1e-3"]
+    assert main([*argv, "--epochs", "1", "--out", str(out), "--no-progress"]) == 2
+    line = _err_line(capsys)
+    assert "'a' (2 images; none in" in line and "'b' (2 images; none in" in line
+    assert "at least 4 images" in line and not out.exists()
