@@ -159,6 +159,7 @@ def _table(path: Path, n: int = 90) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_csv_dataset_with_its_target_runs_in_a_suite(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     table = _table(tmp_path / "table.csv")

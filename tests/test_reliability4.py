@@ -87,6 +87,7 @@ def test_tune_never_writes_into_a_train_run_or_a_users_folder(csv_run, tmp_path,
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_tune_marks_its_folder_and_continues_in_it(tmp_path):
     from cogcal.train.tuning import TUNE_MARK, check_tune_folder
 
@@ -165,6 +166,7 @@ def test_predict_refuses_values_beyond_float32(csv_run, tmp_path, capsys):
 # --------------------------------------------------------------------------- item 5
 
 
+@pytest.mark.slow
 def test_predict_reads_a_folder_as_folder_datasets_do(tmp_path, capsys):
     from PIL import Image
 
@@ -253,6 +255,7 @@ def test_the_python_grid_refuses_repeated_values():
 # --------------------------------------------------------------------------- item 8
 
 
+@pytest.mark.slow
 def test_a_node_that_never_comes_ends_the_run_in_one_line(tmp_path):
     pytest.importorskip("lightning_fabric")
     out = tmp_path / "run"
@@ -344,6 +347,7 @@ def test_a_suite_trains_a_plugin_that_names_no_model(tmp_path, image_plugin):
     assert summary.failed == 0, (out / "failed.txt").read_text()
 
 
+@pytest.mark.slow
 def test_tune_reuses_the_points_of_a_plugin_that_names_no_model(tmp_path, image_plugin):
     argv = ["tune", "--dataset", image_plugin, "--method", "ce", "--lrs", "1e-3"]
     argv += ["--epochs", "1", "--max-extensions", "0", "--out", str(tmp_path / "t")]
@@ -354,6 +358,7 @@ def test_tune_reuses_the_points_of_a_plugin_that_names_no_model(tmp_path, image_
 # --------------------------------------------------------------------------- item 11
 
 
+@pytest.mark.slow
 def test_resume_says_the_csv_changed_in_words(tmp_path, capsys):
     table = _table(tmp_path / "t.csv")
     out = tmp_path / "run"
