@@ -497,6 +497,7 @@ def _tune(out: Path, group: str) -> dict:
     return json.loads((out / "tune" / group / "tune.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("opt", "diverge", "expect"),
     [
@@ -547,6 +548,7 @@ def test_grid_extension(tmp_path, monkeypatch, opt, diverge, expect):
     assert summary.counts["diverged"] == sum(r["status"] == "diverged" for r in rows)
 
 
+@pytest.mark.slow
 def test_group_without_finite_point_blocks_its_seed_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_DIVERGE_LR", "1e-9")  # every point diverges
     out = tmp_path / "out"
@@ -604,6 +606,7 @@ def test_fair_post_hoc_methods_use_ce_choice(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_tables_effect_and_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "ts/seed1")
     monkeypatch.setenv("FAKE_OPT", "lr=2e-3,ratio=0.05")
@@ -687,6 +690,7 @@ def test_bench_end_to_end_tables_effect_and_resume(tmp_path, monkeypatch):
     assert [k for k in after if before.get(k) != after[k]] == [str(victim / "metrics.json")]
 
 
+@pytest.mark.slow
 def test_interrupted_resume_continues_from_checkpoints(tmp_path):
     """An unfinished run of the planned configuration with checkpoints is resumed."""
     out = tmp_path / "out"
@@ -701,6 +705,7 @@ def test_interrupted_resume_continues_from_checkpoints(tmp_path):
     assert "cogcal bench: resuming" in (run.path / "run.log").read_text()
 
 
+@pytest.mark.slow
 def test_seeds_and_protocols_override(tmp_path):
     out = tmp_path / "o"
     _bench(tmp_path, out, seeds=1, protocols=("fair",))
@@ -708,6 +713,7 @@ def test_seeds_and_protocols_override(tmp_path):
     assert {r["protocol"] for r in rows} == {"fair"} and {r["seed"] for r in rows} == {"0"}
 
 
+@pytest.mark.slow
 def test_concurrent_bench_refused(tmp_path, lock_holder):
     out = tmp_path / "o"
     holder = lock_holder(out)
@@ -741,6 +747,7 @@ def test_bench_out_refuses_a_folder_it_did_not_write(tmp_path, kind):
     )
 
 
+@pytest.mark.slow
 def test_bench_reruns_into_its_own_folder_and_an_empty_one(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
@@ -750,6 +757,7 @@ def test_bench_reruns_into_its_own_folder_and_an_empty_one(tmp_path):
     assert summary.counts["trained"] == 0 and summary.counts["skipped"] > 0
 
 
+@pytest.mark.slow
 def test_system_exit_in_a_run_is_a_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_EXIT", "ce/seed0")
     out = tmp_path / "o"
@@ -800,6 +808,7 @@ def _contract_suite(**train) -> dict:
     return suite
 
 
+@pytest.mark.slow
 def test_a_field_dropped_back_to_its_default_retrains(tmp_path, monkeypatch):
     with_bs = _contract_suite(batch_size=32)
     x, y = tmp_path / "x", tmp_path / "y"
@@ -814,6 +823,7 @@ def test_a_field_dropped_back_to_its_default_retrains(tmp_path, monkeypatch):
     assert _record(y / "runs/paper/digits/ce/seed0")["config"]["batch_size"] == 256
 
 
+@pytest.mark.slow
 def test_a_changed_field_retrains(tmp_path, monkeypatch):
     x = tmp_path / "x"
     assert _cli_bench(tmp_path, _contract_suite(), x, monkeypatch) == 0
@@ -825,6 +835,7 @@ def test_a_changed_field_retrains(tmp_path, monkeypatch):
     assert _record(x / "runs/paper/digits/ce/seed0")["config"]["epochs"] == 3
 
 
+@pytest.mark.slow
 def test_a_run_folder_copied_from_another_configuration_retrains(tmp_path, monkeypatch):
     x = tmp_path / "x"
     suite = _contract_suite()
@@ -838,6 +849,7 @@ def test_a_run_folder_copied_from_another_configuration_retrains(tmp_path, monke
     assert _record(ts)["config"]["method"] == "ts"
 
 
+@pytest.mark.slow
 def test_symlinked_run_folder_fails_that_job_and_is_untouched(tmp_path, monkeypatch):
     x = tmp_path / "x"
     suite = _contract_suite()
@@ -907,6 +919,7 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
     raise AssertionError("timed out waiting")
 
 
+@pytest.mark.slow
 def test_worker_sigterm_interrupts_that_job_only(tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     monkeypatch.setenv("FAKE_SLOW", "ce/seed1")
@@ -946,6 +959,7 @@ def _bench_script(suite: Path, out: Path, data: Path) -> str:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_bench_exits_143_with_tables(tmp_path):
     suite = _write_suite(tmp_path, _suite(methods=["ce", "ts"], protocols=["paper"], seeds=3))
     out = tmp_path / "out"
@@ -978,6 +992,7 @@ def test_sigterm_to_the_bench_exits_143_with_tables(tmp_path):
     assert not (out / ".cogcal.lock").exists()
 
 
+@pytest.mark.slow
 def test_killed_bench_resumes_without_redoing(tmp_path):
     """SIGKILL the bench mid-way; workers exit with it; the re-run completes the rest."""
     suite = _write_suite(tmp_path, _suite(protocols=["paper"], seeds=3))

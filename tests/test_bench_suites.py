@@ -16,6 +16,7 @@ import yaml
 from cogcal.bench import budgets, check_requirements, load_suite, run_bench
 from cogcal.bench.suites import MAX_SEEDS, parse_suite
 from cogcal.cli import main
+from cogcal.train.config import TrainConfig
 from test_bench import TINY
 
 HERE = Path(__file__).resolve().parent
@@ -158,6 +159,7 @@ def _table(path: Path, n: int = 90) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_csv_dataset_with_its_target_runs_in_a_suite(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(HERE))
     table = _table(tmp_path / "table.csv")
@@ -183,6 +185,35 @@ def test_a_csv_dataset_without_a_target_says_where_to_put_it():
         parse_suite(_suite(datasets={"csv:t.csv": {"target": 3}}), source="test")
     with pytest.raises(ValueError, match="target` applies to csv: datasets only"):
         parse_suite(_suite(datasets={"digits": {"target": "label"}}), source="test")
+
+
+def test_a_csv_datasets_train_section_takes_its_target(tmp_path):
+    """``datasets: {csv:PATH: {train: {target: label}}}`` is the csv: table's own section:
+    its target is accepted there (it was refused as "applies to csv: datasets only") and
+    every planned run gets it; other datasets still refuse it, wherever it is given."""
+    from cogcal.bench.plan import Plan
+
+    name = f"csv:{_table(tmp_path / 'table.csv')}"
+    datasets = {name: {"train": {"target": "label", "augment": "none"}}}
+    suite = load_suite(_write(tmp_path, _suite(datasets=datasets, seeds=1)))
+    assert suite.datasets[0].train == {"target": "label", "augment": "none"}
+    jobs = Plan(suite, tmp_path / "out", tmp_path / "data", lambda jobs: None).initial_jobs()
+    assert {job.kind for job in jobs} == {"point", "seed"}  # tuning points and fixed runs
+    assert {(job.config.dataset, job.config.target) for job in jobs} == {(name, "label")}
+    both = {name: {"target": "label", "train": {"target": "label"}}}  # the same, twice: fine
+    assert parse_suite(_suite(datasets=both)).datasets[0].train == {"target": "label"}
+    with pytest.raises(ValueError, match=r"train: `augment` flip flips images; a csv: table"):
+        parse_suite(_suite(datasets={name: {"train": {"target": "label", "augment": "flip"}}}))
+    with pytest.raises(ValueError, match=r"\.train\.target must be a column name, got 3"):
+        parse_suite(_suite(datasets={name: {"train": {"target": 3}}}))
+    with pytest.raises(ValueError, match=r"`target` must be a column name, got 3"):
+        TrainConfig(dataset=name, target=3)  # the TrainConfig rule, for Python callers too
+    with pytest.raises(ValueError, match=r"target is given twice \('a' and train.target\)"):
+        parse_suite(_suite(datasets={name: {"target": "a", "train": {"target": "b"}}}))
+    with pytest.raises(ValueError, match=r"datasets\.digits: `target` applies to csv: datasets"):
+        parse_suite(_suite(datasets={"digits": {"train": {"target": "label"}}}))
+    with pytest.raises(ValueError, match=r"train: 'target' names the class column of one csv"):
+        parse_suite(_suite(datasets={name: {"target": "label"}}, train={"target": "label"}))
 
 
 # --------------------------------------------------------------------------- methods

@@ -68,6 +68,7 @@ def test_cross_validated_nll_is_the_pooled_held_out_nll_of_fold_fits():
     assert ours == pytest.approx(total / len(y), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_auto_chooses_the_lowest_cross_validated_nll_and_refits_on_all_of_it():
     z, y = _scores(800, k=3)
     cal = cogcal.calibrate(z, y, candidates=("ts", "ms"))
@@ -80,7 +81,13 @@ def test_auto_chooses_the_lowest_cross_validated_nll_and_refits_on_all_of_it():
     assert alone.nll_before == pytest.approx(log_loss(y, _softmax(z)), rel=1e-9)
 
 
-@pytest.mark.parametrize("method", POSTHOC_METHODS)
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(m, marks=pytest.mark.slow) if m in ("vs", "ms", "dirichlet") else m
+        for m in POSTHOC_METHODS
+    ],
+)
 def test_every_method_fits_and_lowers_the_nll_of_over_confident_logits(method):
     z, y = _scores(600, k=3, seed=1)
     zt, yt = _scores(600, k=3, seed=2)
@@ -130,6 +137,7 @@ def splits(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_calibrate_writes_a_folder_that_loads_in_one_call(splits, capsys):
     out = splits / "cal"
     assert main(["calibrate", "--val", str(splits / "val.npz"), "--test", str(splits / "test.npz"),
@@ -163,6 +171,7 @@ def test_calibrate_writes_a_folder_that_loads_in_one_call(splits, capsys):
     assert main(["report", str(out)]) == 0  # the report is rebuilt from the folder
 
 
+@pytest.mark.slow
 def test_probabilities_in_a_csv_are_calibrated_as_their_log(tmp_path, capsys):
     z, y = _scores(600)
     p = _softmax(z)
@@ -233,6 +242,7 @@ def test_test_split_of_another_model_and_folders_not_ours_are_refused(splits, ca
     assert main([*args, "--val", str(splits / "missing.npz"), "--out", str(splits / "c")]) == 2
 
 
+@pytest.mark.slow
 def test_a_damaged_calibrator_is_named(splits, capsys):
     out = splits / "cal"
     assert main(["calibrate", "--val", str(splits / "val.npz"), "--method", "ms", "--out", str(out)]) == 0  # fmt: skip

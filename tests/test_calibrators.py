@@ -33,6 +33,7 @@ def _true_logits(n: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, k, generator=g) + 2.5 * F.one_hot(centers, k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.5, 2.0, 3.0])
 def test_temperature_recovers_known_temperature_float32(temperature):
     z = _true_logits(60_000, 10)
@@ -46,6 +47,7 @@ def test_temperature_recovers_known_temperature_float32(temperature):
     assert t.log_temperature.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_temperature_fit_is_exact_mle_against_grid_search():
     z = _true_logits(3_000, 5, seed=1) * 1.7
     y = _sample_labels(z / 1.7, seed=1)

@@ -243,8 +243,8 @@ def test_tst_heads_predict_probabilities_from_arrays_and_tensors():
     "make",
     [
         lambda: Temperature(),
-        lambda: VectorScaling(),
-        lambda: MatrixScaling(l2=0.1),
+        pytest.param(lambda: VectorScaling(), marks=pytest.mark.slow),
+        pytest.param(lambda: MatrixScaling(l2=0.1), marks=pytest.mark.slow),
     ],
 )
 def test_fitting_probabilities_as_logits_warns_naming_predict_proba(make):
@@ -264,6 +264,7 @@ def test_fitting_probabilities_as_logits_warns_naming_predict_proba(make):
         make().fit(logits, y)
 
 
+@pytest.mark.slow
 def test_task_calibrators_warn_on_sigmoid_outputs():
     from cogcal.calibrators import ProbabilitiesAsLogitsWarning, TaskAffine, TaskTemperature
 

@@ -42,7 +42,7 @@ def _logistic_regression(C: float):
     return sklearn_linear.LogisticRegression(C=C, tol=1e-10, max_iter=10_000)
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_unpenalised_dirichlet_is_multinomial_regression_on_log_probabilities(k):
     z, y = _miscalibrated(600, k, seed=1)
     cal = Dirichlet(k, l2=0.0).double().fit(z, y)
@@ -54,7 +54,10 @@ def test_unpenalised_dirichlet_is_multinomial_regression_on_log_probabilities(k)
         )
 
 
-@pytest.mark.parametrize("lam", [0.5, 20.0, 2000.0])
+@pytest.mark.parametrize(
+    "lam",
+    [pytest.param(0.5, marks=pytest.mark.slow), pytest.param(20.0, marks=pytest.mark.slow), 2000.0],
+)
 def test_whole_matrix_penalty_hook_equals_sklearn_l2_regression_at_c_one_over_lambda(lam):
     # With the test hooks the penalty is (lam/2) ||W||_F^2 and the bias is free: scikit-learn's
     # C sum_i l_i + (1/2) ||W||^2 on log p has the same minimiser for C = 1/lam (see
@@ -179,6 +182,7 @@ def test_binary_dirichlet_penalises_only_the_intercept():
     )
 
 
+@pytest.mark.slow
 def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
     z, y = _miscalibrated(300, seed=8)
     grid = (0.0, 1.0, 100.0)
@@ -199,6 +203,7 @@ def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
     assert cal.l2_ == grid[int(np.nanargmin(cal.cv_scores_))]
 
 
+@pytest.mark.slow
 def test_fit_improves_on_the_network_and_keeps_the_contract():
     z, y = _miscalibrated(2000, seed=9)
     z32 = z.float()
@@ -247,6 +252,7 @@ def test_input_errors_are_specific():
         Dirichlet(l2=1.0).fit(torch.softmax(z, 1), y)
 
 
+@pytest.mark.slow
 def test_one_class_present_fits_like_matrix_scaling():
     # as MatrixScaling and Temperature: no error; the penalty keeps the map finite
     z, _ = _miscalibrated(50, seed=12)

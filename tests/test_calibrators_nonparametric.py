@@ -179,6 +179,7 @@ def test_onnx_export_path_equals_eager(cls, k, monkeypatch):
     torch.testing.assert_close(cal(logits), eager, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [Isotonic, HistogramBinning])
 def test_onnx_export_with_a_dynamic_batch_runs_in_onnxruntime(cls):
     pytest.importorskip("onnx")

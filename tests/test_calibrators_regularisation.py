@@ -46,6 +46,7 @@ def _logistic_regression(C: float):
     return sklearn_linear.LogisticRegression(C=C, tol=1e-10, max_iter=10_000)
 
 
+@pytest.mark.slow
 def test_unregularised_matrix_scaling_equals_sklearn_multinomial_regression():
     z, y = _miscalibrated(600, seed=0)
     ms = MatrixScaling(4, l2=0.0).double().fit(z, y)
@@ -59,6 +60,7 @@ def test_unregularised_matrix_scaling_equals_sklearn_multinomial_regression():
         )
 
 
+@pytest.mark.slow
 def test_penalised_matrix_scaling_equals_sklearn_l2_regression_at_c_one_over_lambda():
     # Ours (penalty centred at 0 on W, bias free):   (1/N) [ sum_i l_i + (lam/2) ||W||_F^2 ].
     # scikit-learn:                                  C sum_i l_i + (1/2) ||W||_F^2.
@@ -167,6 +169,7 @@ def test_very_strong_penalty_gives_temperature_scaling_or_identity():
     torch.testing.assert_close(ta.bias, torch.zeros(2), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_cross_validation_stays_finite_where_unregularised_matrix_scaling_diverges():
     # 40 validation samples, 4 classes, logits 1.5x too confident: 20 parameters separate the
     # validation set perfectly, so the maximum-likelihood matrix grows without bound.
@@ -206,6 +209,7 @@ def test_folds_are_stratified_deterministic_and_cover_each_sample_once():
         assert set(per_fold.tolist()) <= {n_c // 5, -(-n_c // 5)}
 
 
+@pytest.mark.slow
 def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
     z, y = _miscalibrated(150, seed=7)
     grid = (0.1, 10.0, 1000.0)
@@ -232,6 +236,7 @@ def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
     np.testing.assert_array_equal(again.cv_fold_scores_, ms.cv_fold_scores_)
 
 
+@pytest.mark.slow
 def test_cv_walk_stops_after_two_strengths_without_improvement():
     z, y = _blobs(40, 4, 2.5, seed=1)  # the separable set above: weak penalties lose
     ms = MatrixScaling().fit(1.5 * z, y)
@@ -245,6 +250,7 @@ def test_cv_walk_stops_after_two_strengths_without_improvement():
         assert np.isnan(ms.cv_fold_scores_[:, :first]).all()
 
 
+@pytest.mark.slow
 def test_grid_edges_are_reported():
     z, y = _miscalibrated(400, seed=8)
     # plenty of data for a class-dependent map: the weakest strength wins
@@ -267,6 +273,7 @@ def test_grid_edges_are_reported():
     assert ms.l2_at_edge_ == "upper"
 
 
+@pytest.mark.slow
 def test_vector_scaling_and_task_affine_cross_validate():
     z, y = _miscalibrated(300, seed=9)
     vs = VectorScaling(cv=3).fit(z, y)

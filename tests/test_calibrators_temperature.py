@@ -117,6 +117,7 @@ def test_prior_strength_scales_with_the_number_of_samples():
     assert abs(other.temperature - once.temperature) > 1e-3  # the test can fail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_known_temperature_recovered_from_low_precision_logits(dtype):
     z, y = _blobs(20_000, 10, 1.0, seed=4)

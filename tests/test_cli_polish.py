@@ -68,6 +68,7 @@ def test_augment_defaults_per_kind_of_data_and_the_run_contract():
         TrainConfig(augment="mirror")
 
 
+@pytest.mark.slow
 def test_with_augment_applies_to_images_only(tmp_path):
     rng = np.random.default_rng(0)
 

@@ -83,7 +83,9 @@ def test_groups_cover_every_trainable_parameter_exactly_once(calibrator):
     assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
 
 
-@pytest.mark.parametrize("calibrator", ["fc", "ts", "vs", "ms"])
+@pytest.mark.parametrize(
+    "calibrator", ["fc", *(pytest.param(c, marks=pytest.mark.slow) for c in ("ts", "vs", "ms"))]
+)
 def test_equal_learning_rates_equal_plain_training(calibrator):
     x, y = _batch()
     plain_net = _mlp()
@@ -185,8 +187,16 @@ def test_custom_module_calibrator_is_appended():
             lambda: torchvision.models.mobilenet_v3_small(weights=None, num_classes=10),
             "classifier.3",
         ),
-        (lambda: torchvision.models.vit_b_16(weights=None, num_classes=10), "heads.head"),
-        (lambda: torchvision.models.vgg11(weights=None, num_classes=10), "classifier.6"),
+        pytest.param(
+            lambda: torchvision.models.vit_b_16(weights=None, num_classes=10),
+            "heads.head",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda: torchvision.models.vgg11(weights=None, num_classes=10),
+            "classifier.6",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["resnet18", "mobilenet_v3_small", "vit_b_16", "vgg11"],
 )
@@ -198,6 +208,7 @@ def test_detects_torchvision_heads(builder, expected):
     assert cm.calibrator is layer
 
 
+@pytest.mark.slow
 def test_detects_timm_heads():
     timm = pytest.importorskip("timm")
     for arch, expected in (("resnet10t", "fc"), ("vit_tiny_patch16_224", "head")):
@@ -205,6 +216,7 @@ def test_detects_timm_heads():
         assert find_classifier(model)[0] == expected
 
 
+@pytest.mark.slow
 def test_real_forward_check_on_resnet18():
     model = CalibratedModel(
         torchvision.models.resnet18(weights=None, num_classes=3), calibrator="fc"
@@ -429,6 +441,7 @@ def _steps(model, opt, n=1, sched=None):
     return caught
 
 
+@pytest.mark.slow
 def test_guard_warns_once_when_one_group_holds_everything():
     model = CalibratedModel(_mlp(), calibrator="ts")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -457,6 +470,7 @@ def test_guard_catches_one_cycle_with_a_single_max_lr():
     assert "max_lr=[lr, calibrator_lr]" in msg
 
 
+@pytest.mark.slow
 def test_guard_is_silent_when_rates_keep_their_order():
     model = CalibratedModel(_mlp(), calibrator="ms")
     opt = torch.optim.Adam(model.param_groups(lr=0.1, calibrator_lr=0.01))
@@ -490,6 +504,7 @@ def test_guard_silenced_by_allow_fast_calibrator():
         CalibratedModel(_mlp(), allow_fast_calibrator="yes")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_guard_is_per_model_and_follows_added_groups_and_copies():
     a, b = CalibratedModel(_mlp(), calibrator="ts"), CalibratedModel(_mlp(), calibrator="fc")
     opt = torch.optim.Adam(a.param_groups(1e-3, 1e-4))

@@ -142,6 +142,7 @@ def test_stratified_split_sizes_and_proportions() -> None:
 # ----------------------------------------------------------------------------- mnist1d
 
 
+@pytest.mark.slow
 def test_mnist1d_sizes_and_info(mnist1d_root: Path) -> None:
     ds = load_dataset("mnist1d", root=mnist1d_root)
     assert (len(ds.train), len(ds.val), len(ds.test)) == (7680, 1920, 2400)
@@ -159,6 +160,7 @@ def test_mnist1d_sizes_and_info(mnist1d_root: Path) -> None:
     assert int(counts.min()) >= 185 and int(counts.max()) <= 200
 
 
+@pytest.mark.slow
 def test_mnist1d_cache_reused_and_deterministic(
     mnist1d_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -453,6 +455,7 @@ def test_batchloader_epochs() -> None:
     assert torch.equal(_collect(ordered), y)
 
 
+@pytest.mark.slow
 def test_batchloader_transform_and_seeded_augmentation(tmp_path: Path) -> None:
     write_cifar10(tmp_path)
     ds = load_dataset("cifar10", root=tmp_path)
@@ -497,6 +500,7 @@ def test_batchloader_shards(n: int, shuffle: bool) -> None:
     assert torch.equal(per_step, single[:96])
 
 
+@pytest.mark.slow
 def test_batchloader_device_and_dataset_loader(mnist1d_root: Path) -> None:
     ds = load_dataset("mnist1d", root=mnist1d_root)
     loader = ds.loader("val", batch_size=500, device="cpu")
@@ -522,6 +526,7 @@ def test_batchloader_bad_arguments() -> None:
         BatchLoader(x.numpy(), y, batch_size=2, shuffle=False)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_data_layer_imports_no_heavy_deps() -> None:
     import subprocess
     import sys

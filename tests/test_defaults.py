@@ -85,6 +85,7 @@ def _count_runs(monkeypatch) -> list[TrainConfig]:
     return calls
 
 
+@pytest.mark.slow
 def test_fit_without_lr_chooses_by_validation_nll_and_reuses_the_chosen_run(tmp_path, monkeypatch):
     calls = _count_runs(monkeypatch)
     out = tmp_path / "run"
@@ -118,6 +119,7 @@ def test_fit_without_lr_chooses_by_validation_nll_and_reuses_the_chosen_run(tmp_
     assert again.metrics == result.metrics
 
 
+@pytest.mark.slow
 def test_an_explicit_lr_trains_exactly_one_configuration(tmp_path, monkeypatch):
     calls = _count_runs(monkeypatch)
     x, y = _problem()
@@ -129,6 +131,7 @@ def test_an_explicit_lr_trains_exactly_one_configuration(tmp_path, monkeypatch):
     assert (saved["batch_size"], saved["epochs"], saved["preset"]) == (16, 1, "auto")
 
 
+@pytest.mark.slow
 def test_baselines_choose_one_rate_on_a_grid(tmp_path):
     x, y = _problem()
     with pytest.warns(CalibrationWarning):
@@ -223,6 +226,7 @@ def _at_the_edge(record: dict) -> dict:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_choice_at_the_edge_of_the_grid_is_said_whatever_the_progress(
     tmp_path, monkeypatch, capsys
 ):

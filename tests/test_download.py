@@ -594,6 +594,7 @@ def test_pinned_checksums_are_the_official_ones() -> None:
     assert all(len(v) == 32 for v in pinned.values())
 
 
+@pytest.mark.slow
 def test_a_trickling_download_is_a_stall_not_a_hang(
     server: FileServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -99,7 +99,7 @@ def test_hf_model_outputs_keep_their_type(arch, calibrator):
             assert torch.allclose(out.logits, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+@pytest.mark.parametrize("arch", [pytest.param("bert", marks=pytest.mark.slow), "gpt2"])
 def test_hf_plain_loop_moves_the_calibrator_by_its_rate(arch):
     net = _bert() if arch == "bert" else _gpt2()
     model = CalibratedModel(net, calibrator="ts")
@@ -201,6 +201,7 @@ def _trainer(model, tmp_path, optimizer, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_hf_trainer_fc_with_param_groups(tmp_path):
     model = CalibratedModel(_bert(), calibrator="fc")
     head = model.calibrator.weight.detach().clone()
@@ -218,6 +219,7 @@ def test_hf_trainer_fc_with_param_groups(tmp_path):
     assert not torch.equal(body, model.network.bert.embeddings.word_embeddings.weight.detach())
 
 
+@pytest.mark.slow
 def test_hf_trainer_appended_calibrator_with_compute_loss_func(tmp_path):
     model = CalibratedModel(_gpt2(), calibrator="ts")
     opt = torch.optim.AdamW(model.param_groups(lr=LR, calibrator_lr=CAL_LR))
@@ -245,7 +247,15 @@ def _mlp(k: int = 5) -> nn.Sequential:
     return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, k))
 
 
-@pytest.mark.parametrize("calibrator", ["fc", "ts", "ms", "tst"])
+@pytest.mark.parametrize(
+    "calibrator",
+    [
+        pytest.param("fc", marks=pytest.mark.slow),
+        "ts",
+        "ms",
+        pytest.param("tst", marks=pytest.mark.slow),
+    ],
+)
 def test_compiled_model_is_looked_into(calibrator):
     net = _mlp()
     compiled = torch.compile(net, backend="eager")  # dynamo only: fast, same module naming

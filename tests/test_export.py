@@ -214,6 +214,7 @@ def test_head_that_is_not_the_output_is_not_folded():
         assert (exported(x) - expected).abs().max() <= TOL
 
 
+@pytest.mark.slow
 def test_unchecked_model_needs_an_example_input_to_fold():
     x = _x()
     model = CalibratedModel(_mlp(), calibrator="ts")
@@ -234,6 +235,7 @@ def test_unchecked_model_needs_an_example_input_to_fold():
         assert (folded(x) - expected).abs().max() <= TOL
 
 
+@pytest.mark.slow
 def test_user_calibrator_modules():
     x = _x()
     # a square nn.Linear folds like matrix scaling
@@ -316,7 +318,8 @@ def _onnx_outputs(module: nn.Module, x: torch.Tensor, path, dynamo: bool):
         ("ms", "mlp", False),
         ("tst", "mlp", False),
         ("ts", "cnn", False),
-        ("ms", "mlp", True),  # torch.export-based exporter (the default since torch 2.9)
+        # torch.export-based exporter (the default since torch 2.9)
+        pytest.param("ms", "mlp", True, marks=pytest.mark.slow),
     ],
 )
 def test_onnx_runtime_matches(calibrator, arch, dynamo, tmp_path):

@@ -23,7 +23,6 @@ import cogcal.train.checkpoints as ckpts
 import cogcal.train.runner as runner
 from cogcal.cli import main
 
-pytestmark = pytest.mark.slow
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
@@ -76,6 +75,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
     assert proc.poll() is None, f"the run ended before {path} appeared: {proc.stderr.read()}"
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(data_root, reference, tmp_path):
     killed = tmp_path / "killed"
     proc = _start(data_root, killed)
@@ -94,6 +94,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted_run(data_root, refe
     assert epochs == list(range(8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_exits_with_its_status_and_the_run_resumes(
     sig, status, data_root, reference, tmp_path
@@ -122,6 +123,7 @@ def _interrupted_copy(data_root: Path, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_is_refused(data_root, tmp_path, capsys):
     out = _interrupted_copy(data_root, tmp_path)
     capsys.readouterr()  # the finished run's summary and health warnings
@@ -132,6 +134,7 @@ def test_resume_with_other_settings_is_refused(data_root, tmp_path, capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_resuming_a_copied_run_without_its_config_is_refused(data_root, tmp_path, capsys):
     out = _interrupted_copy(data_root, tmp_path)
     capsys.readouterr()  # the finished run's summary and health warnings
@@ -143,6 +146,7 @@ def test_resuming_a_copied_run_without_its_config_is_refused(data_root, tmp_path
     assert "no config.json written by cogcal" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -160,6 +164,7 @@ def test_bad_checkpoints_are_reported_not_trusted(content, message, data_root, t
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, monkeypatch, capsys):
     real = runner.loss_function
     calls = {"n": 0}
@@ -185,6 +190,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_root, tmp_path, monk
     assert json.loads((out / "metrics.json").read_text())["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_overwrite_never_deletes_what_cogcal_did_not_write(data_root, tmp_path, capsys):
     d = tmp_path / "d"
     (d / "logs").mkdir(parents=True)
@@ -216,6 +222,7 @@ def test_overwrite_never_deletes_what_cogcal_did_not_write(data_root, tmp_path, 
     assert (precious / "last.ckpt").read_text() == "not yours"
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_is_refused(data_root, tmp_path, capsys):
     out = tmp_path / "run"
     proc = _start(data_root, out)
@@ -229,6 +236,7 @@ def test_a_folder_in_use_is_refused(data_root, tmp_path, capsys):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_folder_and_disk_failures_are_one_line(data_root, tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("x")
     argv = [*ONE_EPOCH, "--data-root", str(data_root)]

@@ -183,6 +183,7 @@ def test_load_run_refuses_foreign_folders(tmp_path):
         cogcal.load_run(tmp_path, which="final")
 
 
+@pytest.mark.slow
 def test_fit_warnings_name_python_arguments_not_flags():
     """A cogcal.fit user gets fixes in the terms of the call (`epochs`), not CLI flags."""
     x, y = _problem()

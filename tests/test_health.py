@@ -38,6 +38,7 @@ def test_ece_and_confidence_gap_match_a_hand_computation():
     assert report.nll == pytest.approx(-(math.log(0.9) + math.log(0.4)) / 2)
 
 
+@pytest.mark.slow
 def test_temperature_is_the_maximum_likelihood_one():
     logits, labels = _calibrated(scale=2.0)
     report = diagnose(logits, labels)
@@ -61,6 +62,7 @@ def test_miscalibration_is_named_with_its_direction_size_and_fix(scale, kind):
     assert (report.confidence_gap > 0) == (kind == "over-confident")
 
 
+@pytest.mark.slow
 def test_a_temperature_at_the_search_bound_is_named_as_such():
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (2000,), generator=g)
@@ -81,12 +83,14 @@ def test_a_temperature_at_the_search_bound_is_named_as_such():
     # a temperature inside the search keeps the plain wording (the test above)
 
 
+@pytest.mark.slow
 def test_a_calibrated_model_raises_nothing():
     for seed in range(3):
         report = diagnose(*_calibrated(seed=seed), steps=MIN_STEPS)
         assert report.ok, [f.message for f in report.findings]
 
 
+@pytest.mark.slow
 def test_under_training_from_steps_and_from_a_still_falling_validation_nll():
     logits, labels = _calibrated()
     few = diagnose(logits, labels, steps=MIN_STEPS - 1)
@@ -102,11 +106,13 @@ def test_under_training_from_steps_and_from_a_still_falling_validation_nll():
     assert diagnose(logits, labels, history=short).nll_trend is None
 
 
+@pytest.mark.slow
 def test_advice_replaces_the_generic_fix():
     report = diagnose(*_calibrated(scale=3.0), advice={"over-confident": "use --method ts"})
     assert report.findings[0].message.endswith("use --method ts.")
 
 
+@pytest.mark.slow
 def test_multilabel_logits_are_checked_per_binary_task():
     logits, labels = _calibrated(k=2)  # two classes: the logit difference is a binary logit
     binary = (logits[:, 1] - logits[:, 0])[:, None]
@@ -116,6 +122,7 @@ def test_multilabel_logits_are_checked_per_binary_task():
     assert one.temperature == pytest.approx(two.temperature, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_check_calibration_runs_the_model_and_round_trips():
     logits, labels = _calibrated(scale=3.0)
     model = torch.nn.Identity()
@@ -143,6 +150,7 @@ def _val(labels):
     return [(torch.randn(len(labels), 4, generator=g), torch.as_tensor(labels))]
 
 
+@pytest.mark.slow
 def test_check_calibration_refuses_bad_arguments_with_value_errors():
     from cogcal import CalibratedModel
     from cogcal.health import check_calibration

@@ -62,6 +62,7 @@ def _edit(path: Path, change) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+@pytest.mark.slow
 def test_the_record_holds_the_hashes_of_the_configuration_and_the_files(runs):
     out = runs / "seed0"
     record = json.loads((out / "metrics.json").read_text())
@@ -82,6 +83,7 @@ def test_the_record_holds_the_hashes_of_the_configuration_and_the_files(runs):
     assert config_digest({**saved, "seed": 1}) != integrity["config"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["best.ckpt", "last.ckpt"])
 def test_a_checkpoint_copied_from_another_run_is_refused(runs, run, tmp_path, capsys, name):
     shutil.copyfile(runs / "seed1" / "checkpoints" / name, run / "checkpoints" / name)
@@ -94,6 +96,7 @@ def test_a_checkpoint_copied_from_another_run_is_refused(runs, run, tmp_path, ca
         assert f"checkpoints/{name} is not the file the run wrote" in err
 
 
+@pytest.mark.slow
 def test_a_calibrator_copied_from_another_run_is_refused(runs, run, tmp_path, capsys):
     shutil.copyfile(runs / "seed1" / "calibrator.pt", run / "calibrator.pt")
     code, err = _predict(run, tmp_path, capsys)
@@ -101,6 +104,7 @@ def test_a_calibrator_copied_from_another_run_is_refused(runs, run, tmp_path, ca
     assert "calibrator.pt is not the file the run wrote" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -124,6 +128,7 @@ def test_an_edited_config_json_is_refused_naming_the_file_and_field(
         cogcal.load_run(run)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -152,6 +157,7 @@ def test_a_damaged_value_in_a_consistent_record_names_the_field(
     assert "internal error" not in err
 
 
+@pytest.mark.slow
 def test_an_edit_of_both_records_is_refused_by_the_digest(run):
     for name in ("config.json", "metrics.json"):
         _edit(run / name, lambda c: (c.get("config", c)).update(lr=0.5))
@@ -159,6 +165,7 @@ def test_an_edit_of_both_records_is_refused_by_the_digest(run):
         cogcal.load_run(run)
 
 
+@pytest.mark.slow
 def test_a_record_without_integrity_is_not_trusted(run):
     _edit(run / "metrics.json", lambda r: r.pop("integrity"))
     with pytest.raises(ValueError, match="carries no integrity record"):
@@ -167,6 +174,7 @@ def test_a_record_without_integrity_is_not_trusted(run):
     assert not RunDir(run).finished_with(config)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_run(runs, run, capsys):
     (run / "metrics.json").unlink()
     (run / "checkpoints" / "done.json").unlink()
@@ -199,6 +207,7 @@ def _suite(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edited", ["config.json", "metrics.json"])
 def test_the_bench_trains_an_edited_run_again(tmp_path, edited):
     """Issue 33 item 4: a bench run whose record was edited (lr 0.5) is never reused."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("lightning", "pandas", "matplotlib", "sklearn", "scipy", "torchvision", "yaml")
 
 
@@ -17,6 +19,7 @@ def test_core_imports_only_torch_and_numpy():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.slow
 def test_cli_help_list_and_report_never_import_lightning(tmp_path):
     """`cogcal --help`, `cogcal bench --list` and `cogcal report` (a bench folder and a run
     folder) run without importing Lightning, as does a single-process CPU `cogcal train`."""

@@ -343,7 +343,14 @@ def test_multilabel_means_and_per_task():
 # ----------------------------------------------------------------------------- streaming
 
 
-@pytest.mark.parametrize("task", ["multiclass", "binary", "multilabel"])
+@pytest.mark.parametrize(
+    "task",
+    [
+        pytest.param("multiclass", marks=pytest.mark.slow),
+        "binary",
+        pytest.param("multilabel", marks=pytest.mark.slow),
+    ],
+)
 def test_streaming_equals_one_shot(task):
     g = torch.Generator().manual_seed(12)
     if task == "multiclass":

@@ -349,7 +349,7 @@ def test_classwise_ece_matches_netcal_and_sklearn_per_class():
     assert m["cwece_15"] == evaluate(z, y, n_bins=15, classwise=True)["cwece_15"]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_smece_matches_relplot(seed):
     relplot = pytest.importorskip("relplot")  # pip install relplot (1.0.3 here)
     n = (300, 5000, 40000)[seed]
@@ -372,6 +372,7 @@ def _risks_torch_uncertainty(conf, correct):
     return errors.cumsum(0) / torch.arange(1, len(conf) + 1, dtype=torch.float64)
 
 
+@pytest.mark.slow
 def test_aurc_matches_torch_uncertainty_formula_and_a_direct_definition():
     z, p, y = _multiclass(n=400, k=5, seed=5)
     conf = p.max(1).values.numpy()

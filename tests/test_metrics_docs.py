@@ -16,7 +16,15 @@ def test_the_examples_exist():
     assert any("plot_reliability_per_task" in b for b in BLOCKS)
 
 
-@pytest.mark.parametrize("i", range(len(BLOCKS)))
+@pytest.mark.parametrize(
+    "i",
+    [  # the figures and the bootstrap intervals take seconds: the full suite runs them
+        pytest.param(i, marks=pytest.mark.slow)
+        if "plot_reliability" in b or "intervals" in b
+        else i
+        for i, b in enumerate(BLOCKS)
+    ],
+)
 def test_example_runs(i, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     if "as_torchmetric" in BLOCKS[i]:

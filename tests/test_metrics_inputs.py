@@ -102,6 +102,7 @@ def test_labels_and_scores_of_every_array_type():
     _same(evaluate(zb, yb.astype(np.float32), task="binary"), refb)
 
 
+@pytest.mark.slow
 def test_pandas_and_torchmetrics_are_never_imported_by_the_core():
     import subprocess
     import sys

@@ -134,6 +134,7 @@ def test_cwece_at_probability_one_and_zero():
 # ----------------------------------------------------------------------------- smece
 
 
+@pytest.mark.slow
 def test_smece_matches_relplot_on_edge_cases():
     relplot = pytest.importorskip("relplot")
     rng = np.random.default_rng(0)

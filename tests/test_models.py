@@ -19,6 +19,14 @@ from cogcal.models import (
 ALL = list_models()
 # forward passes of the big CIFAR models are kept to 2 images
 BIG = {"resnet50", "resnet101", "wrn28_10"}
+#: Backbones whose forward and backward passes take seconds on a CPU: slow cases.
+CIFAR = {"resnet18", "resnet50", "resnet101", "wrn28_10", "vit_small"}
+
+
+def _cases(names: list[str], slow: set[str] = CIFAR) -> list:
+    """``names`` as parametrised cases, those in ``slow`` marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
+
 
 # exact parameter counts at 10 classes and the natural input shape
 EXPECTED_PARAMS = {
@@ -53,7 +61,7 @@ def test_registry_lists_the_spec_backbones():
     assert sorted(ALL) == ALL
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", _cases(ALL))
 def test_head_contract(name):
     model = build(name, num_classes=7).eval()
     assert isinstance(model, Backbone)
@@ -97,7 +105,7 @@ def test_parameter_count_matches_published(name, published):
     assert abs(n_params(build(name)) - published) / published < 0.01
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", _cases(ALL, {"resnet101", "wrn28_10"}))
 def test_deterministic_under_seed(name):
     a, b = build(name, seed=3).state_dict(), build(name, seed=3).state_dict()
     assert a.keys() == b.keys()
@@ -109,7 +117,7 @@ def test_deterministic_under_seed(name):
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
 
 
-@pytest.mark.parametrize("name", ["resnet18", "wrn28_10", "vit_small", "cnn", "mlp"])
+@pytest.mark.parametrize("name", _cases(["resnet18", "wrn28_10", "vit_small", "cnn", "mlp"]))
 def test_multilabel_outputs_and_channels(name):
     """Any number of outputs (40 CelebA tasks) and any channel count from input_shape."""
     shape = (40,) if name == "mlp" else (1, 16, 16)
@@ -162,6 +170,7 @@ def test_vit_pools_a_layer_normed_class_token_and_checks_the_size():
         assert smaller(torch.randn(1, 3, 16, 16)).shape == (1, 10)
 
 
+@pytest.mark.slow
 def test_wrn_dropout_option():
     model = create_model("wrn28_10", num_classes=10, input_shape=(3, 32, 32), dropout=0.3)
     assert any(isinstance(m, nn.Dropout) and m.p == 0.3 for m in model.modules())
@@ -239,7 +248,7 @@ def test_backbones_are_found_by_the_cog_wrapper():
     assert head is model.get_classifier()
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn1d", "cnn", "resnet18", "vit_small"])
+@pytest.mark.parametrize("name", _cases(["mlp", "cnn1d", "cnn", "resnet18", "vit_small"]))
 def test_gradients_reach_body_and_head(name):
     model = build(name).train()
     x = batch(name, 2)

@@ -266,7 +266,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("name", "base_name"), [("mnist1d-mtl", "mnist1d"), ("digits-mtl", "digits")]
+    ("name", "base_name"),
+    [pytest.param("mnist1d-mtl", "mnist1d", marks=pytest.mark.slow), ("digits-mtl", "digits")],
 )
 def test_proxy_tasks(data_root: Path, name: str, base_name: str) -> None:
     base = load_dataset(base_name, root=data_root)
@@ -308,6 +309,7 @@ def test_proxy_task_definitions() -> None:
     assert by_name["even_noisy"] == by_name["even"]
 
 
+@pytest.mark.slow
 def test_proxy_deterministic(data_root: Path) -> None:
     a = load_dataset("mnist1d-mtl", root=data_root)
     b = load_dataset("mnist1d-mtl", root=data_root)

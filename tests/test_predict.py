@@ -268,6 +268,7 @@ def test_predictions_table_multilabel_and_name_clashes(tmp_path):
     assert not (tmp_path / "c.csv").exists()
 
 
+@pytest.mark.slow
 def test_reading_a_run_excludes_writing_it(tmp_path, lock_holder, capsys):
     """load_run / predict hold the run folder shared: a process writing it (training,
     --overwrite) refuses them, and they refuse it; readers share."""

@@ -66,8 +66,15 @@ def test_the_recipes_are_there():
     assert "SPEC" not in RECIPES.read_text(encoding="utf-8")
 
 
+#: The recipes of the fast loop (``pytest -m "not slow"``); the others train with or import a
+#: framework (seconds each) and run in the full suite.
+FAST = {"Plain PyTorch for reference"}
+
+
 @pytest.mark.parametrize(
-    ("label", "line", "source"), BLOCKS, ids=[re.sub(r"\W+", "-", b[0]) for b in BLOCKS]
+    ("label", "line", "source"),
+    [b if b[0] in FAST else pytest.param(*b, marks=pytest.mark.slow) for b in BLOCKS],
+    ids=[re.sub(r"\W+", "-", b[0]) for b in BLOCKS],
 )
 def test_recipe_runs(label, line, source, tmp_path, monkeypatch):
     for module in sorted(_imports(source) & _OPTIONAL):

@@ -41,6 +41,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
 # --------------------------------------------------------------------------- item 1
 
 
+@pytest.mark.slow
 def test_a_second_train_on_a_folder_in_use_touches_nothing(tmp_path, capsys):
     """Item 1: the second `cogcal train` is refused before it reads or clears anything."""
     out = tmp_path / "lk"
@@ -69,6 +70,7 @@ def test_a_second_train_on_a_folder_in_use_touches_nothing(tmp_path, capsys):
 # --------------------------------------------------------------------------- item 10
 
 
+@pytest.mark.slow
 def test_nan_first_in_the_validation_logits_is_divergence(tmp_path, monkeypatch, capsys):
     real = runner.stage1_model
 
@@ -93,6 +95,7 @@ def test_nan_first_in_the_validation_logits_is_divergence(tmp_path, monkeypatch,
     assert set(record) >= {"config", "val", "test", "status"}  # one schema with complete runs
 
 
+@pytest.mark.slow
 def test_nan_in_the_test_logits_is_divergence(tmp_path, monkeypatch, capsys):
     real = runner.predict_logits
 
@@ -116,6 +119,7 @@ def _tune(out: Path, lrs: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tune_records_a_diverged_point_and_chooses_among_the_others(tmp_path):
     out = tmp_path / "t"
     assert main(_tune(out, "1e-3,1e30")) == 0
@@ -124,6 +128,7 @@ def test_tune_records_a_diverged_point_and_chooses_among_the_others(tmp_path):
     assert status[1e30] == "diverged" and summary["best"] == {"lr": 1e-3}
 
 
+@pytest.mark.slow
 def test_tune_extension_stops_at_the_learning_rate_floor(tmp_path):
     """1e3 diverges, the choice 1e-3 is at the low edge; the next value (1e-9) is below
     the floor: the search stops there, records why, and keeps both trained points."""
@@ -227,6 +232,7 @@ def test_a_plugin_calling_sys_exit_is_an_error(tmp_path, monkeypatch, capsys):
 # --------------------------------------------------------------------------- item 6
 
 
+@pytest.mark.slow
 def test_normalization_counts_for_registered_datasets(tmp_path, capsys):
     from cogcal.train.config import TrainConfig
     from cogcal.train.rundir import same_config
@@ -241,6 +247,7 @@ def test_normalization_counts_for_registered_datasets(tmp_path, capsys):
     assert "normalization: 'auto' -> 'none'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_same_csv_by_relative_and_absolute_path_is_one_dataset(tmp_path, monkeypatch):
     from cogcal.train.config import TrainConfig
     from cogcal.train.rundir import same_config
@@ -437,6 +444,7 @@ def test_fit_refuses_a_model_with_more_outputs_than_classes(tmp_path):
     assert result.model(torch.zeros(1, 4)).shape == (1, 5)
 
 
+@pytest.mark.slow
 def test_load_run_names_what_is_wrong(tmp_path):
     import pickle
 
@@ -458,6 +466,7 @@ def test_load_run_names_what_is_wrong(tmp_path):
 # --------------------------------------------------------------------------- items 1, 5 (bench, report)
 
 
+@pytest.mark.slow
 def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
     """Item 5: an unfinished run folder holding the user's notes.txt is cleared of
     cogcal's files and trained again (not refused after the clearing), every time."""
@@ -475,6 +484,7 @@ def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
         assert run.is_complete() and (run.path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_report_takes_the_lock_before_reading(tmp_path, capsys, lock_holder):
     from cogcal.train.config import TrainConfig
 

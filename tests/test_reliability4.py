@@ -87,6 +87,7 @@ def test_tune_never_writes_into_a_train_run_or_a_users_folder(csv_run, tmp_path,
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_tune_marks_its_folder_and_continues_in_it(tmp_path):
     from cogcal.train.tuning import TUNE_MARK, check_tune_folder
 
@@ -165,6 +166,7 @@ def test_predict_refuses_values_beyond_float32(csv_run, tmp_path, capsys):
 # --------------------------------------------------------------------------- item 5
 
 
+@pytest.mark.slow
 def test_predict_reads_a_folder_as_folder_datasets_do(tmp_path, capsys):
     from PIL import Image
 
@@ -253,6 +255,7 @@ def test_the_python_grid_refuses_repeated_values():
 # --------------------------------------------------------------------------- item 8
 
 
+@pytest.mark.slow
 def test_a_node_that_never_comes_ends_the_run_in_one_line(tmp_path):
     pytest.importorskip("lightning_fabric")
     out = tmp_path / "run"
@@ -343,6 +346,7 @@ def test_a_suite_trains_a_plugin_that_names_no_model(tmp_path, image_plugin):
     assert summary.failed == 0, (out / "failed.txt").read_text()
 
 
+@pytest.mark.slow
 def test_tune_reuses_the_points_of_a_plugin_that_names_no_model(tmp_path, image_plugin):
     argv = ["tune", "--dataset", image_plugin, "--method", "ce", "--lrs", "1e-3"]
     argv += ["--epochs", "1", "--max-extensions", "0", "--out", str(tmp_path / "t")]
@@ -353,6 +357,7 @@ def test_tune_reuses_the_points_of_a_plugin_that_names_no_model(tmp_path, image_
 # --------------------------------------------------------------------------- item 11
 
 
+@pytest.mark.slow
 def test_resume_says_the_csv_changed_in_words(tmp_path, capsys):
     table = _table(tmp_path / "t.csv")
     out = tmp_path / "run"
@@ -384,3 +389,21 @@ def test_a_folder_class_too_small_for_every_split_is_refused(tmp_path):
             Image.new("L", (8, 8), 20 * k + i).save(root / cls / f"{i}.png")
     with pytest.raises(ValueError, match=r"class\(es\) 'b' \(2 images; none in"):
         load_dataset(f"folder:{root}", image_size=8)
+
+
+def test_a_folder_of_two_images_per_class_is_one_line_and_exit_2(tmp_path, capsys):
+    """Every class at 2 images (the repro: a run reporting "validation NLL 0.0000" on a
+    split without some class): `cogcal train` refuses it in one line, before any folder."""
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for k, cls in enumerate("ab"):
+        (root / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("L", (8, 8), 20 * k + i).save(root / cls / f"{i}.png")
+    out = tmp_path / "r"
+    argv = ["train", "--dataset", f"folder:{root}", "--method", "ce", "--lr", "1e-3"]
+    assert main([*argv, "--epochs", "1", "--out", str(out), "--no-progress"]) == 2
+    line = _err_line(capsys)
+    assert "'a' (2 images; none in" in line and "'b' (2 images; none in" in line
+    assert "at least 4 images" in line and not out.exists()

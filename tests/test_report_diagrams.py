@@ -71,6 +71,7 @@ def test_plot_reliability_bad_input(tmp_path):
         reliability_diagram(42)
 
 
+@pytest.mark.slow
 def test_per_task_grid(tmp_path):
     g = torch.Generator().manual_seed(4)
     z, y = torch.randn(200, 5, generator=g), torch.randint(0, 2, (200, 5), generator=g)
@@ -85,6 +86,7 @@ def test_per_task_grid(tmp_path):
         plot_reliability_per_task(reliability_bins(*_pair(), n_bins=10))
 
 
+@pytest.mark.slow
 def test_diagrams_do_not_touch_pyplot():
     code = (
         "import sys, torch; from cogcal.report import plot_reliability;"
@@ -94,6 +96,7 @@ def test_diagrams_do_not_touch_pyplot():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_multilabel_results_are_pooled_over_tasks():
     g = torch.Generator().manual_seed(0)
     z, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40, 3), generator=g)

@@ -145,6 +145,7 @@ def test_tuning_and_effect_files_read_as_the_bench_writes_them(tmp_path):
     assert load_bench_csv(tmp_path / "none", "tuning.csv") is None
 
 
+@pytest.mark.slow
 def test_report_imports_no_bench_lightning_or_plots():
     code = (
         "import sys, cogcal.report.run_report, cogcal.report.render;"

@@ -131,6 +131,7 @@ def _write(out: Path, df: pd.DataFrame) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_report_has_multitask_sections_self_contained(tmp_path):
     out = _write(tmp_path / "b", make_df())
     page = build_report(out).read_text()

@@ -205,6 +205,7 @@ class _Collect(HTMLParser):
                 self.urls.append(a[key])
 
 
+@pytest.mark.slow
 def test_report_is_self_contained(tmp_path):
     out = make_bench_dir(tmp_path / "b")
     html_path = build_report(out)
@@ -242,6 +243,7 @@ def test_report_is_self_contained(tmp_path):
     assert "](#comparison-paper-mnist1d)" in md  # the verdict links its table
 
 
+@pytest.mark.slow
 def test_overview_budgets_counts_and_failures(tmp_path):
     out = make_bench_dir(tmp_path / "b", logits=False)
     build_report(out)
@@ -273,6 +275,7 @@ def test_overview_budgets_counts_and_failures(tmp_path):
     assert "| fair | mnist1d | ce | stage1 | 20 | 13, 13, 13 | budget | 0 of 3 |" in ckpt
 
 
+@pytest.mark.slow
 def test_report_from_results_csv_alone(tmp_path):
     full = make_bench_dir(tmp_path / "full", logits=False)
     alone = tmp_path / "alone"
@@ -287,6 +290,7 @@ def test_report_from_results_csv_alone(tmp_path):
         build_report(tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_sections_are_builders_in_order(tmp_path):
     ctx = load_context(make_bench_dir(tmp_path / "b", logits=False))
     assert len(SECTIONS) == 14
@@ -340,6 +344,7 @@ def test_markdown_escapes_names(tmp_path):
     assert '<td class="t">a|b</td>' in page
 
 
+@pytest.mark.slow
 def test_every_table_sits_in_a_scrolling_box(tmp_path):
     out = make_bench_dir(tmp_path / "b", logits=False)
     page = build_report(out).read_text()

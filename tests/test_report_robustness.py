@@ -195,6 +195,7 @@ def _write_bench(out: Path, df: pd.DataFrame, unavailable: dict | None = None) -
     return out
 
 
+@pytest.mark.slow
 def test_report_sections_and_self_contained(tmp_path):
     un = {"ood": {"svhn": "missing file svhn/test_32x32.mat"}, "shift": {}}
     out = _write_bench(tmp_path / "b", make_df(), un)

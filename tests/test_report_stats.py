@@ -167,6 +167,7 @@ def test_pareto_front():
         pareto_front(_rows(rows), x="rmsce_15")
 
 
+@pytest.mark.slow
 def test_stats_does_not_import_matplotlib():
     code = "import sys, cogcal.report.stats; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -233,6 +233,7 @@ def test_effect_sentence_and_table(tmp_path):
     assert row[4].bold and row[6].bold  # best NLL and ECE-15
 
 
+@pytest.mark.slow
 def test_full_report_verdict_claims_and_links(tmp_path):
     df = frame()
     rows = df.astype({"seed": str, "value": str}).to_dict("records")
@@ -254,6 +255,7 @@ def test_full_report_verdict_claims_and_links(tmp_path):
     assert '<a href="#paired-paper">table</a>' in page
 
 
+@pytest.mark.slow
 def test_strong_family_compares_every_cog_variant_with_each_strong_posthoc_calibrator():
     """Dirichlet and isotonic present: each COG variant against each of them, one Holm family,
     verdicts recomputed with scipy and a hand-written Holm step-down; the verdict says it."""

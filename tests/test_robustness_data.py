@@ -116,7 +116,10 @@ def test_corruption_lists() -> None:
     assert len(CORRUPTIONS) >= 12
 
 
-@pytest.mark.parametrize("name", CORRUPTIONS)
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(c, marks=pytest.mark.slow) if c == "zoom_blur" else c for c in CORRUPTIONS],
+)
 def test_corruption_properties(name: str) -> None:
     x = smooth_images()
     outs = [corrupt(x, name, s, seed=3) for s in range(1, 6)]

@@ -208,6 +208,7 @@ def test_resuming_a_run_stopped_before_its_first_checkpoint_starts_it_over(tmp_p
     assert not folder.config_path.exists() and not (folder.logs / "stage1.csv").exists()
 
 
+@pytest.mark.slow
 def test_lock_names_the_holder_and_recovers_from_a_killed_one(tmp_path, lock_holder):
     folder = RunDir(tmp_path / "run")
     holder = lock_holder(folder.path)

@@ -154,6 +154,7 @@ def test_multitask_methods_run_through_the_cli(method, data_root, tmp_path):
         assert all(v.shape == (len(names),) for v in state.values())  # one map per task
 
 
+@pytest.mark.slow
 def test_multitask_rejects_methods_without_a_multitask_form(data_root, tmp_path, capsys):
     argv = ["train", "--dataset", "mnist1d-mtl", "--method", "tst", "--out", str(tmp_path / "o")]
     assert main([*argv, "--data-root", str(data_root)]) == 2

@@ -326,8 +326,17 @@ def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     return value
 
 
-def _check_train(value: Any, where: str) -> dict[str, Any]:
-    """A ``train`` section: TrainConfig fields, never budget or bench-owned ones."""
+def _check_train(
+    value: Any, where: str, *, context: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A ``train`` section: TrainConfig fields, never budget or bench-owned ones.
+
+    ``context`` holds the bench-owned fields the section's values are checked with: a
+    dataset's own section (``datasets.<name>.train``) is checked with that dataset (and its
+    model and target), so options that apply to some datasets only (``target`` for a
+    ``csv:`` table) are accepted where they apply; the suite-wide section is checked without
+    a dataset and takes no ``target``.
+    """
     d = as_mapping(value, where)
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     allowed = [n for n in names if n not in BUDGET_FIELDS and n not in BENCH_FIELDS]
@@ -344,8 +353,13 @@ def _check_train(value: Any, where: str) -> dict[str, Any]:
                 + "."
             )
     check_keys(d, allowed, where)
+    if context is None and "target" in d:
+        raise ValueError(
+            f"{where}: 'target' names the class column of one csv: dataset; give it on that "
+            "dataset's entry (datasets: {csv:PATH: {target: COLUMN}})."
+        )
     try:  # types and values: the TrainConfig rules
-        TrainConfig.from_dict(d)
+        TrainConfig.from_dict({**d, **(context or {})})
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     return d
@@ -520,24 +534,30 @@ def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> 
             f"code unless you say so: if you trust this suite file, pass {PLUGIN_FLAG} "
             "(run_bench(..., allow_plugins=True) in Python)."
         )
-    train = _check_train(o.get("train"), f"{here}.train")
+    train = as_mapping(o.get("train"), f"{here}.train")
     target = o.get("target")
-    if target is not None:
-        if not isinstance(target, str) or not target.strip():
-            raise ValueError(f"{here}.target must be a column name, got {target!r}.")
-        if "target" in train and train["target"] != target:
-            raise ValueError(f"{here}: target is given twice ({target!r} and train.target).")
-        train = {**train, "target": target}
+    if target is not None and "target" in train and train["target"] != target:
+        raise ValueError(f"{here}: target is given twice ({target!r} and train.target).")
+    if target is None:
+        target = train.get("target")  # datasets.<name>.train.target: the same field
+    if target is not None and (not isinstance(target, str) or not target.strip()):
+        key = "target" if "target" in o else "train.target"
+        raise ValueError(f"{here}.{key} must be a column name, got {target!r}.")
     model = o.get("model")
-    try:
-        TrainConfig(dataset=name, model=model, target=train.get("target"))
+    try:  # the dataset itself (a csv: table needs its target, others take none)
+        TrainConfig(dataset=name, model=model, target=target)
     except ValueError as err:
         hint = (
             f" (give it on the entry: {name}: {{target: COLUMN}})"
-            if name.strip().lower().startswith("csv:") and not train.get("target")
+            if name.strip().lower().startswith("csv:") and not target
             else ""
         )
         raise ValueError(f"{here}: {err}{hint}") from None
+    # the entry's train section, checked with this dataset: its csv:-only fields apply
+    context = {"dataset": name, "model": model, "target": target}
+    train = _check_train(train, f"{here}.train", context=context)
+    if target is not None:
+        train = {**train, "target": target}
     return DatasetEntry(name, model, train)
 
 

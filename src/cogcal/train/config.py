@@ -478,6 +478,10 @@ class TrainConfig:
             raise ConfigError(
                 lambda n: f"{n('augment')} {self.augment} flips images; a csv: table takes none."
             )
+        if self.target is not None and (not isinstance(self.target, str) or not self.target):
+            raise ConfigError(
+                lambda n: f"{n('target')} must be a column name, got {self.target!r}."
+            )
         if self.target is not None and not self.dataset.startswith("csv:"):
             raise ConfigError(lambda n: f"{n('target')} applies to csv: datasets only.")
         if self.dataset.startswith("csv:") and not self.target:
