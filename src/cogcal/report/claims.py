@@ -306,6 +306,9 @@ def _brief(c: Comparison) -> str:
 
 
 def _listed(found: Sequence[Comparison], shown: int = 2) -> str:
+    """The ``shown`` most clearly decided of ``found`` (smallest Holm p first), then how
+    many more."""
+    found = sorted(found, key=lambda c: c.test.p_adj)
     texts = [_brief(c) for c in found[:shown]]
     return "; ".join(texts) + (f"; {len(found) - shown} more" if len(found) > shown else "")
 
