@@ -110,7 +110,7 @@ def test_verdict_opens_with_an_answer_per_dataset_and_flags_budget_bound():
         "worse in cog-" in claims["paper"][0].evidence
         and "ts (5 of 5 seeds)" in claims["paper"][0].evidence
     )
-    assert "“COG-FC ranks near the top” — holds: d1: place 1 of 6" in claims_text[2]
+    assert "“COG-FC ranks near the top” — holds: holds on d1 (place 1 of 6)" in claims_text[2]
     assert "not tested in this suite: needs multi-task results" in claims_text[4]
     assert "the paper-cifar100 suite tests it" in claims_text[5]
     assert "Holm" in sec.blocks[-1].text and "Student-t" in sec.blocks[-1].text

@@ -155,13 +155,14 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
                 f"and it is not usable: {err}"
             ) from None
         if data.task == "multilabel":
-            bad = [m for m in suite.methods if not get_method(m).supports_multilabel]
+            bad = [m for m in suite.methods_of(entry) if not get_method(m).supports_multilabel]
             if bad:
                 ok = [m for m, spec in METHODS.items() if spec.supports_multilabel]
                 raise ArgumentError(
                     f"suite {suite.name!r}: the multi-label dataset {entry.name!r} needs methods "
                     f"with a multi-task form; {', '.join(bad)} have none. Use some of: "
-                    f"{', '.join(ok)} (or move the others to a suite of single-task datasets)."
+                    f"{', '.join(ok)} (give the dataset its own list, datasets.{entry.name}.methods, "
+                    "or move the others to a suite of single-task datasets)."
                 )
         model = entry.model or data.default_model
         feature_dim = None

@@ -353,7 +353,7 @@ class Plan:
         seeds = suite.seeds
         for protocol in suite.protocols:
             for entry in suite.datasets:
-                for method in suite.methods:
+                for method in suite.methods_of(entry):
                     budget = suite.budget(protocol, method)
                     self.expected_total += len(seeds)
                     if not budget.tuned:
@@ -371,9 +371,10 @@ class Plan:
                     group = self._group(protocol, entry, tuned, self.fields(protocol, entry, tuned))
                     group.used_by.append(method)
                     group.listeners.append(self._seed_listener(method))
-            if protocol == "fair" and suite.effect and {"ce", "cog-fc"} <= set(suite.methods):
+            if protocol == "fair" and suite.effect:
                 for entry in suite.datasets:
-                    self._plan_effect(entry)
+                    if {"ce", "cog-fc"} <= set(suite.methods_of(entry)):
+                        self._plan_effect(entry)
 
     def _run_job(
         self,

@@ -10,6 +10,7 @@ A suite is either the name of a file shipped in ``cogcal/bench/suites/`` (see
       mnist1d: {model: cnn1d}
       digits: {model: cnn, train: {batch_size: 64}}   # per-dataset TrainConfig fields
       csv:data/wine.csv: {target: label}  # a csv: table names its label column
+      mnist1d-mtl: {model: mlp, methods: [ce, cog-fc]}  # a subset of the methods below
     methods: [ce, ts, cog-fc]       # docs/method.md §6 names (any case)
     seeds: 3                        # 3 -> seeds 0, 1, 2 (at most 1000); or a list [0, 4]
     protocols: [paper, fair]
@@ -105,7 +106,7 @@ _TOP_KEYS = (
 )
 _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
-_DATASET_KEYS = ("model", "target", "train")
+_DATASET_KEYS = ("model", "target", "train", "methods")
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
 MAX_SEEDS = 1000
@@ -139,11 +140,13 @@ class TuneSpec:
 
 @dataclass(frozen=True)
 class DatasetEntry:
-    """One dataset of a suite: its name, backbone and TrainConfig fields."""
+    """One dataset of a suite: its name, backbone, TrainConfig fields and, when it runs
+    only some of the suite's methods, those (``None``: all of them)."""
 
     name: str
     model: str | None = None
     train: dict[str, Any] = field(default_factory=dict)
+    methods: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,18 @@ class Suite:
         except ValueError as err:
             raise ArgumentError(str(err)) from None
         return new
+
+    def methods_of(self, entry: DatasetEntry) -> tuple[str, ...]:
+        """The methods run on ``entry``: its own ``methods`` (a subset of the suite's, in
+        the suite's order) or all of the suite's.
+
+        >>> s = load_suite("claims")
+        >>> [e.name for e in s.datasets if s.methods_of(e) != s.methods]
+        ['mnist1d-mtl']
+        """
+        if entry.methods is None:
+            return self.methods
+        return tuple(m for m in self.methods if m in entry.methods)
 
     def budget(self, protocol: str, method: str) -> Budget:
         """The budget of ``method`` in ``protocol``."""
@@ -483,20 +498,15 @@ def parse_suite(
         for ds_name, opts in datasets_raw.items()
     ]
 
-    methods_raw = d["methods"]
-    if isinstance(methods_raw, str) or not isinstance(methods_raw, Sequence) or not methods_raw:
-        raise ValueError(f"{where}: methods must be a non-empty list of method names.")
-    known = list_methods()
-    methods: list[str] = []
-    for m in methods_raw:
-        key = m.strip().lower() if isinstance(m, str) else m  # case-insensitive, as the CLI
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"{where}: unknown method {m!r}.{hint} Known: {', '.join(known)}.")
-        if key in methods:
-            raise ValueError(f"{where}: method {m!r} is listed twice.")
-        methods.append(str(key))
+    methods = _check_methods(d["methods"], f"{where}: methods")
+    for entry in datasets:
+        extra = [m for m in entry.methods or () if m not in methods]
+        if extra:
+            raise ValueError(
+                f"{where}: datasets.{entry.name}.methods names {', '.join(extra)}, which the "
+                f"suite's methods ({', '.join(methods)}) do not list; a dataset runs a subset "
+                "of them."
+            )
 
     train = _check_train(d.get("train"), f"{where}: train")
     allow_fast = bool(train.get("allow_fast_calibrator", False))
@@ -504,7 +514,7 @@ def parse_suite(
         name=name,
         description=description,
         datasets=tuple(datasets),
-        methods=tuple(methods),
+        methods=methods,
         seeds=_check_seeds(d.get("seeds", 3), f"{where}: seeds"),
         protocols=_check_protocols(d.get("protocols", list(PROTOCOLS)), f"{where}: protocols"),
         train=train,
@@ -520,9 +530,28 @@ def parse_suite(
     return suite
 
 
+def _check_methods(raw: Any, where: str) -> tuple[str, ...]:
+    """A non-empty list of distinct method names (any case), lower-cased."""
+    if isinstance(raw, str) or not isinstance(raw, Sequence) or not raw:
+        raise ValueError(f"{where} must be a non-empty list of method names.")
+    known = list_methods()
+    methods: list[str] = []
+    for m in raw:
+        key = m.strip().lower() if isinstance(m, str) else m  # case-insensitive, as the CLI
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{where}: unknown method {m!r}.{hint} Known: {', '.join(known)}.")
+        if key in methods:
+            raise ValueError(f"{where}: method {m!r} is listed twice.")
+        methods.append(str(key))
+    return tuple(methods)
+
+
 def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> DatasetEntry:
     """One ``datasets`` entry: its name (a plugin only with ``allow_plugins``), model,
-    ``target`` (csv: datasets) and ``train`` fields. Nothing is imported or loaded."""
+    ``target`` (csv: datasets), ``train`` fields and ``methods`` (a subset of the suite's,
+    checked by :func:`parse_suite`). Nothing is imported or loaded."""
     here = f"{where}.{name}"
     o = as_mapping(opts, here)
     check_keys(o, _DATASET_KEYS, here)
@@ -558,7 +587,10 @@ def _check_dataset(name: str, opts: Any, where: str, *, allow_plugins: bool) -> 
     train = _check_train(train, f"{here}.train", context=context)
     if target is not None:
         train = {**train, "target": target}
-    return DatasetEntry(name, model, train)
+    methods = o.get("methods")
+    return DatasetEntry(
+        name, model, train, None if methods is None else _check_methods(methods, f"{here}.methods")
+    )
 
 
 def _is_plugin(name: str) -> bool:
@@ -575,7 +607,7 @@ def _check_configs(suite: Suite, where: str) -> None:
     anything runs."""
     for protocol in suite.protocols:
         for entry in suite.datasets:
-            for method in suite.methods:
+            for method in suite.methods_of(entry):
                 fields = suite.run_fields(protocol, entry, method)
                 if suite.budget(protocol, method).tuned:
                     grid = suite.tune.grid(

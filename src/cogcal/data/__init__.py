@@ -15,6 +15,7 @@ class folders), ``csv:PATH`` (a table), ``package.module:function`` (a plugin), 
 from __future__ import annotations
 
 from cogcal.data import multitask as _multitask  # noqa: F401  (registers celeba, mnist1d-mtl, ...)
+from cogcal.data import procedural as _procedural  # noqa: F401  (registers blobs-100, breast-cancer)
 from cogcal.data import tabular as _tabular  # noqa: F401  (registers mnist1d, digits)
 from cogcal.data import vision as _vision  # noqa: F401  (registers cifar10, cifar100, svhn)
 from cogcal.data.base import (

@@ -21,6 +21,7 @@ from cogcal import _io
 from cogcal.report import claims as C
 from cogcal.report import frame as F
 from cogcal.report import overview as O
+from cogcal.report import regime as R
 from cogcal.report import tables as T
 from cogcal.report._common import is_cog, save_figure, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table, Text
@@ -101,11 +102,37 @@ class BenchContext:
     @cached_property
     def claims(self) -> dict[str, Any]:
         """The judged claims per protocol (class counts from ``bench.json``)."""
-        info = (self.meta or {}).get("datasets") or {}
-        classes = {k: int(v.get("num_classes") or 0) for k, v in info.items()}
         return {
-            p: C.judge_claims(self.results, p, self.families[p], classes) for p in self.protocols
+            p: C.judge_claims(self.results, p, self.families[p], self.classes)
+            for p in self.protocols
         }
+
+    @cached_property
+    def classes(self) -> dict[str, int]:
+        """Classes (multi-task: tasks) per dataset, from ``bench.json``."""
+        info = (self.meta or {}).get("datasets") or {}
+        return {k: int(v.get("num_classes") or 0) for k, v in info.items()}
+
+    @cached_property
+    def regimes(self) -> dict[str, dict[str, Any]]:
+        """Per protocol and dataset, what there was to calibrate
+        (:func:`~cogcal.report.regime.regimes`): ce's test ECE-15 from the results, its
+        confidence and accuracy per seed from the ce runs' saved test logits."""
+        from cogcal.train.rundir import RunDir, RunFolderError
+
+        out = {}
+        for p in self.protocols:
+            per: dict[str, pd.DataFrame] = {}
+            for ds in self.datasets:
+                got = []
+                for seed, path in self.run_dirs(dataset=ds, protocol=p, method=R.BASE):
+                    try:
+                        got.append((seed, *R.confidence_and_accuracy(*RunDir(path).read_logits("test"))))  # fmt: skip
+                    except (RunFolderError, ValueError):
+                        continue
+                per[ds] = pd.DataFrame(got, columns=["seed", "confidence", "accuracy"])
+            out[p] = R.regimes(self.results, p, per)
+        return out
 
     def _path(self, run_dir: str) -> Path:
         path = Path(run_dir)
@@ -167,8 +194,9 @@ def _add(blocks: list, table: Table | None) -> None:
 
 
 def section_verdict(ctx: BenchContext) -> Section:
-    """The verdict (:mod:`cogcal.report.claims`): per dataset whether COG helps, the
-    claims, then best methods, grid edges and coverage."""
+    """The verdict (:mod:`cogcal.report.claims`): per dataset whether COG helps, what there
+    was to calibrate (:mod:`cogcal.report.regime`), the claims, then best methods, grid
+    edges and coverage."""
     details: list[Text] = []
     edges = edge_choices(ctx.tuning)
     if ctx.tuning is None:
@@ -180,7 +208,13 @@ def section_verdict(ctx: BenchContext) -> Section:
     if ctx.coverage or ctx.failed_runs:
         text = f"{len(ctx.coverage)} result cell(s) hold fewer seeds than planned, {ctx.failed_runs} run(s) failed, "
         details.append([text + "diverged or were interrupted (", Link("failures", "failures"), ")."])  # fmt: skip
-    return C.verdict_section(ctx.results, ctx.families, ctx.claims, ctx.datasets, details)
+    sec = C.verdict_section(
+        ctx.results, ctx.families, ctx.claims, ctx.datasets, details, ctx.regimes
+    )
+    # after the per-dataset answers: ce's test ECE-15 and direction, per dataset
+    regime = R.regime_table(ctx.regimes, ctx.classes)
+    sec.blocks[1:1] = [regime] if regime is not None else []
+    return sec
 
 
 def section_overview(ctx: BenchContext) -> Section:

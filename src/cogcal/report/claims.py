@@ -19,6 +19,7 @@ import pandas as pd
 from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import aggregate, rows, seed_values
+from cogcal.report.regime import Regime
 from cogcal.report.schema import METRIC_NAMES as NAMES
 from cogcal.report.stats import PAIRED_RULE, Paired, paired_family, pairwise_wins, summary_rank
 from cogcal.report.tables import LABELS, cell, comparison_key, fmt, present_pairs
@@ -34,6 +35,8 @@ EXPRESSIVE: tuple[str, ...] = ("cog-ts", "cog-ms", "cog-vs", "cog-dir")
 STRONG_POSTHOC: tuple[str, ...] = ("dirichlet", "isotonic", "histogram")
 #: Classes from which a dataset counts as "many classes".
 MANY_CLASSES = 100
+#: "COG-FC ranks near the top": the places that count as near the top.
+TOP = 3
 NOT_TESTED = "not tested in this suite"
 CLAIMS: tuple[str, ...] = (
     "COG variants match or beat their post-hoc counterparts",
@@ -252,30 +255,101 @@ def _bound(found: Sequence[Comparison]) -> str:
     return "; budget-bound — " + "; ".join(parts) if parts else ""
 
 
+HOLDS, FAILS, UNDECIDED, MIXED = "holds", "does not hold", "undecided", "mixed"
+#: Order in which the datasets of a claim are named: where it fails first.
+_WHERE_ORDER = (FAILS, HOLDS, UNDECIDED)
+
+
+def overall(per_dataset: Sequence[str]) -> str:
+    """The overall judgement of a claim from its per-dataset ones: ``mixed`` when it holds
+    on some dataset and does not hold on another; otherwise ``does not hold`` if it fails
+    anywhere, ``holds`` if it holds anywhere, ``undecided`` if it was judged, and
+    :data:`NOT_TESTED` on no dataset.
+
+    >>> overall(["holds", "undecided"]), overall(["holds", "does not hold"]), overall([])
+    ('holds', 'mixed', 'not tested in this suite')
+    """
+    found = set(per_dataset)
+    if not found:
+        return NOT_TESTED
+    if {HOLDS, FAILS} <= found:
+        return MIXED
+    return FAILS if FAILS in found else HOLDS if HOLDS in found else UNDECIDED
+
+
 @dataclass
 class Judgement:
-    """One claim judged ``holds``, ``does not hold``, ``undecided`` or ``not tested in
-    this suite``, with the numbers behind it and the anchor of their table."""
+    """One claim judged ``holds``, ``does not hold``, ``mixed`` (holds on some datasets,
+    not on others), ``undecided`` or ``not tested in this suite``, with the numbers behind
+    it and the anchor of their table; ``per_dataset`` maps each dataset it was judged on to
+    ``(judgement, evidence)``, the evidence naming the paired intervals it rests on."""
 
     claim: str
     judgement: str
     evidence: str
     key: str = ""
     short: str = ""
+    per_dataset: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def where(self) -> str:
+        """``does not hold on a (…); holds on b (…) and c (…); undecided on d (…)``."""
+        groups = []
+        for word in _WHERE_ORDER:
+            named = [f"{ds} ({ev})" if ev else ds for ds, (j, ev) in self.per_dataset.items() if j == word]  # fmt: skip
+            groups += [f"{word} on {_join(named)}"] if named else []
+        return "; ".join(groups)
+
+
+def _brief(c: Comparison) -> str:
+    """``cog-ts vs ts NLL Δ -0.012 [-0.020, -0.004]``."""
+    return f"{c.a} vs {c.b} {NAMES.get(c.metric, c.metric)} {c.test.text()}"
+
+
+def _listed(found: Sequence[Comparison], shown: int = 2) -> str:
+    """The ``shown`` most clearly decided of ``found`` (smallest Holm p first), then how
+    many more."""
+    found = sorted(found, key=lambda c: c.test.p_adj)
+    texts = [_brief(c) for c in found[:shown]]
+    return "; ".join(texts) + (f"; {len(found) - shown} more" if len(found) > shown else "")
+
+
+def _direction_on(found: Sequence[Comparison]) -> tuple[str, str]:
+    """The match-or-beat rule on some comparisons: ``(judgement, evidence)``, the evidence
+    quoting the decided losses (does not hold), the decided wins (holds) or the closest
+    comparison (undecided) with their paired intervals."""
+    worse = [c for c in found if c.verdict == "worse"]
+    better = [c for c in found if c.verdict == "better"]
+    if worse:
+        return FAILS, "worse: " + _listed(worse)
+    if better:
+        return HOLDS, "better: " + _listed(better)
+    tested = sorted((c for c in found if math.isfinite(c.test.p_adj)), key=lambda c: c.test.p_adj)
+    if not tested:
+        return UNDECIDED, f"{len(found)} comparisons, none testable"
+    c = tested[0]
+    return (
+        UNDECIDED,
+        f"none decided of {len(found)}; closest {_brief(c)}, Holm p {c.test.p_adj:.2f}",
+    )
 
 
 def _direction(found: Sequence[Comparison], claim: str, key: str) -> Judgement:
-    """A claim that the first methods match or beat the second ones over ``found``: "does
-    not hold" with a decided loss, "holds" with a decided win and no loss, else "undecided"."""
+    """A claim that the first methods match or beat the second ones over ``found``, per
+    dataset (:func:`_direction_on`: "does not hold" with a decided loss, "holds" with a
+    decided win and no loss, else "undecided") and overall (:func:`overall`)."""
     t = Counter(c.verdict for c in found)
+    per = {
+        ds: _direction_on([c for c in found if c.dataset == ds])
+        for ds in dict.fromkeys(c.dataset for c in found)
+    }
     losses = [c.text() for c in found if c.verdict == "worse"]
-    judgement = "does not hold" if losses else "holds" if t["better"] else "undecided"
     text = f"{t['better']} decided better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} paired comparisons (Holm)"
     if losses:
         text += ": worse in " + "; ".join(losses[:3]) + (" …" if len(losses) > 3 else "")
     short = f"{t['better']} better, {t['worse']} worse, {t['undecided']} undecided of {len(found)} (Holm)"
     short += "; budget-bound" if _bound(found) else ""
-    return Judgement(claim, judgement, text + _bound(found), key, short)
+    judgement = overall([j for j, _ in per.values()])
+    return Judgement(claim, judgement, text + _bound(found), key, short, per)
 
 
 def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
@@ -288,23 +362,30 @@ def _rank_claim(df: pd.DataFrame, protocol: str) -> Judgement:
             places.append((ds, int((r["rank"] < mine).sum()) + 1, len(r)))
     if not places:
         return Judgement(CLAIMS[2], NOT_TESTED, "cog-fc has no summary rank here.")
-    judgement = "holds" if all(pl <= 3 for _, pl, _ in places) else "does not hold"
+    per = {ds: (HOLDS if pl <= TOP else FAILS, f"place {pl} of {n}") for ds, pl, n in places}
     text = "; ".join(f"{ds}: place {pl} of {n}" for ds, pl, n in places)
-    text += " by summary rank on test Acc, NLL and Brier (means; holds: top 3 on every dataset)"
-    return Judgement(CLAIMS[2], judgement, text, comparison_key(places[0][0], protocol))
+    rule = f"by summary rank on test Acc, NLL and Brier (means; holds: top {TOP})"
+    text += f" {rule[:-1]} on every dataset)"
+    key = comparison_key(places[0][0], protocol)
+    return Judgement(CLAIMS[2], overall([j for j, _ in per.values()]), text, key, rule, per)
 
 
 def _mtl_claim(df: pd.DataFrame, protocol: str) -> Judgement:
     d = rows(df, split="test", protocol=protocol, condition="", severity="")
     d = d[~d["task"].isin(["", "mean"])]
     if d.empty or not {"cog-fc", "ts"} <= set(d["method"]):
-        why = "needs multi-task results of cog-fc and ts; the mtl-quick suite tests it."
+        why = "needs multi-task results of cog-fc and ts; the mtl-quick and claims suites test it."
         return Judgement(CLAIMS[4], NOT_TESTED, why)
     counts = {ds: pairwise_wins(rows(d, dataset=ds), "cog-fc", "ts") for ds in sorted(set(d["dataset"]))}  # fmt: skip
-    ok = all(total and wins > total / 2 for wins, total in counts.values())
+    per = {
+        ds: (HOLDS if n and w > n / 2 else FAILS, f"cog-fc better on both on {w} of {n} tasks")
+        for ds, (w, n) in counts.items()
+    }
     text = "; ".join(f"{ds}: cog-fc better on both accuracy and Brier on {w} of {n} tasks" for ds, (w, n) in counts.items())  # fmt: skip
     key = f"mtl-wins-{slug(protocol)}-{slug(next(iter(counts)))}"
-    return Judgement(CLAIMS[4], "holds" if ok else "does not hold", text + " (means over seeds)", key)  # fmt: skip
+    short = "cog-fc vs ts on test accuracy and Brier per task, means over seeds (holds: more than half of the tasks)"  # fmt: skip
+    judgement = overall([j for j, _ in per.values()])
+    return Judgement(CLAIMS[4], judgement, text + " (means over seeds)", key, short, per)
 
 
 def judge_claims(
@@ -330,27 +411,39 @@ def judge_claims(
         else untested(3, "no OOD results of a COG variant and its counterpart."),
         _mtl_claim(df, protocol),
         _direction(many, CLAIMS[5], f"paired-{p}") if many
-        else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the paper-cifar100 suite tests it."),
+        else untested(5, f"needs ms and cog-ms on a dataset with ≥ {MANY_CLASSES} classes; the claims suite tests it on blobs-100 (a CPU proxy), the paper-cifar100 suite tests it on CIFAR-100."),
     ]  # fmt: skip
 
 
+def _answer(found: Sequence[Comparison]) -> str:
+    """Does COG help, over ``found``? ``yes`` (decided wins only), ``no`` (decided losses
+    only), ``mixed`` or ``undecided``."""
+    t = Counter(c.verdict for c in found)
+    return {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
+
+
 def _cog_sentence(
-    df: pd.DataFrame, dataset: str, fams: dict[str, dict[str, list[Comparison]]]
+    df: pd.DataFrame,
+    dataset: str,
+    fams: dict[str, dict[str, list[Comparison]]],
+    regimes: dict[str, dict[str, Regime]] | None = None,
 ) -> Text:
-    """Does COG help on ``dataset``? One sentence, one clause per protocol."""
+    """Does COG help on ``dataset``? One sentence, one clause per protocol, with what there
+    was to calibrate (``regimes``: ce's test ECE-15 and its direction)."""
     clauses: list[str | Link] = []
     for p, fam in fams.items():
         found = [c for c in fam.get("cog", []) if c.dataset == dataset]
         if not found:
             continue
         t = Counter(c.verdict for c in found)
-        answer = {(True, False): "yes", (False, True): "no", (True, True): "mixed"}.get((t["better"] > 0, t["worse"] > 0), "undecided")  # fmt: skip
+        regime = ((regimes or {}).get(p) or {}).get(dataset)
         ce = seed_values(df, "test", dataset=dataset, protocol=p, method="ce", metric="ece_15")["value"]  # fmt: skip
+        state = f"; {regime.text()}" if regime is not None else f"; ce's test ECE-15 is {ce.mean():.3f}" if len(ce) else ""  # fmt: skip
         clauses += [
-            f"{p} protocol: {answer} — against its post-hoc counterpart ({_join(sorted({f'{c.a} vs {c.b}' for c in found}))}) "
+            f"{p} protocol: {_answer(found)} — against its post-hoc counterpart ({_join(sorted({f'{c.a} vs {c.b}' for c in found}))}) "
             f"COG is better in {t['better']}, worse in {t['worse']} and undecided in {t['undecided']} of {len(found)} "
             f"paired comparisons (Holm over {len(fam['cog'])})"
-            + (f"; ce's test ECE-15 is {ce.mean():.3f}" if len(ce) else "") + _bound(found) + " (",
+            + state + _bound(found) + " (",
             Link("table", f"paired-{slug(p)}"),
             "); ",
         ]  # fmt: skip
@@ -396,31 +489,78 @@ def _best_sentence(df: pd.DataFrame, dataset: str, protocol: str) -> Text | None
     return [head, Link("table", comparison_key(dataset, protocol)), ")."]
 
 
+def _overall_sentence(fams: dict[str, dict[str, list[Comparison]]], protocol: str) -> Text | None:
+    """Across the datasets of ``protocol``: where COG helps against its post-hoc
+    counterpart and where it does not, then the same against the strongest post-hoc
+    calibrators (None with fewer than two datasets: the per-dataset sentence says it)."""
+    words = {"yes": "helps on", "no": "does not help on", "mixed": "is mixed on", "undecided": "is undecided on"}  # fmt: skip
+    parts: list[str | Link] = []
+    for name, against, key in (
+        ("cog", "against its post-hoc counterpart", "paired"),
+        ("strong", "against the strongest post-hoc calibrators", "paired-strong"),
+    ):
+        found = fams[protocol].get(name, [])
+        datasets = list(dict.fromkeys(c.dataset for c in found))
+        if len(datasets) < 2 and name == "cog":
+            return None
+        if not datasets:
+            continue
+        answers = {ds: _answer([c for c in found if c.dataset == ds]) for ds in datasets}
+        said = [f"{w} {_join(sorted(d for d, a in answers.items() if a == k))}" for k, w in words.items() if k in answers.values()]  # fmt: skip
+        parts += [f"{against} COG {_join(said)} (", Link("table", f"{key}-{slug(protocol)}"), "); "]
+    return [f"Overall, {protocol} protocol: ", *parts[:-1], ")."]
+
+
+def _claim_line(protocol: str, j: Judgement) -> Text:
+    """``fair: “claim” — mixed: does not hold on a (…); holds on b (…); 1 better, … (table).``"""
+    where = j.where()
+    summary = (j.short or j.evidence).rstrip(".")
+    text = f"{protocol}: “{j.claim}” — {j.judgement}: " + (f"{where}; {summary}" if where else summary)  # fmt: skip
+    return [text + " (", Link("table", j.key or f"claims-{slug(protocol)}"), ")."]
+
+
 def verdict_section(
     df: pd.DataFrame,
     fams: dict[str, dict[str, list[Comparison]]],
     claims: dict[str, list[Judgement]],
     datasets: Sequence[str],
     details: Sequence[Text] = (),
+    regimes: dict[str, dict[str, Regime]] | None = None,
 ) -> Section:
-    """The verdict: per dataset one answer to "does COG help here?", each claim in one
-    line, then the details (best methods, grid edges, coverage) and the rule."""
-    items: list[Text] = [
-        [
-            f"{p}: “{j.claim}” — {j.judgement}: {(j.short or j.evidence).rstrip('.')} (",
-            Link("table", j.key or f"claims-{slug(p)}"),
-            ").",
-        ]  # fmt: skip
-        for p, judged in claims.items()
-        for j in judged
-    ]
+    """The verdict: per dataset one answer to "does COG help here?" (with what there was
+    to calibrate, ``regimes``: :mod:`cogcal.report.regime`), one overall sentence per
+    protocol, each claim in one line naming the datasets where it holds, does not hold or
+    is undecided, then the details (best methods, grid edges, coverage) and the rule."""
+    items: list[Text] = [_claim_line(p, j) for p, judged in claims.items() for j in judged]
     best = [s for p in fams for ds in datasets if (s := _best_sentence(df, ds, p)) is not None]
+    answers = [_cog_sentence(df, ds, fams, regimes) for ds in datasets]
+    answers += [s for p in fams if (s := _overall_sentence(fams, p)) is not None]
     return Section("Verdict", [
-        Paragraph(items=[_cog_sentence(df, ds, fams) for ds in datasets] or ["There are no test results yet."]),
+        Paragraph(items=answers or ["There are no test results yet."]),
         Paragraph("The paper's claims at this scale:", items=items),
         Paragraph("Details:", items=[*best, *details]),
         Paragraph("Rule: " + PAIRED_RULE),
     ], key="verdict")  # fmt: skip
+
+
+def per_dataset_table(judged: Sequence[Judgement], protocol: str) -> Table | None:
+    """One row per claim and dataset it was judged on: the judgement there and the paired
+    intervals (or places, task counts) it rests on."""
+    body = [
+        [cell(f"C{i + 1}"), cell(ds), cell(word, bold=word != UNDECIDED), cell(ev or "—")]
+        for i, j in enumerate(judged)
+        for ds, (word, ev) in j.per_dataset.items()
+    ]
+    if not body:
+        return None
+    claims = "; ".join(f"C{i + 1}: {j.claim}" for i, j in enumerate(judged))
+    notes: list[Text] = [
+        f"{claims}. Paired intervals: mean per-seed difference (first − second method) with "
+        "its 95% Student-t interval, decided by the Holm-adjusted p-value of the claim's "
+        "family over every dataset (tables below)."
+    ]
+    header = ["Claim", "Dataset", "Judgement", "On this dataset"]
+    return Table(f"Claims per dataset, {protocol} protocol", header, body, notes, f"claims-datasets-{slug(protocol)}")  # fmt: skip
 
 
 def claims_section(
@@ -442,6 +582,8 @@ def claims_section(
         notes: list[Text] = [["Tables: ", *links]] if links else []
         header = ["Claim", "Judgement", "Evidence"]
         sec.blocks.append(Table(f"Claims, {p} protocol", header, body, notes, f"claims-{slug(p)}"))
+        table = per_dataset_table(judged, p)
+        sec.blocks += [table] if table is not None else []
         for name, (title, key) in FAMILY_TABLES.items():
             t = paired_table(fams[p].get(name, []), f"{title} — {p} protocol", f"{key}-{slug(p)}")
             sec.blocks += [t] if t is not None else []
