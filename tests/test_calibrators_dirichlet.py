@@ -14,6 +14,7 @@ from cogcal.calibrators import (
     Dirichlet,
     L2GridEdgeWarning,
     ProbabilitiesAsLogitsWarning,
+    Temperature,
     _Problem,
     _RowBlocks,
     _stratified_folds,
@@ -74,28 +75,33 @@ def test_whole_matrix_penalty_hook_equals_sklearn_l2_regression_at_c_one_over_la
     np.testing.assert_allclose(b - b.mean(), ref.intercept_ - ref.intercept_.mean(), atol=1e-5)
 
 
-def _odir_gradients(cal: Dirichlet, z, y, lam):
-    """Gradient of (1/N)[sum_i l_i + lam/2 (sum_{j != k} W_jk^2 + ||b||^2)], by autograd."""
+def _penalised_gradients(cal: Dirichlet, z, y, lam):
+    """Gradient of (1/N)[sum_i l_i + lam/2 (sum_{j != k} (T0 W_jk)^2 + sum_k (T0 W_kk - 1)^2
+    + ||b||^2)], the documented objective, by autograd (T0 = target_temperature_)."""
+    t0 = cal.target_temperature_
     w = cal.weight.detach().double().clone().requires_grad_(True)
     b = cal.bias.detach().double().clone().requires_grad_(True)
     out = F.log_softmax(z.double(), dim=1) @ w.T + b
-    off = w - torch.diag(torch.diagonal(w))
-    j = F.cross_entropy(out, y, reduction="sum") + 0.5 * lam * ((off**2).sum() + (b**2).sum())
+    d = t0 * w - torch.eye(w.shape[0], dtype=w.dtype)
+    j = F.cross_entropy(out, y, reduction="sum") + 0.5 * lam * ((d**2).sum() + (b**2).sum())
     return torch.autograd.grad(j / len(y), (w, b))
 
 
 @pytest.mark.parametrize("lam", [3.0, 300.0])
-def test_fit_is_the_stationary_point_of_the_odir_objective(lam):
+def test_fit_is_the_stationary_point_of_the_documented_objective(lam):
     z, y = _miscalibrated(400, seed=4)
     cal = Dirichlet(4, l2=lam).double().fit(z, y)
-    grads = _odir_gradients(cal, z, y, lam)
+    assert cal.target_temperature_ == pytest.approx(
+        Temperature().double().fit(z, y).temperature, rel=1e-6
+    )
+    grads = _penalised_gradients(cal, z, y, lam)
     assert max(float(g.abs().max()) for g in grads) < 1e-6
     # the same parameters are not stationary for another strength: the check can fail
-    grads = _odir_gradients(cal, z, y, 3 * lam)
+    grads = _penalised_gradients(cal, z, y, 3 * lam)
     assert max(float(g.abs().max()) for g in grads) > 1e-4
-    # the returned representative: each column's off-diagonal entries and the bias centred
-    off = cal.weight.numpy() * (1 - np.eye(4))
-    np.testing.assert_allclose(off.sum(0), 0.0, atol=1e-10)
+    # the returned representative: each column of T0 W - I and the bias centred
+    d = cal.target_temperature_ * cal.weight.numpy() - np.eye(4)
+    np.testing.assert_allclose(d.sum(0), 0.0, atol=1e-9)
     assert abs(float(cal.bias.sum())) < 1e-10
 
 
@@ -137,49 +143,50 @@ def test_hand_written_gradient_equals_autograd(weight, conditioning, toward_iden
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-11)
 
 
-def test_very_strong_penalty_leaves_a_diagonal_map_fitted_by_likelihood():
+def test_very_strong_penalty_gives_temperature_scaling():
+    # the diagonal is pulled toward 1 / T0 too: a strong penalty gives softmax(log p / T0)
+    # = softmax(z / T0), Temperature's own fit (not ODIR's one free power per class)
     z, y = _miscalibrated(500, seed=6)
-    cal = Dirichlet(4, l2=1e6).double().fit(z, y)  # off-diagonal weights of order 1e-5
-    w = cal.weight.numpy()
-    np.testing.assert_allclose(w * (1 - np.eye(4)), 0.0, atol=2e-4)
-    np.testing.assert_allclose(cal.bias.numpy(), 0.0, atol=2e-4)
-    # the diagonal is the maximum-likelihood power of each class: softmax(d * log p)
-    d = torch.ones(4, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([d], max_iter=500, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
-    logp = F.log_softmax(z, dim=1)
-
-    def closure():
-        opt.zero_grad()
-        loss = F.cross_entropy(logp * d, y)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    np.testing.assert_allclose(np.diagonal(w), d.detach().numpy(), atol=1e-3)
-    assert np.ptp(np.diagonal(w)) > 0.1  # one power per class, not one temperature
+    cal = Dirichlet(4, l2=1e7).double().fit(z, y)
+    ts = Temperature().double().fit(z, y)
+    np.testing.assert_allclose(cal.weight.numpy(), np.eye(4) / ts.temperature, atol=1e-4)
+    np.testing.assert_allclose(cal.bias.numpy(), 0.0, atol=1e-4)
+    np.testing.assert_allclose(cal.predict_proba(z), ts.predict_proba(z), atol=1e-4)
+    weak = Dirichlet(4, l2=1.0).double().fit(z, y)  # the data want one power per class
+    assert np.ptp(np.diagonal(weak.weight.numpy())) > 0.1
 
 
-def test_binary_dirichlet_penalises_only_the_intercept():
-    # K = 2: the representative with the smallest penalty has no off-diagonal weight, so
-    # any l2 leaves the two powers free (beta calibration) and pulls only the bias to 0.
+def test_a_separable_validation_set_gives_a_finite_map():
+    # ODIR's free diagonal diverges when the network classifies every validation sample
+    # correctly (validation NLL -> 0, then an infinite test NLL for one mistake); pulled
+    # toward 1 / T0 (Temperature's prior on log T keeps T0 finite), it does not
+    g = torch.Generator().manual_seed(15)
+    y = torch.randint(0, 4, (300,), generator=g)
+    z = 2.0 * torch.randn(300, 4, generator=g, dtype=torch.float64) + 15.0 * F.one_hot(y, 4)
+    assert bool((z.argmax(1) == y).all())  # separable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = Dirichlet(4).double().fit(z, y)
+    assert float(cal.weight.abs().max()) < 50.0
+    z_new = z.clone()
+    z_new[0, y[0]] = z_new[0].min() - 10.0  # a mistake
+    p = torch.as_tensor(cal.predict_proba(z_new))
+    assert float(p[0, y[0]]) > 1e-30  # a finite NLL on a misclassified sample
+
+
+def test_binary_dirichlet_is_beta_calibration_with_temperature_scaling_at_a_strong_penalty():
+    # K = 2: unpenalised it is beta calibration (a log p1 - c log p0 + d), a logistic
+    # regression on log p; a strong penalty gives temperature scaling
     z, y = _miscalibrated(800, 2, seed=7)
     free = Dirichlet(2, l2=0.0).double().fit(z, y)
-    strong = Dirichlet(2, l2=1e8).double().fit(z, y)
-    np.testing.assert_allclose(strong.weight.numpy() * (1 - np.eye(2)), 0.0, atol=1e-12)
-    np.testing.assert_allclose(strong.bias.numpy(), 0.0, atol=1e-6)
-    assert float((free.bias.abs()).max()) > 0.01  # the data want an intercept ...
-    # ... and the strong fit is the maximum-likelihood one without it: a log p1 - c log p0
     ref = _logistic_regression(np.inf)
-    ref.fit(_log_probs(z), y.numpy())  # with intercept: matches the free fit
+    ref.fit(_log_probs(z), y.numpy())
     np.testing.assert_allclose(
         free.predict_proba(z)[:, 1], ref.predict_proba(_log_probs(z))[:, 1], atol=1e-5
     )
-    ref_no_b = sklearn_linear.LogisticRegression(
-        C=np.inf, fit_intercept=False, tol=1e-10, max_iter=10_000
-    ).fit(_log_probs(z), y.numpy())
-    np.testing.assert_allclose(
-        strong.predict_proba(z)[:, 1], ref_no_b.predict_proba(_log_probs(z))[:, 1], atol=1e-5
-    )
+    strong = Dirichlet(2, l2=1e8).double().fit(z, y)
+    ts = Temperature().double().fit(z, y)
+    np.testing.assert_allclose(strong.predict_proba(z), ts.predict_proba(z), atol=1e-5)
 
 
 @pytest.mark.slow

@@ -1301,7 +1301,7 @@ class MatrixScaling(_ClassScaling):
 
 
 class Dirichlet(_ClassScaling):
-    r"""Dirichlet calibration: ``W log softmax(z) + b`` with the ODIR penalty (K^2 + K parameters).
+    r"""Dirichlet calibration: ``W log softmax(z) + b``, ODIR-regularised (K^2 + K parameters).
 
     Kull et al. (2019), "Beyond temperature scaling": a multinomial logistic regression on
     the log-probabilities :math:`\log p = \log\mathrm{softmax}(z)`, the multiclass
@@ -1310,26 +1310,31 @@ class Dirichlet(_ClassScaling):
     parameters until :meth:`fit`.
 
     Post-hoc fitting uses the ODIR regularisation (Off-Diagonal and Intercept
-    Regularisation): with ``N`` samples it minimises
+    Regularisation) with one addition, the diagonal pulled toward temperature scaling: with
+    ``N`` samples it minimises
 
     .. math::
 
         \frac1N\Big[\sum_{i=1}^N \ell_i(W, b)
-            + \frac{\lambda}{2}\sum_{j \neq k} W_{jk}^2 + \frac{\mu}{2}\lVert b \rVert^2\Big],
+            + \frac{\lambda}{2}\Big(\sum_{j \neq k} (T_0 W_{jk})^2
+            + \sum_k (T_0 W_{kk} - 1)^2 + \lVert b \rVert^2\Big)\Big],
         \qquad \ell_i = -\log\mathrm{softmax}\big(W \log p_i + b\big)_{y_i},
 
-    the diagonal of ``W`` free. Our one choice: the two strengths are coupled,
-    :math:`\mu = \lambda` (``l2``), so ``l2="cv"`` chooses one strength from ``l2_grid``
-    by stratified ``cv``-fold cross-validation exactly as :class:`MatrixScaling` does
-    (Kull et al. searched a 2-D grid; one dimension keeps the fit as fast as matrix
-    scaling). A strong penalty gives ``W`` diagonal and ``b = 0``: one power per class,
-    :math:`p_k^{W_{kk}}` renormalised; ``l2=0`` is plain multinomial logistic regression on
-    :math:`\log p`. The softmax does not change when a vector is added to every row of
-    ``W`` or a constant to ``b``; the fit returns the representative with the smallest
-    penalty (each column's off-diagonal entries and the bias centred on 0). For ``K = 2``
-    that representative has no off-diagonal weight at all, so only the intercept is
-    penalised: Dirichlet calibration is then beta calibration,
-    :math:`\mathrm{logit}\,p' = a \log p_1 - c \log p_0 + d`.
+    i.e. :class:`MatrixScaling`'s penalty on :math:`\lVert T_0 W - I\rVert_F^2 +
+    \lVert b\rVert^2`, with :math:`T_0` the temperature :class:`Temperature` fits to the same
+    data (with its prior on :math:`\log T`). Two choices of ours (docs/method.md §2): the
+    off-diagonal and intercept strengths are coupled (one ``l2``, chosen by stratified
+    ``cv``-fold cross-validation exactly as for :class:`MatrixScaling`; Kull et al. searched
+    a 2-D grid), and the diagonal is not free: ODIR's free diagonal is one power per class,
+    :math:`p_k^{W_{kk}}` renormalised, whose maximum-likelihood value diverges on a
+    validation set the network classifies perfectly (a CNN on scikit-learn's digits:
+    validation NLL 0, infinite test NLL); pulled toward :math:`1/T_0`, a strong penalty
+    gives temperature scaling (``W = I / T_0``, ``b = 0``, since
+    :math:`\mathrm{softmax}(\log p / T) = \mathrm{softmax}(z / T)`), which stays finite
+    there. ``l2=0`` is plain multinomial logistic regression on :math:`\log p`. The softmax
+    does not change when a vector is added to every row of ``W`` or a constant to ``b``;
+    the fit returns the representative with the smallest penalty (each column of
+    :math:`T_0 W - I` and the bias centred on 0).
 
     Parameters
     ----------
@@ -1338,9 +1343,9 @@ class Dirichlet(_ClassScaling):
     max_iter : int
         L-BFGS iterations per fit.
     l2 : float or "cv"
-        The strength :math:`\lambda = \mu` of both penalties, or ``"cv"`` (default) to
-        choose it by stratified ``cv``-fold cross-validation from ``l2_grid``; ``l2=0`` is
-        plain maximum likelihood (which diverges on a separable validation set).
+        The strength :math:`\lambda` of the penalty, or ``"cv"`` (default) to choose it by
+        stratified ``cv``-fold cross-validation from ``l2_grid``; ``l2=0`` is plain maximum
+        likelihood (which diverges on a separable validation set).
     cv : int
         Folds for ``l2="cv"``.
     l2_grid : sequence of float
@@ -1349,7 +1354,10 @@ class Dirichlet(_ClassScaling):
     Attributes
     ----------
     weight, bias : Parameter
-        ``W`` (K, K) and ``b`` (K,); the fitted attributes are those of :class:`Calibrator`.
+        ``W`` (K, K) and ``b`` (K,).
+    target_temperature_ : float
+        :math:`T_0` of the final fit; the other fitted attributes are those of
+        :class:`Calibrator`.
 
     Examples
     --------
@@ -1366,14 +1374,13 @@ class Dirichlet(_ClassScaling):
     """
 
     _full_matrix = True
-    _temperature_target = False
 
     def _affine(
         self, logits: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     ) -> torch.Tensor:
         return super()._affine(F.log_softmax(logits, dim=-1), weight, bias)
 
-    # The fit is a multinomial regression on the features log p with the ODIR penalty, started
+    # The fit is a multinomial regression on the features log p with the penalty above, started
     # from temperature scaling and preconditioned row by row (docs/performance.md, "Post-hoc
     # fits"): log-probabilities are strongly correlated and, for a confident network, carry
     # their curvature in few samples, which neither whitening nor a diagonal scaling captures.
@@ -1382,7 +1389,9 @@ class Dirichlet(_ClassScaling):
         calibration contains exactly: ``softmax(log p / T) = softmax(z / T)``), and store the
         data term's curvature there for :meth:`_standardisation`."""
         super()._prepare(logits, labels)
-        t0 = _temperature_map(logits, labels)
+        t0 = self._target_temperature  # the penalty's centre is I / T_0 (_AffineScaling)
+        if t0 is None:  # the test hook's penalty toward 0: start at temperature scaling too
+            t0 = _temperature_map(logits, labels)
         with torch.no_grad():
             k = self.weight.shape[0]
             self.weight.copy_(torch.eye(k, dtype=self.weight.dtype) / t0)
@@ -1408,11 +1417,9 @@ class Dirichlet(_ClassScaling):
         if curvature is None or curvature.shape[0] != k:  # only a speed matter: any SPD works
             p = F.softmax(logits, dim=1)
             curvature = _row_curvature(F.log_softmax(logits, dim=1), p)
-        penalised = torch.ones(k, k + 1, dtype=curvature.dtype, device=curvature.device)
-        if self._weights_toward_identity:
-            penalised[:, :k].fill_diagonal_(0.0)
-        if not self._penalize_bias:
-            penalised[:, k] = 0.0
+        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
+        penalised = torch.full((k, k + 1), t0**2, dtype=curvature.dtype, device=curvature.device)
+        penalised[:, k] = 1.0 if self._penalize_bias else 0.0
         h = curvature + torch.diag_embed(2.0 * penalty_weight * penalised)
         return _row_blocks(h)
 
@@ -1434,14 +1441,17 @@ class Dirichlet(_ClassScaling):
         """:math:`J_\\lambda` and its gradient by hand (tests check them against autograd on
         the generic objective). The calibrated logits are ``W x + b`` with ``x = log p``;
         the data term's gradient is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``;
-        the ODIR penalty's is ``2 weight D`` (its deviations are orthogonal projections,
-        :meth:`_odir`); both are chained back through ``[W | b]_j = v_j L_j^{-1}``."""
+        the penalty's is ``2 weight T_0 D`` on ``W`` (``D = T_0 W - I`` with centred
+        columns, an orthogonal projection: :meth:`_weight_penalty_deviation`) and
+        ``2 weight d_b``; both are chained back through ``[W | b]_j = v_j L_j^{-1}``."""
         logits, labels, stats, weight = problem
         x = F.log_softmax(logits, dim=1)
         x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
         onehot = _one_hot_columns(labels, logits)
         v, c = variables["weight"], variables["bias"]
         blocks = stats if isinstance(stats, _RowBlocks) else None
+        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
+        identity = self._identity() if self._weights_toward_identity else 0.0
 
         @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
         def closure() -> torch.Tensor:
@@ -1455,9 +1465,9 @@ class Dirichlet(_ClassScaling):
             g = logp.exp().div_(n).sub_(onehot)
             grad_w, grad_b = g @ x, g.sum(1)
             if weight:
-                d_w = self._odir(w)[0]
+                d_w = self._weight_penalty_deviation(w, t0, identity)
                 loss = loss + weight * (d_w**2).sum()
-                grad_w = grad_w + 2.0 * weight * d_w
+                grad_w = grad_w + (2.0 * weight * t0) * d_w
                 if self._penalize_bias:
                     d_b = b - b.mean()
                     loss = loss + weight * (d_b**2).sum()
@@ -1471,31 +1481,6 @@ class Dirichlet(_ClassScaling):
             return loss
 
         return closure
-
-    def _odir(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(deviation, shift)``: the penalised part of ``W`` at the representative
-        ``W - 1 shift`` that minimises it (each column's off-diagonal entries centred).
-
-        The deviation is an orthogonal projection of ``W``. The test hook
-        ``_weights_toward_identity = False`` penalises the whole matrix toward 0 instead
-        (scikit-learn's L2 form; columns centred as for :class:`MatrixScaling`)."""
-        if not self._weights_toward_identity:
-            shift = weight.mean(0, keepdim=True)
-            return weight - shift, shift
-        k = weight.shape[0]
-        off_mask = 1.0 - torch.eye(k, dtype=weight.dtype, device=weight.device)
-        off = weight * off_mask
-        shift = off.sum(0, keepdim=True) / (k - 1)
-        return (off - shift) * off_mask, shift
-
-    def _penalty_terms(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        bias = params["bias"] - params["bias"].mean()
-        weight = self._odir(params["weight"])[0]
-        return [weight, bias] if self._penalize_bias else [weight]
-
-    def _canonical(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        weight, bias = params["weight"], params["bias"]
-        return {"weight": weight - self._odir(weight)[1], "bias": bias - bias.mean()}
 
 
 class TaskTemperature(_LazyWidth):
