@@ -1,4 +1,4 @@
-"""Dirichlet calibration (ODIR): references, the penalty, its fit and cross-validation."""
+"""Dirichlet calibration (ODIR, diagonal toward TS): references, the penalty, its fit and CV."""
 
 from __future__ import annotations
 

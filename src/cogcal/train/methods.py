@@ -199,7 +199,7 @@ for _m in (
     Method("ms", "cross-entropy + post-hoc matrix scaling", "ce", posthoc="ms"),
     Method(
         "dirichlet",
-        "cross-entropy + post-hoc Dirichlet calibration (ODIR)",
+        "cross-entropy + post-hoc Dirichlet calibration (ODIR, diagonal toward TS)",
         "ce",
         posthoc="dirichlet",
     ),
