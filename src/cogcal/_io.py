@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = [
     "LockedError",
     "atomic_write",
     "file_lock",
+    "link_or_copy",
     "temp_target",
     "read_json",
     "write_bytes",
@@ -80,6 +82,32 @@ def fsync_dir(folder: str | Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def link_or_copy(src: str | Path, dst: str | Path, *, atomic: bool = False) -> Path:
+    """Make ``dst`` hold the same bytes as ``src``: a hard link, else a copy.
+
+    An existing ``dst`` is replaced. With ``atomic=True`` the link (or a durable copy) is
+    made under a temporary name beside ``dst`` and renamed onto it, so a reader never sees
+    a partial file, and the folder entry is flushed to the disk.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists() and os.path.samefile(src, dst):
+        return dst  # already one file (and rename(2) of one link onto another does nothing)
+    target = dst.with_name(f".{dst.name}.{os.getpid()}link{TMP_SUFFIX}") if atomic else dst
+    target.unlink(missing_ok=True)
+    try:
+        os.link(src, target)
+    except OSError:  # no hard links on this file system
+        if atomic:
+            write_bytes(target, src.read_bytes())
+        else:
+            shutil.copy2(src, target)
+    if atomic:
+        os.replace(target, dst)
+        fsync_dir(dst.parent)
+    return dst
 
 
 class LockedError(ArgumentError):
