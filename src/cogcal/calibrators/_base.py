@@ -22,6 +22,8 @@ from cogcal._checks import (
 )
 from cogcal.calibrators._folds import _shuffled_folds, _stratified_folds
 
+#: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
+#: per decade from 1e-2 to 1e5. :math:`\lambda` is a prior precision per parameter, so the
 #: grid spans "no penalty" to "the shrinkage target" for validation sets of 10^2-10^5 samples.
 DEFAULT_L2_GRID: tuple[float, ...] = (0.0, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
 
