@@ -18,7 +18,7 @@ from cogcal.calibrators._base import (
     _one_hot_columns,
     _Problem,
 )
-from cogcal.calibrators.temperature import _temperature_map
+from cogcal.calibrators.temperature import fit_temperature
 
 
 def _column_stats(
@@ -95,7 +95,7 @@ class _AffineScaling(_LazyWidth):
 
     def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         self._target_temperature = (
-            _temperature_map(logits, labels) if self._shrinks_to_temperature() else None
+            fit_temperature(logits, labels) if self._shrinks_to_temperature() else None
         )
 
     def _times(self, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

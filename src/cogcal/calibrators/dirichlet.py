@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from cogcal.calibrators._base import _Closure, _one_hot_columns, _Problem
 from cogcal.calibrators.affine import _ClassScaling
-from cogcal.calibrators.temperature import _temperature_map
+from cogcal.calibrators.temperature import fit_temperature
 
 
 class _RowBlocks(NamedTuple):
@@ -145,7 +145,7 @@ class Dirichlet(_ClassScaling):
         super()._prepare(logits, labels)
         t0 = self._target_temperature  # the penalty's centre is I / T_0 (_AffineScaling)
         if t0 is None:  # the test hook's penalty toward 0: start at temperature scaling too
-            t0 = _temperature_map(logits, labels)
+            t0 = fit_temperature(logits, labels)
         with torch.no_grad():
             k = self.weight.shape[0]
             self.weight.copy_(torch.eye(k, dtype=self.weight.dtype) / t0)

@@ -266,9 +266,16 @@ class TaskTemperature(_LazyWidth):
         return f"num_tasks={self.num_outputs}"
 
 
-def _temperature_map(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The temperature ``Temperature().fit`` gives (prior precision DEFAULT_TEMPERATURE_L2),
-    without its checks or warnings; ``logits`` are float64 on the calibrator's device."""
+def fit_temperature(
+    logits: torch.Tensor, labels: torch.Tensor, *, l2: float = DEFAULT_TEMPERATURE_L2
+) -> float:
+    """The temperature ``Temperature(l2=l2).fit`` gives, without its checks or warnings.
+
+    ``logits`` are (N, K) float64 with valid ``labels``, both on one device; ``l2=0`` gives
+    the maximum-likelihood temperature (unbounded for separable or uninformative logits).
+    The shrinkage target of vector and matrix scaling and the health check
+    (:mod:`cogcal.health`) use it.
+    """
     ts = Temperature().to(device=logits.device, dtype=torch.float64)
-    ts._minimise(logits, labels, DEFAULT_TEMPERATURE_L2)
+    ts._minimise(logits, labels, l2)
     return ts.temperature
