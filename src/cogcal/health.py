@@ -11,13 +11,14 @@ naming what is wrong, how much, and the fix. They look at two things:
   still falling (by more than :data:`FALLING`, relative) over the last fifth of the
   epochs of a per-epoch history;
 * **miscalibration**: the expected calibration error (ECE, 15 equal-width bins: the
-  ``ece_15`` of :func:`cogcal.metrics.evaluate`) of the validation predictions, its direction (mean confidence above the accuracy:
-  over-confident; below: under-confident), and how much one temperature fitted on the
-  validation logits (by maximum likelihood, with the calibrators' fit) would lower the
-  validation NLL. The temperature is a diagnostic only:
-  nothing is changed. A finding is raised when that temperature would lower the NLL by
-  at least :data:`NLL_GAIN` (relative) *and* the ECE exceeds :data:`MAX_ECE`, so the
-  noise of a small validation set alone does not raise one.
+  ``ece_15`` of :func:`cogcal.metrics.evaluate`) of the validation predictions, its
+  direction (mean confidence above the accuracy: over-confident; below:
+  under-confident), and how much one temperature fitted on the validation logits (by
+  maximum likelihood, with the calibrators' fit) would lower the validation NLL. The
+  temperature is a diagnostic only: nothing is changed. A finding is raised when that
+  temperature would lower the NLL by at least :data:`NLL_GAIN` (relative) *and* the ECE
+  exceeds :data:`MAX_ECE`, so the noise of a small validation set alone does not raise
+  one.
 
 Only validation data is used: never the test split.
 
