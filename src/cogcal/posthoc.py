@@ -39,7 +39,8 @@ __all__ = ["AUTO", "POSTHOC_METHODS", "Calibration", "calibrate", "cross_validat
 
 #: The post-hoc calibrators :func:`calibrate` fits, simplest first (the order breaks ties):
 #: temperature, vector and matrix scaling, Dirichlet calibration, isotonic regression and
-#: histogram binning (docs/method.md §2).
+#: histogram binning (docs/method.md §2): every kind of the calibrators' registry
+#: (:data:`cogcal.calibrators.KINDS`), in its order.
 POSTHOC_METHODS: tuple[str, ...] = tuple(KINDS.names())
 #: The ``method`` that chooses among :data:`POSTHOC_METHODS` by cross-validated NLL.
 AUTO = "auto"
