@@ -13,9 +13,9 @@ import pytest
 #: Doctests (node ids) that train a network or fit a cross-validated calibrator: seconds
 #: each, so only the full suite runs them.
 SLOW_DOCTESTS = (
-    "src/cogcal/calibrators.py::cogcal.calibrators.Dirichlet",
-    "src/cogcal/calibrators.py::cogcal.calibrators.TaskAffine",
-    "src/cogcal/calibrators.py::cogcal.calibrators.VectorScaling",
+    "src/cogcal/calibrators/dirichlet.py::cogcal.calibrators.dirichlet.Dirichlet",
+    "src/cogcal/calibrators/affine.py::cogcal.calibrators.affine.TaskAffine",
+    "src/cogcal/calibrators/affine.py::cogcal.calibrators.affine.VectorScaling",
     "src/cogcal/posthoc.py::cogcal.posthoc.calibrate",
     "src/cogcal/train/assemble.py::cogcal.train.assemble.load_run",
     "src/cogcal/train/predict.py::cogcal.train.predict.predict",

@@ -47,7 +47,8 @@ def test_cross_validated_nll_is_the_pooled_held_out_nll_of_fold_fits():
     scikit-learn's log_loss on the held-out fold."""
     from scipy.optimize import minimize_scalar
 
-    from cogcal.calibrators import DEFAULT_TEMPERATURE_L2, _stratified_folds
+    from cogcal.calibrators import DEFAULT_TEMPERATURE_L2
+    from cogcal.calibrators._folds import _stratified_folds
 
     z, y = _scores(300, k=3)
     folds = _stratified_folds(torch.as_tensor(y), 5, 0).numpy()

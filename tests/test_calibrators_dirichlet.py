@@ -9,17 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import cogcal.calibrators.dirichlet as dirichlet_module
 from cogcal.calibrators import (
     Calibrator,
     Dirichlet,
     L2GridEdgeWarning,
     ProbabilitiesAsLogitsWarning,
     Temperature,
-    _Problem,
-    _RowBlocks,
-    _stratified_folds,
     make_calibrator,
 )
+from cogcal.calibrators._base import _Problem
+from cogcal.calibrators._folds import _stratified_folds
+from cogcal.calibrators.dirichlet import _RowBlocks
 
 sklearn_linear = pytest.importorskip("sklearn.linear_model")
 
@@ -295,11 +296,9 @@ def test_row_block_conditioning_makes_each_rows_curvature_the_identity_at_the_st
 def test_fit_does_not_depend_on_the_rows_the_curvature_is_estimated_from(monkeypatch):
     # the curvature is only a preconditioner: a strided subset of the rows (above
     # _CURVATURE_ROWS) changes the path of the fit, not its solution
-    import cogcal.calibrators as calibrators
-
     z, y = _miscalibrated(400, seed=14)
     full = Dirichlet(4, l2=2.0).double().fit(z, y)
-    monkeypatch.setattr(calibrators, "_CURVATURE_ROWS", 7)
+    monkeypatch.setattr(dirichlet_module, "_CURVATURE_ROWS", 7)
     strided = Dirichlet(4, l2=2.0).double().fit(z, y)
     assert strided.n_iter_ != full.n_iter_ or not torch.equal(strided.weight, full.weight)
     torch.testing.assert_close(strided.weight, full.weight, atol=1e-6, rtol=0)

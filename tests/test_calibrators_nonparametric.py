@@ -13,9 +13,9 @@ from cogcal.calibrators import (
     HistogramBinning,
     Isotonic,
     ProbabilitiesAsLogitsWarning,
-    _isotonic_knots,
     make_calibrator,
 )
+from cogcal.calibrators.nonparametric import _isotonic_knots
 
 isotonic = pytest.importorskip("sklearn.isotonic")
 

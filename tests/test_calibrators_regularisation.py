@@ -17,9 +17,9 @@ from cogcal.calibrators import (
     TaskAffine,
     Temperature,
     VectorScaling,
-    _Problem,
-    _stratified_folds,
 )
+from cogcal.calibrators._base import _Problem
+from cogcal.calibrators._folds import _stratified_folds
 
 sklearn_linear = pytest.importorskip("sklearn.linear_model")
 

@@ -123,7 +123,7 @@ def test_predict_an_image_folder_and_one_image(digits_folder, tmp_path, capsys):
     np.testing.assert_allclose(probs, expected, atol=1e-5)
     assert isinstance(exported[0], cogcal.data.Preprocess)
     # post-hoc matrix scaling folded into the last layer: no appended calibrator
-    assert not any(type(m).__module__ == "cogcal.calibrators" for m in exported.modules())
+    assert not any(type(m).__module__.startswith("cogcal.calibrators") for m in exported.modules())
     # one image, to stdout
     capsys.readouterr()
     assert main(["predict", str(root / "run"), "--input", str(root / "digits/digit3/0.png")]) == 0

@@ -28,6 +28,7 @@ __all__ = [
     "check_multiclass",
     "check_multilabel",
     "check_binary",
+    "check_eps",
     "check_task",
     "input_error",
     "multiclass_scores",
@@ -286,6 +287,33 @@ def check_multilabel(
         )
     _check_binary_targets(y, labels_name)
     return z, y.to(z.device)
+
+
+def check_eps(eps: Any, *, upper: float = 1.0, message: str = "") -> float | None:
+    """``eps`` as a float in ``(0, upper)``, or ``None``; anything else raises ``ValueError``.
+
+    The probability floor of the core: the metrics clip ``probs=`` input at it in the NLL
+    (``upper=1``), the non-parametric calibrators clip their calibrated probabilities at it
+    (``upper=0.5``). ``message`` (a ``str.format`` template with the field ``eps``, the
+    value's repr) replaces the default message.
+
+    >>> check_eps(None), check_eps(1e-3), check_eps(0.25, upper=0.5)
+    (None, 0.001, 0.25)
+    >>> check_eps(0.7, upper=0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: `eps` must be None or a number in (0, 0.5), got 0.7.
+    """
+    if eps is None:
+        return None
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, int | float | np.integer | np.floating)
+        or not (0.0 < float(eps) < upper)
+    ):
+        template = message or f"`eps` must be None or a number in (0, {upper:g}), got {{eps}}."
+        raise ValueError(template.format(eps=repr(eps)))
+    return float(eps)
 
 
 def check_task(task: str) -> str:

@@ -808,28 +808,10 @@ class CalibratedModel(nn.Module):
         >>> [(g["name"], g["lr"], g["weight_decay"], g["betas"]) for g in groups]
         [('network', 0.001, 0.05, (0.9, 0.99)), ('calibrator', 0.0001, 0.0, (0.9, 0.99))]
         """
-        for name, value in (("lr", lr), ("calibrator_lr", calibrator_lr)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
-            if value != value or value == float("inf"):
-                raise ValueError(f"`{name}` must be finite, got {value!r}.")
-        if not isinstance(allow_fast_calibrator, bool):
-            raise TypeError(
-                f"`allow_fast_calibrator` must be True or False, got {allow_fast_calibrator!r}."
-            )
+        _check_param_group_args(
+            lr, calibrator_lr, allow_fast_calibrator, calibrator_weight_decay, self.calibrator
+        )
         wd = calibrator_weight_decay
-        if isinstance(wd, bool) or not isinstance(wd, int | float) or not 0 <= wd < math.inf:
-            raise ValueError(
-                f"`calibrator_weight_decay` must be a non-negative finite number, got {wd!r}."
-            )
-        if wd > 0 and isinstance(self.calibrator, VectorScaling | MatrixScaling | TaskAffine):
-            raise ValueError(
-                f"calibrator_weight_decay={wd:g} would pull the {type(self.calibrator).__name__} "
-                "calibrator toward zero weights, not toward its identity (w = 1 for vector "
-                "scaling and per-task affine maps, W = I for matrix scaling), so it is refused: "
-                "keep calibrator_weight_decay=0.0 (network decay goes in weight_decay=), or use "
-                "calibrator='ts', whose decay pulls the temperature toward 1."
-            )
         if calibrator_lr >= lr:
             msg = (
                 f"param_groups(lr={lr:g}, calibrator_lr={calibrator_lr:g}): the calibrator "
@@ -1112,3 +1094,30 @@ class CalibratedModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"calibrator={self.kind!r}, task={self.task!r}, classifier={self.classifier_name!r}"
+
+
+def _check_param_group_args(
+    lr: Any, calibrator_lr: Any, allow_fast_calibrator: Any, wd: Any, calibrator: nn.Module
+) -> None:
+    """The argument checks of :meth:`CalibratedModel.param_groups` (not the rate order)."""
+    for name, value in (("lr", lr), ("calibrator_lr", calibrator_lr)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+        if value != value or value == float("inf"):
+            raise ValueError(f"`{name}` must be finite, got {value!r}.")
+    if not isinstance(allow_fast_calibrator, bool):
+        raise TypeError(
+            f"`allow_fast_calibrator` must be True or False, got {allow_fast_calibrator!r}."
+        )
+    if isinstance(wd, bool) or not isinstance(wd, int | float) or not 0 <= wd < math.inf:
+        raise ValueError(
+            f"`calibrator_weight_decay` must be a non-negative finite number, got {wd!r}."
+        )
+    if wd > 0 and isinstance(calibrator, VectorScaling | MatrixScaling | TaskAffine):
+        raise ValueError(
+            f"calibrator_weight_decay={wd:g} would pull the {type(calibrator).__name__} "
+            "calibrator toward zero weights, not toward its identity (w = 1 for vector "
+            "scaling and per-task affine maps, W = I for matrix scaling), so it is refused: "
+            "keep calibrator_weight_decay=0.0 (network decay goes in weight_decay=), or use "
+            "calibrator='ts', whose decay pulls the temperature toward 1."
+        )

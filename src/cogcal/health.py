@@ -10,13 +10,15 @@ naming what is wrong, how much, and the fix. They look at two things:
 * **under-training**: fewer than :data:`MIN_STEPS` optimizer steps, or the validation NLL
   still falling (by more than :data:`FALLING`, relative) over the last fifth of the
   epochs of a per-epoch history;
-* **miscalibration**: the expected calibration error (ECE, 15 equal-width bins) of the
-  validation predictions, its direction (mean confidence above the accuracy:
-  over-confident; below: under-confident), and how much one temperature fitted on the
-  validation logits would lower the validation NLL. The temperature is a diagnostic only:
-  nothing is changed. A finding is raised when that temperature would lower the NLL by
-  at least :data:`NLL_GAIN` (relative) *and* the ECE exceeds :data:`MAX_ECE`, so the
-  noise of a small validation set alone does not raise one.
+* **miscalibration**: the expected calibration error (ECE, 15 equal-width bins: the
+  ``ece_15`` of :func:`cogcal.metrics.evaluate`) of the validation predictions, its
+  direction (mean confidence above the accuracy: over-confident; below:
+  under-confident), and how much one temperature fitted on the validation logits (by
+  maximum likelihood, with the calibrators' fit) would lower the validation NLL. The
+  temperature is a diagnostic only: nothing is changed. A finding is raised when that
+  temperature would lower the NLL by at least :data:`NLL_GAIN` (relative) *and* the ECE
+  exceeds :data:`MAX_ECE`, so the noise of a small validation set alone does not raise
+  one.
 
 Only validation data is used: never the test split.
 
@@ -39,6 +41,7 @@ True
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,6 +50,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from cogcal._checks import ProbabilitiesAsLogitsWarning
+from cogcal.calibrators.temperature import fit_temperature
+from cogcal.metrics import evaluate
 
 __all__ = [
     "CalibrationWarning",
@@ -185,21 +192,17 @@ def _two_class(logits: torch.Tensor, labels: torch.Tensor, task: str) -> tuple[A
     return torch.cat([torch.zeros_like(z), z], dim=1), labels.reshape(-1).long()
 
 
-def _ece(probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """Top-label ECE with 15 equal-width bins (docs/method.md §3) and mean conf - acc."""
-    conf, pred = probs.max(dim=1)
-    correct = (pred == labels).double()
-    bins = torch.clamp((conf * N_BINS).long(), max=N_BINS - 1)
-    n = len(labels)
-    ece = 0.0
-    for b in range(N_BINS):
-        mask = bins == b
-        if mask.any():
-            ece += float(mask.sum()) / n * abs(float(correct[mask].mean() - conf[mask].mean()))
-    return ece, float(conf.mean() - correct.mean())
+def _calibration(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float, float]:
+    """``(ECE-15, mean confidence - accuracy, NLL)`` of multiclass logits: the ECE and NLL
+    :func:`cogcal.metrics.evaluate` reports (docs/method.md §3)."""
+    with warnings.catch_warnings():  # logits that look like probabilities are still logits
+        warnings.simplefilter("ignore", ProbabilitiesAsLogitsWarning)
+        metrics = evaluate(logits, labels, n_bins=N_BINS)
+    confidence = float(logits.softmax(dim=1).amax(dim=1).mean())
+    return metrics[f"ece_{N_BINS}"], confidence - metrics["acc"], metrics["nll"]
 
 
-#: The temperature search runs over log T in [-LOG_T_BOUND, LOG_T_BOUND].
+#: The temperature reported lies in log T in [-LOG_T_BOUND, LOG_T_BOUND] (the search's bounds).
 LOG_T_BOUND = 5.0
 
 
@@ -216,26 +219,11 @@ def _temperature_text(temperature: float) -> str:
 
 
 def _fit_temperature(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """The maximum-likelihood temperature on (logits, labels), by golden-section search on
-    log T in [-LOG_T_BOUND, LOG_T_BOUND] (the NLL is convex in 1/T; float64)."""
-
-    def nll(u: float) -> float:
-        return float(F.cross_entropy(logits / math.exp(u), labels))
-
-    lo, hi = -LOG_T_BOUND, LOG_T_BOUND
-    ratio = (math.sqrt(5) - 1) / 2
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = nll(a), nll(b)
-    for _ in range(80):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = nll(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = nll(b)
-    return math.exp((lo + hi) / 2)
+    """The maximum-likelihood temperature on (logits, labels) (the calibrators' fit,
+    :func:`cogcal.calibrators.temperature.fit_temperature` with ``l2=0``; float64), with
+    log T clipped to [-LOG_T_BOUND, LOG_T_BOUND]."""
+    log_t = math.log(fit_temperature(logits, labels, l2=0.0))
+    return math.exp(min(max(log_t, -LOG_T_BOUND), LOG_T_BOUND))
 
 
 def _trend(history: Sequence[dict[str, float]], key: str) -> float | None:
@@ -280,6 +268,26 @@ def diagnose(
     -------
     HealthReport
     """
+    z, y = _validated(logits, labels, task, steps)
+    z, y = _two_class(z.detach().double().cpu(), y.detach().cpu(), task)
+    advice = advice or {}
+    ece, gap, nll = _calibration(z, y)
+    temperature = _fit_temperature(z, y)
+    nll_t = float(F.cross_entropy(z / temperature, y))
+    report = HealthReport(
+        ece=ece, confidence_gap=gap, nll=nll, nll_temperature=nll_t, temperature=temperature,
+        steps=steps, nll_trend=_trend(history, "val_nll") if history else None,
+    )  # fmt: skip
+    for finding in (_under_training(report, advice), _miscalibration(report, advice)):
+        if finding is not None:
+            report.findings.append(finding)
+    return report
+
+
+def _validated(
+    logits: Any, labels: Any, task: str, steps: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`diagnose`'s arguments checked; the logits and labels as tensors."""
     if task not in ("multiclass", "multilabel"):
         raise ValueError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
     z = torch.as_tensor(np.asarray(logits) if not isinstance(logits, torch.Tensor) else logits)
@@ -299,18 +307,12 @@ def diagnose(
             f"`steps` must be the number of optimizer steps (an integer >= 0) or None, got "
             f"{steps!r}."
         )
-    z, y = _two_class(z.detach().double().cpu(), y.detach().cpu(), task)
-    advice = advice or {}
-    ece, gap = _ece(z.softmax(dim=1), y)
-    nll = float(F.cross_entropy(z, y))
-    temperature = _fit_temperature(z, y)
-    nll_t = float(F.cross_entropy(z / temperature, y))
-    report = HealthReport(
-        ece=ece, confidence_gap=gap, nll=nll, nll_temperature=nll_t, temperature=temperature,
-        steps=steps,
-    )  # fmt: skip
-    falling = _trend(history, "val_nll") if history else None
-    report.nll_trend = falling
+    return z, y
+
+
+def _under_training(report: HealthReport, advice: dict[str, str]) -> Finding | None:
+    """The under-training finding: too few steps, or a validation NLL still falling."""
+    steps, falling = report.steps, report.nll_trend
     reasons = []
     if steps is not None and steps < MIN_STEPS:
         reasons.append(f"it made only {steps} optimizer steps (fewer than {MIN_STEPS})")
@@ -318,42 +320,45 @@ def diagnose(
         reasons.append(
             f"its validation NLL was still falling over the last fifth of the run ({falling:.1%})"
         )
-    if reasons:
-        fix = advice.get(
-            "under-trained", "train for more optimizer steps (more epochs, or a smaller batch)"
-        )
-        report.findings.append(
-            Finding(
-                "under-trained",
-                float(steps if steps is not None and steps < MIN_STEPS else falling or 0.0),
-                f"under-trained: {' and '.join(reasons)}; {fix}.",
-            )
-        )
+    if not reasons:
+        return None
+    fix = advice.get(
+        "under-trained", "train for more optimizer steps (more epochs, or a smaller batch)"
+    )
+    return Finding(
+        "under-trained",
+        float(steps if steps is not None and steps < MIN_STEPS else falling or 0.0),
+        f"under-trained: {' and '.join(reasons)}; {fix}.",
+    )
+
+
+def _miscalibration(report: HealthReport, advice: dict[str, str]) -> Finding | None:
+    """The over- or under-confidence finding: a temperature would lower the NLL by at least
+    :data:`NLL_GAIN` and the ECE exceeds :data:`MAX_ECE`."""
+    nll, nll_t, ece, gap = report.nll, report.nll_temperature, report.ece, report.confidence_gap
     gain = (nll - nll_t) / nll if nll > 0 else 0.0
-    if gain >= NLL_GAIN and ece > MAX_ECE:
-        kind = "over-confident" if temperature > 1 else "under-confident"
-        fix = advice.get(
-            kind,
-            "fit a temperature on validation data (cogcal.calibrators.Temperature) or, for a "
-            "COG model, "
-            + (
-                "lower the calibrator learning rate"
-                if kind == "over-confident"
-                else "raise the calibrator learning rate or train longer"
-            ),
-        )
-        report.findings.append(
-            Finding(
-                kind,
-                ece,
-                f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {abs(gap):.3f} "
-                f"{'above' if gap >= 0 else 'below'} the accuracy); "
-                f"{_temperature_text(temperature)} fitted on validation would lower the "
-                f"validation NLL from {nll:.4f} to {nll_t:.4f} "
-                f"({gain:.0%}); {fix}.",
-            )
-        )
-    return report
+    if not (gain >= NLL_GAIN and ece > MAX_ECE):
+        return None
+    kind = "over-confident" if report.temperature > 1 else "under-confident"
+    fix = advice.get(
+        kind,
+        "fit a temperature on validation data (cogcal.calibrators.Temperature) or, for a "
+        "COG model, "
+        + (
+            "lower the calibrator learning rate"
+            if kind == "over-confident"
+            else "raise the calibrator learning rate or train longer"
+        ),
+    )
+    return Finding(
+        kind,
+        ece,
+        f"{kind}: validation ECE-15 {ece:.3f} (mean confidence {abs(gap):.3f} "
+        f"{'above' if gap >= 0 else 'below'} the accuracy); "
+        f"{_temperature_text(report.temperature)} fitted on validation would lower the "
+        f"validation NLL from {nll:.4f} to {nll_t:.4f} "
+        f"({gain:.0%}); {fix}.",
+    )
 
 
 @torch.no_grad()

@@ -32,14 +32,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal._checks import check_multiclass, warn_if_probabilities
-from cogcal.calibrators import _stratified_folds, make_calibrator
+from cogcal.calibrators import KINDS, make_calibrator
+from cogcal.calibrators._folds import _stratified_folds
 
 __all__ = ["AUTO", "POSTHOC_METHODS", "Calibration", "calibrate", "cross_validated_nll"]
 
 #: The post-hoc calibrators :func:`calibrate` fits, simplest first (the order breaks ties):
 #: temperature, vector and matrix scaling, Dirichlet calibration, isotonic regression and
-#: histogram binning (docs/method.md §2).
-POSTHOC_METHODS: tuple[str, ...] = ("ts", "vs", "ms", "dirichlet", "isotonic", "histogram")
+#: histogram binning (docs/method.md §2): every kind of the calibrators' registry
+#: (:data:`cogcal.calibrators.KINDS`), in its order.
+POSTHOC_METHODS: tuple[str, ...] = tuple(KINDS.names())
 #: The ``method`` that chooses among :data:`POSTHOC_METHODS` by cross-validated NLL.
 AUTO = "auto"
 #: Samples per fold that ``method="auto"`` needs at the least.

@@ -1,0 +1,646 @@
+"""The base class of the post-hoc-capable calibrators, its constants, warnings and
+hyperparameter checks, and the pieces every penalised fit shares."""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cogcal._checks import (
+    as_float_tensor,
+    check_multiclass,
+    check_multilabel,
+    warn_if_probabilities,
+)
+from cogcal.calibrators._folds import _shuffled_folds, _stratified_folds
+
+#: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
+#: per decade from 1e-2 to 1e5. :math:`\lambda` is a prior precision per parameter, so the
+#: grid spans "no penalty" to "the shrinkage target" for validation sets of 10^2-10^5 samples.
+DEFAULT_L2_GRID: tuple[float, ...] = (0.0, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
+
+# Cross-validation walks the grid from the strongest penalty down and stops once the pooled
+# held-out NLL has failed to improve on its best at this many consecutive weaker strengths.
+_CV_PATIENCE = 2
+
+#: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
+#: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
+#: of the shrinkage target of :class:`VectorScaling` and :class:`MatrixScaling`.
+DEFAULT_TEMPERATURE_L2 = 1.0
+
+
+class SeparableDataWarning(UserWarning):
+    """A temperature was fitted to data whose samples are all classified correctly.
+
+    The maximum-likelihood temperature of such data is unbounded below (``T -> 0``); the
+    fitted value is then set by the prior on ``log T`` (``l2``), not by the data.
+
+    Examples
+    --------
+    >>> import warnings, torch
+    >>> from cogcal.calibrators import SeparableDataWarning, Temperature
+    >>> z, y = torch.tensor([[3.0, 0.0], [0.0, 2.0]]), torch.tensor([0, 1])
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     t = Temperature().fit(z, y)
+    >>> [w.category.__name__ for w in caught]
+    ['SeparableDataWarning']
+    >>> 0 < t.temperature < 1
+    True
+    """
+
+
+class L2GridEdgeWarning(UserWarning):
+    """Cross-validation chose the smallest positive or the largest strength of ``l2_grid``.
+
+    The best strength may then lie outside the grid; extend ``l2_grid`` past that edge.
+
+    Examples
+    --------
+    >>> from cogcal.calibrators import L2GridEdgeWarning
+    >>> issubclass(L2GridEdgeWarning, UserWarning)
+    True
+    """
+
+
+def _check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        expected = "a positive integer or None" if allow_none else "a positive integer"
+        raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
+
+
+def _is_nonnegative_number(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float | np.integer | np.floating)
+        and math.isfinite(float(value))
+        and float(value) >= 0
+    )
+
+
+def _check_l2(value: Any) -> None:
+    if isinstance(value, str):
+        if value != "cv":
+            raise ValueError(
+                f"`l2` must be a non-negative number or the string 'cv', got {value!r}."
+            )
+        return
+    if not _is_nonnegative_number(value):
+        raise ValueError(
+            f"`l2` must be a non-negative finite number (the penalty strength) or 'cv' "
+            f"(choose it by cross-validation), got {value!r}."
+        )
+
+
+def _check_grid(grid: Any) -> tuple[float, ...]:
+    if isinstance(grid, str) or not isinstance(grid, Sequence | np.ndarray):
+        raise ValueError(
+            f"`l2_grid` must be a sequence of non-negative numbers, got {type(grid).__name__}."
+        )
+    values = list(grid)
+    bad = [v for v in values if not _is_nonnegative_number(v)]
+    if bad:
+        raise ValueError(
+            f"`l2_grid` must hold non-negative finite numbers, got {bad[0]!r} among them."
+        )
+    distinct = tuple(sorted({float(v) for v in values}))
+    if len(distinct) < 2:
+        raise ValueError(
+            f"`l2_grid` needs at least two distinct strengths to choose from, got {values!r}; "
+            "for one fixed strength pass it as `l2=` instead."
+        )
+    return distinct
+
+
+def _array_like(x: Any) -> Any:
+    """Turn pandas objects and other ``__array__`` providers into (writable) numpy arrays.
+
+    Tensors, lists and tuples pass through for :mod:`cogcal._checks`; anything else
+    without ``__array__`` also passes through, to be refused there by name.
+    """
+    if isinstance(x, torch.Tensor | list | tuple):
+        return x
+    if isinstance(x, np.ndarray) or hasattr(x, "__array__"):
+        array = np.asarray(x)
+        # read-only arrays (pandas' copy-on-write views, np.broadcast_to) cannot back a tensor
+        return array if array.flags.writeable else array.copy()
+    return x
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the call when it would be a no-op (the training step's path)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+class _Problem(NamedTuple):
+    """One penalised fit: the logits and labels, the conditioning statistics of
+    :meth:`Calibrator._standardisation` and the penalty's weight ``l2 / (2 n)``."""
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    stats: Any
+    weight: float
+
+
+#: An L-BFGS closure: returns the objective, leaves the gradient in the variables' ``.grad``.
+_Closure = Callable[[], torch.Tensor]
+
+
+def _one_hot_columns(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``onehot(labels).T / n``, shape (K, N), for the hand-written objectives, which work on
+    (K, N) logits: with few classes torch's softmax over a long contiguous dimension and
+    ``addmm`` producing it are 2.5-4x faster than over rows of K."""
+    n, k = logits.shape
+    return F.one_hot(labels, k).to(logits.dtype).T.contiguous() / n
+
+
+class Calibrator(nn.Module):
+    r"""Base class of the post-hoc-capable calibrators.
+
+    Subclasses define ``_forward`` (logits to calibrated logits), ``_deviations`` (each
+    parameter with its value at the shrinkage centre) and, when their size is only known
+    from data, ``_build(num_outputs)``. :meth:`fit` then runs full-batch L-BFGS in float64
+    and writes the result back in the parameters' own dtype.
+
+    Parameters
+    ----------
+    max_iter : int
+        L-BFGS iterations per fit.
+    l2 : float or "cv"
+        Strength :math:`\lambda \ge 0` of the penalty
+        :math:`\tfrac{\lambda}{2}\lVert\theta-\theta_0\rVert^2` added to the summed NLL
+        (see the module docstring), or ``"cv"`` to choose it from ``l2_grid``.
+    cv : int
+        Number of cross-validation folds for ``l2="cv"`` (at least 2).
+    l2_grid : sequence of float
+        Strengths tried by ``l2="cv"`` (default :data:`DEFAULT_L2_GRID`).
+
+    Attributes
+    ----------
+    n_iter_ : int
+        L-BFGS iterations of the final fit.
+    nll_before_, nll_after_ : float
+        Mean NLL on the fitting data of the identity map (the uncalibrated logits) and of
+        the fitted calibrator.
+    l2_ : float
+        Penalty strength used for the final fit (``l2`` itself, or the one CV chose).
+    l2_grid_ : ndarray or None
+        The distinct strengths CV tried, ascending (``None`` for a fixed ``l2``).
+    cv_scores_ : ndarray or None
+        Pooled mean held-out NLL of each strength of ``l2_grid_`` (every sample is held out
+        exactly once; ``nan`` for strengths the early stop skipped, see :meth:`fit`); CV
+        picks the smallest (the strongest penalty among exact ties).
+    cv_fold_scores_ : ndarray or None
+        Mean held-out NLL per fold and strength, shape ``(cv, len(l2_grid_))`` (``inf``
+        where a fit diverged, ``nan`` where skipped).
+    l2_at_edge_ : {None, "lower", "upper"}
+        Where in ``l2_grid_`` the chosen strength lies, if at an end. An edge raises an
+        :class:`L2GridEdgeWarning` when a strength beyond it could give a different map:
+        not for ``"lower"`` at 0 (no weaker penalty exists) and not for ``"upper"`` when the
+        fitted map already equals the penalty's centre (every penalised deviation below
+        1e-3, so a stronger penalty changes nothing).
+
+    Examples
+    --------
+    Numpy in, numpy out; tensors in, tensors out:
+
+    >>> import numpy as np, torch
+    >>> from cogcal.calibrators import Temperature
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, 600)
+    >>> z = rng.normal(size=(600, 3)) + 2.0 * np.eye(3)[y]
+    >>> t = Temperature().fit(3.0 * z, y)              # three times too confident
+    >>> out = t(3.0 * z[:2].astype(np.float32))
+    >>> type(out).__name__, out.dtype
+    ('ndarray', dtype('float32'))
+    >>> t.predict_proba(torch.tensor(3.0 * z[:2])).sum(1)
+    tensor([1.0000, 1.0000], dtype=torch.float64)
+    """
+
+    multilabel: bool = False
+    # Test hooks (private): centre the weight penalty at 0 instead of the identity, and
+    # leave the biases unpenalised -- the form of scikit-learn's L2 LogisticRegression.
+    _weights_toward_identity: bool = True
+    _penalize_bias: bool = True
+
+    def __init__(
+        self,
+        *,
+        max_iter: int = 200,
+        l2: float | str = 0.0,
+        cv: int = 5,
+        l2_grid: Sequence[float] = DEFAULT_L2_GRID,
+    ) -> None:
+        super().__init__()
+        self.max_iter = max_iter
+        self.l2 = l2
+        self.cv = cv
+        grid_like = isinstance(l2_grid, Sequence | np.ndarray) and not isinstance(l2_grid, str)
+        self.l2_grid = tuple(l2_grid) if grid_like else l2_grid
+        self._validate_hyperparameters()
+
+    def _validate_hyperparameters(self) -> None:
+        _check_positive_int("max_iter", self.max_iter)
+        _check_l2(self.l2)
+        if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
+            raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {self.cv!r}.")
+        _check_grid(self.l2_grid)
+
+    # -- to be provided by subclasses -------------------------------------------------
+    def _build(self, num_outputs: int) -> None:  # pragma: no cover - overridden when needed
+        return None
+
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def _map(self, logits: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``forward`` with ``params`` in place of the parameters (the fit's objective)."""
+        return torch.func.functional_call(self, params, (logits,))
+
+    def _deviations(self) -> list[tuple[str, Any, str]]:  # pragma: no cover
+        """``(parameter name, identity value, "weight" | "bias")`` for every parameter."""
+        raise NotImplementedError
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        return None
+
+    def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Fix data-dependent parts of the penalty from the training data of one fit."""
+        return None
+
+    # The optimisation runs on variables v = encode(theta) in which L-BFGS is well
+    # conditioned; each evaluation decodes the parameters, so the objective is unchanged.
+    def _standardisation(self, logits: torch.Tensor, penalty_weight: float) -> Any:
+        return None
+
+    def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name).detach() for name, _, _ in self._deviations()}
+
+    def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
+        return variables
+
+    def _canonical(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The representative of ``params`` that the fit returns (for maps with symmetries)."""
+        return params
+
+    def _penalty_terms(self, params: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The penalised deviations ``theta - theta_0`` (their squares sum to the penalty)."""
+        terms = []
+        for name, identity, kind in self._deviations():
+            if kind == "bias" and not self._penalize_bias:
+                continue
+            centre = identity if (kind == "bias" or self._weights_toward_identity) else 0.0
+            terms.append(params[name] - centre)
+        return terms
+
+    # -- prediction ---------------------------------------------------------------------
+    def forward(self, logits: Any) -> Any:
+        """Calibrated logits. A tensor gives a tensor (differentiable, as in COG training);
+        a numpy array (or anything with ``__array__``) gives a numpy array of its dtype."""
+        if isinstance(logits, torch.Tensor):
+            if logits.ndim >= 1:  # a width mismatch must not broadcast (or fail inside torch)
+                self._check_width(int(logits.shape[-1]))
+            return self._forward(logits)
+        z = self._prediction_input(logits)
+        with torch.no_grad():
+            return self._forward(z.to(self._device())).cpu().numpy()
+
+    def predict_proba(self, logits: Any) -> Any:
+        """Calibrated probabilities, without gradients.
+
+        Softmax over the classes for multiclass calibrators, one sigmoid per task for the
+        multi-label ones. Numpy in gives numpy out; a tensor gives a tensor on its own
+        device. The output has the input's dtype (half precision is computed in float32).
+        """
+        is_tensor = isinstance(logits, torch.Tensor)
+        z = self._prediction_input(logits)
+        work = torch.float32 if z.dtype in (torch.float16, torch.bfloat16) else z.dtype
+        with torch.no_grad():
+            out = self._forward(z.to(self._device())).to(work)
+            probs = torch.sigmoid(out) if self.multilabel else torch.softmax(out, dim=1)
+        probs = probs.to(z.dtype)
+        return probs.to(z.device) if is_tensor else probs.cpu().numpy()
+
+    def _prediction_input(self, logits: Any) -> torch.Tensor:
+        z = as_float_tensor(_array_like(logits), "logits", 2)
+        if not self.multilabel and z.shape[1] < 2:
+            raise ValueError(
+                f"`logits` has {z.shape[1]} column(s); a multiclass calibrator needs K >= 2 "
+                "columns (for independent binary tasks use TaskTemperature or TaskAffine)."
+            )
+        self._require_built()
+        self._check_width(z.shape[1])
+        return z
+
+    def _device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    # -- fitting --------------------------------------------------------------------------
+    def _check(self, logits: Any, labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = _array_like(logits), _array_like(labels)
+        if self.multilabel:
+            return check_multilabel(logits, labels)
+        return check_multiclass(logits, labels)
+
+    def _nll(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self._nll_of(self._forward(logits), labels)
+
+    def _nll_of(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.multilabel:
+            return F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="mean")
+        return F.cross_entropy(z, labels)
+
+    def _reset_parameters(self) -> None:
+        with torch.no_grad():
+            for name, identity, _ in self._deviations():
+                param = getattr(self, name)
+                param.copy_(torch.as_tensor(identity, dtype=param.dtype).expand_as(param))
+
+    def _minimise(
+        self, logits: torch.Tensor, labels: torch.Tensor, l2: float, *, scoring: bool = False
+    ) -> int:
+        """Minimise :math:`J_\\lambda` from the current parameters; return the iterations.
+
+        ``scoring``: a cross-validation fit, whose only use is its held-out NLL; it stops at
+        a gradient of 1e-6 instead of 1e-8 (the held-out scores agree to ~1e-6, at about half
+        the iterations). The decoded parameters are also left (detached) in
+        ``self._solution``.
+        """
+        n_terms = logits.numel() if self.multilabel else logits.shape[0]
+        weight = float(l2) / (2.0 * n_terms)
+        stats = self._standardisation(logits, weight)
+        variables = {
+            k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()
+        }
+        opt = torch.optim.LBFGS(
+            list(variables.values()),
+            lr=1.0,
+            max_iter=self.max_iter,
+            tolerance_grad=1e-6 if scoring else 1e-8,
+            tolerance_change=1e-12 if scoring else 1e-15,
+            history_size=20,
+            line_search_fn="strong_wolfe",
+        )
+
+        with torch.enable_grad():
+            opt.step(self._closure(variables, _Problem(logits, labels, stats, weight)))
+        with torch.no_grad():
+            decoded = self._canonical(self._decode(variables, stats))
+            solution = {k: v.detach() for k, v in decoded.items()}
+            for name, value in solution.items():
+                getattr(self, name).copy_(value)
+        self._solution = solution
+        return int(opt.state[next(iter(variables.values()))].get("n_iter", 0))
+
+    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
+        """The L-BFGS closure: :math:`J_\\lambda` at ``variables``, their ``.grad`` set."""
+        logits, labels, stats, weight = problem
+
+        def closure() -> torch.Tensor:
+            for v in variables.values():
+                v.grad = None
+            params = self._decode(variables, stats)
+            loss = self._nll_of(self._map(logits, params), labels)
+            if weight:
+                loss = loss + weight * sum((d**2).sum() for d in self._penalty_terms(params))
+            loss.backward()
+            return loss
+
+        return closure
+
+    def _folds(self, labels: torch.Tensor) -> torch.Tensor:
+        if self.multilabel:
+            return _shuffled_folds(labels.shape[0], self.cv)
+        return _stratified_folds(labels, self.cv)
+
+    def _cross_validate(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        n = labels.shape[0]
+        if n < self.cv:
+            raise ValueError(
+                f"`l2='cv'` with cv={self.cv} folds needs at least {self.cv} samples, got {n}; "
+                "pass a smaller `cv` or a fixed `l2`."
+            )
+        grid = np.asarray(_check_grid(self.l2_grid))
+        folds = self._folds(labels).to(labels.device)
+        held_out = [folds == f for f in range(self.cv)]
+        sizes = np.array([float(h.sum()) for h in held_out])
+        models = []
+        for held in held_out:
+            model = copy.deepcopy(self)
+            model._reset_parameters()
+            model._prepare(logits[~held], labels[~held])
+            models.append(model)
+        fold_scores = np.full((self.cv, grid.size), np.nan)
+        pooled = np.full(grid.size, np.nan)
+        best_score, worse_in_a_row = np.inf, 0
+        for j in reversed(range(grid.size)):  # strongest first, each fit warm-starts the next
+            for f, (model, held) in enumerate(zip(models, held_out, strict=True)):
+                model._minimise(logits[~held], labels[~held], float(grid[j]), scoring=True)
+                with torch.no_grad():
+                    score = float(model._nll(logits[held], labels[held]))
+                finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+                fold_scores[f, j] = score if math.isfinite(score) and finite else np.inf
+            pooled[j] = float((fold_scores[:, j] * sizes).sum() / sizes.sum())
+            if pooled[j] < best_score:
+                best_score, worse_in_a_row = pooled[j], 0
+            else:
+                worse_in_a_row += 1
+            if worse_in_a_row == _CV_PATIENCE:
+                break
+        if not np.isfinite(best_score):
+            raise RuntimeError(
+                f"{type(self).__name__}.fit: every strength of `l2_grid` diverged in "
+                "cross-validation; check the logits for extreme values."
+            )
+        best = int(np.flatnonzero(pooled == best_score).max())  # ties: stronger penalty
+        self.l2_grid_, self.cv_scores_, self.cv_fold_scores_ = grid, pooled, fold_scores
+        self.l2_at_edge_ = "upper" if best == grid.size - 1 else "lower" if best == 0 else None
+        return float(grid[best])
+
+    def _warn_edge(self) -> None:
+        name, grid = type(self).__name__, self.l2_grid_
+        if self.l2_at_edge_ == "upper":
+            deviation = max(float(d.abs().max()) for d in self._penalty_terms(self._solution))
+            if deviation >= 1e-3:
+                warnings.warn(
+                    f"{name}.fit: cross-validation chose the strongest penalty in `l2_grid` "
+                    f"(l2={grid[-1]:g}, its upper edge) and the fitted map is still "
+                    f"{deviation:.2g} away from the penalty's centre; a stronger penalty may "
+                    "be better: extend `l2_grid` upwards.",
+                    L2GridEdgeWarning,
+                    stacklevel=3,
+                )
+        elif self.l2_at_edge_ == "lower" and grid[0] > 0:
+            warnings.warn(
+                f"{name}.fit: cross-validation chose the weakest penalty in `l2_grid` "
+                f"(l2={grid[0]:g}, its lower edge); a weaker one may be better: add smaller "
+                "strengths (or 0) to `l2_grid`.",
+                L2GridEdgeWarning,
+                stacklevel=3,
+            )
+
+    def fit(self, logits: Any, labels: Any) -> Calibrator:
+        r"""Fit the calibrator post hoc by full-batch float64 L-BFGS on the penalised NLL.
+
+        Minimises :math:`J_\lambda(\theta) = \frac1n\big[\sum_i \ell_i(\theta) +
+        \frac{\lambda}{2}\lVert\theta-\theta_0\rVert^2\big]` (module docstring; each class
+        documents its :math:`\theta_0`) starting from the identity map (``fit`` always
+        starts afresh), with :math:`\lambda` = ``l2``.
+
+        With ``l2="cv"``, :math:`\lambda` is chosen by ``cv``-fold cross-validation **inside
+        the data given here**: the folds are stratified by class (multi-label: shuffled rows)
+        with the fixed seed :data:`CV_SEED`. Walking ``l2_grid`` from the strongest penalty
+        down, the calibrator is fitted on each fold's complement (each fit starting from that
+        fold's previous solution) and scored by the mean NLL of the held-out fold; the scores
+        are pooled over all samples. The walk stops early once the pooled score has failed
+        to improve on its best at two consecutive weaker strengths (those fits are the
+        slowest and, past a minimum of the usual U-shaped curve, cannot win; the skipped
+        strengths score ``nan``). The strength with the smallest pooled held-out NLL is
+        refitted on all the data. A choice at an edge of the grid is recorded in
+        ``l2_at_edge_`` (see the class docstring).
+
+        After fitting, the parameters are frozen (``requires_grad=False``), so the
+        calibrator's outputs carry no gradient and ``.numpy()`` works on them. To train
+        the fitted calibrator further -- e.g. as the COG calibrator of
+        :class:`cogcal.CalibratedModel` -- unfreeze it with ``.requires_grad_(True)``.
+
+        Parameters
+        ----------
+        logits : Tensor, ndarray or array-like of shape (N, K) or (N, T)
+            Frozen logits of a held-out split (never the test split): (N, K) for multiclass,
+            (N, T) for multi-label. Any floating dtype; the optimisation runs in float64.
+        labels : Tensor, ndarray, list or pandas Series
+            (N,) class indices for multiclass, (N, T) 0/1 targets for multi-label.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            For logits that are not a finite 2-D floating array, labels of the wrong shape,
+            dtype or range, or ``l2="cv"`` with fewer than ``cv`` samples.
+        RuntimeError
+            If the fit diverges to non-finite parameters.
+        """
+        self._validate_hyperparameters()
+        z, y = self._check(logits, labels)
+        warn_if_probabilities(
+            z, "logits", f"{type(self).__name__}.fit needs logits (the model's outputs before "
+            "softmax/sigmoid), not predict_proba's output: pass log-probabilities "
+            "(np.log(p)), which are valid logits.", rows=not self.multilabel, stacklevel=3,
+        )  # fmt: skip
+        width = z.shape[1]
+        self._build(width)
+        self._check_width(width)
+        device = self._device()
+        original_dtype = next(self.parameters()).dtype
+        z64 = z.detach().to(device=device, dtype=torch.float64)
+        y = y.to(device)
+        self.to(torch.float64)
+        self.train(False)
+        try:
+            for p in self.parameters():
+                p.requires_grad_(True)
+            self._reset_parameters()
+            with torch.no_grad():
+                self.nll_before_ = float(self._nll(z64, y))
+            if self.l2 == "cv":
+                self.l2_ = self._cross_validate(z64, y)
+            else:
+                self.l2_ = float(self.l2)
+                self.l2_grid_ = self.cv_scores_ = self.cv_fold_scores_ = None
+                self.l2_at_edge_ = None
+            self._reset_parameters()
+            self._prepare(z64, y)
+            self.n_iter_ = self._minimise(z64, y, self.l2_)
+            with torch.no_grad():
+                self.nll_after_ = float(self._nll(z64, y))
+            if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):
+                raise RuntimeError(
+                    f"{type(self).__name__}.fit diverged (non-finite parameters); the logits "
+                    "may be extreme or the classes perfectly separable: try l2 > 0 or 'cv'."
+                )
+            self._warn_edge()
+            self._after_fit(z64, y)
+        finally:
+            self.to(original_dtype)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        return self
+
+    def _check_width(self, width: int) -> None:
+        """Refuse logits of the wrong width (a calibrator without a width takes any)."""
+
+    def _require_built(self) -> None:
+        """Refuse to run before the parameters exist (a calibrator without a width has them)."""
+
+
+class _LazyWidth(Calibrator):
+    """A calibrator whose parameters depend on the number of outputs, possibly known only at fit."""
+
+    def __init__(
+        self,
+        num_outputs: int | None,
+        *,
+        max_iter: int,
+        l2: float | str,
+        cv: int,
+        l2_grid: Sequence[float],
+        name: str,
+    ) -> None:
+        super().__init__(max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid)
+        _check_positive_int(name, num_outputs, allow_none=True)
+        if num_outputs is not None and num_outputs < 2 and not self.multilabel:
+            raise ValueError(f"`{name}` must be at least 2 for a multiclass calibrator.")
+        self.num_outputs: int | None = None
+        if num_outputs is not None:
+            self._build(num_outputs)
+
+    def _build(self, num_outputs: int) -> None:
+        if self.num_outputs is None:
+            self.num_outputs = num_outputs
+            self._init_params(num_outputs)
+
+    def _init_params(self, k: int) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _device(self) -> torch.device:
+        self._require_built()
+        return super()._device()
+
+    def _check_width(self, width: int) -> None:
+        expected = self.num_outputs
+        if expected is not None and width != expected:
+            kind = "tasks" if self.multilabel else "classes"
+            raise ValueError(
+                f"`logits` has {width} columns but {type(self).__name__} was built for "
+                f"{expected} {kind}; build it with the right size or with None to take it from "
+                "fit."
+            )
+
+    def _require_built(self) -> None:
+        if self.num_outputs is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no parameters yet: pass the number of classes to "
+                "the constructor or call .fit(logits, labels) first."
+            )
+
+    _width_key = "bias"
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
+        key = prefix + self._width_key
+        if self.num_outputs is None and key in state_dict:
+            self._build(int(state_dict[key].shape[0]))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
