@@ -49,7 +49,7 @@ class Registry(Generic[T]):
     unknown : str
         The message for an unknown name, a ``str.format`` template with the fields
         ``kind``, ``name`` (the name as given), ``hint`` (" Did you mean 'x'?" or empty),
-        ``known`` (the names, comma-separated) and ``who`` (```argument``` in Python, the
+        ``known`` (the names, comma-separated), ``known_repr`` (the same, quoted) and ``who`` (```argument``` in Python, the
         flag on the command line). A template without ``{who}`` gets ``"FLAG: "`` in front
         on the command line.
     """
@@ -146,7 +146,13 @@ class Registry(Generic[T]):
         close = difflib.get_close_matches(str(name).casefold(), [n.casefold() for n in names], n=1)
         match = next((n for n in names if close and n.casefold() == close[0]), None)
         hint = f" Did you mean {match!r}?" if match else ""
-        fields = {"kind": self.kind, "name": name, "hint": hint, "known": ", ".join(names)}
+        fields = {
+            "kind": self.kind,
+            "name": name,
+            "hint": hint,
+            "known": ", ".join(names),
+            "known_repr": ", ".join(map(repr, names)),
+        }
         message = self._unknown.format(who=f"`{self.argument}`", **fields)
         cli = self._unknown.format(who=self.flag, **fields)
         if "{who}" not in self._unknown:
