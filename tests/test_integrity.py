@@ -20,7 +20,7 @@ import yaml
 
 import cogcal
 from cogcal.cli import main
-from cogcal.train.rundir import RunDir, config_digest
+from cogcal.runs import RunDir, config_digest
 
 
 def _argv(out: Path, data: Path, *extra: str, seed: int = 0) -> list[str]:
@@ -211,7 +211,7 @@ def _suite(path: Path) -> Path:
 @pytest.mark.parametrize("edited", ["config.json", "metrics.json"])
 def test_the_bench_trains_an_edited_run_again(tmp_path, edited):
     """Issue 33 item 4: a bench run whose record was edited (lr 0.5) is never reused."""
-    from cogcal.bench import run_bench
+    from cogcal.commands.bench import run_bench
 
     suite, out = _suite(tmp_path / "s.yaml"), tmp_path / "o"
     common = dict(out=out, jobs=1, data_root=tmp_path / "d", progress=False, report=False)

@@ -8,8 +8,9 @@ import os
 
 import pytest
 
+from cogcal.runs import RunDir, RunFolderError, RunRecord, config_diff
 from cogcal.train.config import TrainConfig, result_fields
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff, same_config
+from cogcal.train.identity import same_config
 
 # A value different from the default for every field (what "every field" means below).
 OTHER = {

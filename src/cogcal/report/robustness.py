@@ -18,6 +18,7 @@ from cogcal.report._common import is_cog, method_order, save_figure, sev_key, sl
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
+from cogcal.runs import RunDir
 
 #: OOD-detection metrics (docs/method.md §3), in table order.
 OOD_METRICS: tuple[str, ...] = ("auroc", "fpr95")
@@ -143,8 +144,6 @@ def severity_figure(
 def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:
     """``{"ood": {set: reason}, "shift": {condition: reason}}``: the sets the given
     finished runs recorded as not evaluated (read through RunDir)."""
-    from cogcal.train.rundir import RunDir
-
     out: dict[str, dict[str, str]] = {"ood": {}, "shift": {}}
     for path in run_dirs:
         record = RunDir(path).read_record()

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cogcal.report.frame import aggregate, rows
-from cogcal.report.schema import METRIC_NAMES
+from cogcal.runs.columns import METRIC_NAMES
 
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
