@@ -9,6 +9,7 @@ an edited run again instead of reusing it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -21,6 +22,8 @@ import yaml
 import cogcal
 from cogcal.cli import main
 from cogcal.runs import RunDir, config_digest
+from cogcal.runs.identity import RECORD_KEYS
+from cogcal.train.config import TrainConfig
 
 
 def _argv(out: Path, data: Path, *extra: str, seed: int = 0) -> list[str]:
@@ -81,6 +84,9 @@ def test_the_record_holds_the_hashes_of_the_configuration_and_the_files(runs):
     saved = json.loads((out / "config.json").read_text())
     assert config_digest({**saved, "out": "elsewhere", "progress": True}) == integrity["config"]
     assert config_digest({**saved, "seed": 1}) != integrity["config"]
+    # what the run recorded besides its settings is what the run contract names as such
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(saved) - fields - {"cogcal_run", "cogcal_version"} == set(RECORD_KEYS)
 
 
 @pytest.mark.slow

@@ -159,7 +159,7 @@ def load_context(results_dir: str | Path) -> BenchContext:
 
 
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
-    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.figure import Figure as MplFigure  # here: matplotlib (heavy) loads only to draw
 
     d = F.aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:

@@ -226,7 +226,7 @@ def plot_reliability_per_task(
     4
     """
     from matplotlib.figure import Figure  # here: matplotlib (heavy) loads only to draw
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # here: as above
 
     bins = _as_bins(results, n_bins=n_bins, task="multilabel")
     count = np.asarray(bins["count"])

@@ -108,7 +108,7 @@ def severity_figure(
     """Accuracy and ECE-15 against shift severity (0 = the clean test split), one line per
     method (COG solid with circles), mean over conditions, mean ± std over seeds. The PNG,
     or None with fewer than two severities or a metric missing."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # here: matplotlib (heavy) loads only to draw
     from matplotlib.figure import Figure as MplFigure
 
     d, _ = _shift(df, dataset, protocol)
