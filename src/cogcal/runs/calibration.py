@@ -80,7 +80,11 @@ class CalibrationFolder:
             data = _io.read_json(self.path / "calibration.json")
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) and data.get(CALIBRATION_MARK) == CALIBRATION_FORMAT else None
+        return (
+            data
+            if isinstance(data, dict) and data.get(CALIBRATION_MARK) == CALIBRATION_FORMAT
+            else None
+        )
 
     def read_metrics(self) -> dict[str, Any]:
         data = _io.read_json(self.path / "metrics.json")
@@ -131,7 +135,11 @@ class CalibrationFolder:
                 f"output folder {self.path} holds files not written by cogcal calibrate "
                 f"({shown}); nothing was changed: choose a new or empty folder."
             )
-        foreign = [e for e in entries if e not in CALIBRATION_FILES and _io.temp_target(e) not in CALIBRATION_FILES]
+        foreign = [
+            e
+            for e in entries
+            if e not in CALIBRATION_FILES and _io.temp_target(e) not in CALIBRATION_FILES
+        ]
         if not overwrite:
             raise ArgumentError(
                 f"output folder {self.path} holds a calibration already; pass --overwrite to "

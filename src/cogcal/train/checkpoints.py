@@ -47,6 +47,7 @@ __all__ = [
     "resume_stage",
 ]
 
+
 @dataclass
 class LoopState:
     """The loop's counters, saved in every checkpoint."""
