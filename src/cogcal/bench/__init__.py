@@ -15,7 +15,6 @@ from __future__ import annotations
 from cogcal.bench.session import (
     BenchFolderError,
     BenchSummary,
-    SuiteError,
     budgets,
     check_requirements,
     run_suite,
@@ -28,7 +27,6 @@ __all__ = [
     "BenchFolderError",
     "BenchSummary",
     "Suite",
-    "SuiteError",
     "budgets",
     "check_requirements",
     "list_suites",
