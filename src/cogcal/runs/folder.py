@@ -43,7 +43,14 @@ __all__ = ["RunDir"]
 
 
 class RunDir(Integrity, Resume):
-    """One run folder (see the module docstring for its layout).
+    """One run folder.
+
+    Its layout, mark and lock are :mod:`cogcal.runs.layout`'s (``config.json`` marked as a
+    cogcal run, ``metrics.json`` written last, the logits, ``calibrator.pt``,
+    ``checkpoints/``, ``logs/``, ``.cogcal.lock``; nothing else in the folder is ever deleted).
+    Its integrity checks (:class:`~cogcal.runs.integrity.Integrity`: :meth:`check_record`,
+    :meth:`check_file`, :meth:`finished_with`) and the rules of starting and resuming a run
+    (:class:`~cogcal.runs.resume.Resume`: :meth:`prepare`) are parts of it.
 
     Parameters
     ----------
