@@ -51,8 +51,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stamp import stamp  # noqa: E402
+from cogcal.runs import RunDir  # noqa: E402
 from cogcal.train.config import TrainConfig  # noqa: E402
-from cogcal.train.rundir import RunDir  # noqa: E402
 from cogcal.train.runner import tune  # noqa: E402
 from cogcal.train.tuning import Grid, point_label  # noqa: E402
 

@@ -31,7 +31,7 @@ def lock_holder() -> Iterator[Callable[[Path], subprocess.Popen]]:
     procs: list[subprocess.Popen] = []
     code = (
         "import sys, time\n"
-        "from cogcal.train.rundir import lock_folder\n"
+        "from cogcal.runs import lock_folder\n"
         "with lock_folder(sys.argv[1], what='folder ' + sys.argv[1]):\n"
         "    print('held', flush=True)\n"
         "    time.sleep(120)\n"

@@ -39,15 +39,15 @@ import pytest
 import yaml
 
 from cogcal.bench import BenchSummary, budgets, check_requirements, list_suites, load_suite
-from cogcal.bench import run_bench as _run_bench
 from cogcal.bench.budget import family_of, floor_epoch
 from cogcal.bench.executor import copy_run, reuse_key
 from cogcal.bench.plan import Plan, TuneGroup
 from cogcal.bench.results import metrics_rows
 from cogcal.bench.suites import parse_suite
-from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
+from cogcal.commands.bench import run_bench as _run_bench
+from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.columns import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from cogcal.train.config import TrainConfig
-from cogcal.train.rundir import RunDir, RunRecord
 from cogcal.train.tuning import GridSearch
 
 RUNNER = "test_bench:fake_run"
@@ -773,10 +773,10 @@ def test_system_exit_in_a_run_is_a_failure(tmp_path, monkeypatch):
 
 
 def _cli_bench(tmp_path: Path, suite: dict, out: Path, monkeypatch) -> int:
-    import cogcal.bench
+    import cogcal.bench.session
     from cogcal.cli import main
 
-    monkeypatch.setattr(cogcal.bench, "DEFAULT_RUNNER", RUNNER)
+    monkeypatch.setattr(cogcal.bench.session, "DEFAULT_RUNNER", RUNNER)
     path = _write_suite(tmp_path, suite, name=f"s{zlib.crc32(json.dumps(suite).encode())}.yaml")
     return main(
         [
@@ -952,8 +952,8 @@ def _bench_script(suite: Path, out: Path, data: Path) -> str:
         f"""
         import sys
         sys.path.insert(0, {str(HERE)!r})
-        import cogcal.bench
-        cogcal.bench.DEFAULT_RUNNER = {RUNNER!r}
+        import cogcal.bench.session
+        cogcal.bench.session.DEFAULT_RUNNER = {RUNNER!r}
         from cogcal.cli import main
         sys.exit(main(["bench", "--suite", {str(suite)!r}, "--out", {str(out)!r},
                        "--jobs", "1", "--data-root", {str(data)!r}, "--quiet"]))
@@ -1004,7 +1004,7 @@ def test_killed_bench_resumes_without_redoing(tmp_path):
         import sys
         sys.path.insert(0, {str(HERE)!r})
         from pathlib import Path
-        from cogcal.bench import run_bench
+        from cogcal.commands.bench import run_bench
         run_bench({str(suite)!r}, out=Path({str(out)!r}), jobs=2,
                   data_root=Path({str(tmp_path / "data")!r}), progress=False,
                   runner={RUNNER!r}, report=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cogcal.bench import run_bench
+from cogcal.commands.bench import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -102,8 +102,8 @@ def test_sigterm_under_ray_exits_143_with_tables_and_report(tmp_path):
     out = tmp_path / "out"
     script = (
         "import sys\n"
-        "import cogcal.bench\n"
-        "cogcal.bench.DEFAULT_RUNNER = 'test_bench:fake_run'\n"
+        "import cogcal.bench.session\n"
+        "cogcal.bench.session.DEFAULT_RUNNER = 'test_bench:fake_run'\n"
         "from cogcal.cli import main\n"
         f"sys.exit(main(['bench', '--suite', {str(suite)!r}, '--out', {str(out)!r}, "
         f"'--jobs', '1', '--data-root', {str(tmp_path / 'd')!r}, '--quiet', "

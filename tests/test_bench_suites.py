@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from cogcal.bench import budgets, check_requirements, load_suite, run_bench
+from cogcal.bench import budgets, check_requirements, load_suite
 from cogcal.bench.suites import MAX_SEEDS, parse_suite
 from cogcal.cli import main
+from cogcal.commands.bench import run_bench
 from cogcal.train.config import TrainConfig
 from test_bench import TINY
 

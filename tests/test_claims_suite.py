@@ -51,8 +51,8 @@ from cogcal.report.regime import (
     regime_table,
     regimes,
 )
-from cogcal.report.schema import RESULT_COLUMNS, RUN_COLUMNS
-from cogcal.train.methods import get_method
+from cogcal.runs.columns import RESULT_COLUMNS, RUN_COLUMNS
+from cogcal.runs.methods import get_method
 from test_bench import TINY, run_bench
 from test_report_render import result_row, write_csv, write_run
 

@@ -10,8 +10,8 @@ import torch
 
 from cogcal.cli import build_parser, main
 from cogcal.data import dataset_from_splits, default_augment, with_augment
+from cogcal.runs.methods import get_method
 from cogcal.train import TrainConfig, list_methods, same_config
-from cogcal.train.methods import get_method
 
 
 def _help(command: str) -> str:

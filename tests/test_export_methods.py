@@ -14,7 +14,7 @@ import torch
 
 import cogcal
 from cogcal.cli import main
-from cogcal.train.methods import get_method, list_methods
+from cogcal.runs.methods import get_method, list_methods
 
 TOL = 1e-5
 

@@ -16,10 +16,9 @@ from torch import nn
 
 import cogcal
 from cogcal.cli import main
+from cogcal.runs import RunDir, load_checkpoint
 from cogcal.train import loop
-from cogcal.train.checkpoints import load_checkpoint
 from cogcal.train.config import TrainConfig
-from cogcal.train.rundir import RunDir
 from cogcal.train.select import HALVING_RUNGS, _halve, rung_nll, rungs, selection_folder
 from cogcal.train.tuning import edge_warning, point_label
 
@@ -241,5 +240,5 @@ def test_the_selection_and_the_runner_do_not_import_each_other():
     the callable it is given, and takes the OOD and shift evaluation from its own module."""
     assert "cogcal.train.select" in _imports(SRC / "train" / "runner.py")
     assert "cogcal.train.runner" not in _imports(SRC / "train" / "select.py")
-    for module in ("robustness.py", "tuning.py", "rundir.py", "loop.py"):
+    for module in ("robustness.py", "tuning.py", "../runs/folder.py", "loop.py"):
         assert not {"cogcal.train.runner", "cogcal.train.select"} & _imports(SRC / "train" / module)

@@ -9,6 +9,7 @@ an edited run again instead of reusing it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +21,9 @@ import yaml
 
 import cogcal
 from cogcal.cli import main
-from cogcal.train.rundir import RunDir, config_digest
+from cogcal.runs import RunDir, config_digest
+from cogcal.runs.identity import RECORD_KEYS
+from cogcal.train.config import TrainConfig
 
 
 def _argv(out: Path, data: Path, *extra: str, seed: int = 0) -> list[str]:
@@ -81,6 +84,9 @@ def test_the_record_holds_the_hashes_of_the_configuration_and_the_files(runs):
     saved = json.loads((out / "config.json").read_text())
     assert config_digest({**saved, "out": "elsewhere", "progress": True}) == integrity["config"]
     assert config_digest({**saved, "seed": 1}) != integrity["config"]
+    # what the run recorded besides its settings is what the run contract names as such
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(saved) - fields - {"cogcal_run", "cogcal_version"} == set(RECORD_KEYS)
 
 
 @pytest.mark.slow
@@ -211,7 +217,7 @@ def _suite(path: Path) -> Path:
 @pytest.mark.parametrize("edited", ["config.json", "metrics.json"])
 def test_the_bench_trains_an_edited_run_again(tmp_path, edited):
     """Issue 33 item 4: a bench run whose record was edited (lr 0.5) is never reused."""
-    from cogcal.bench import run_bench
+    from cogcal.commands.bench import run_bench
 
     suite, out = _suite(tmp_path / "s.yaml"), tmp_path / "o"
     common = dict(out=out, jobs=1, data_root=tmp_path / "d", progress=False, report=False)

@@ -253,7 +253,7 @@ def test_load_run_names_the_parameter_that_does_not_fit(tmp_path):
 
 
 def test_predictions_table_multilabel_and_name_clashes(tmp_path):
-    from cogcal.train.predict import Predictions
+    from cogcal.commands.predict import Predictions
 
     p = np.array([[0.9, 0.2, 0.7], [0.1, 0.4, 0.3]])
     multi = Predictions(p, ["smiling", "young", "glasses"], "multilabel")
@@ -273,7 +273,7 @@ def test_reading_a_run_excludes_writing_it(tmp_path, lock_holder, capsys):
     """load_run / predict hold the run folder shared: a process writing it (training,
     --overwrite) refuses them, and they refuse it; readers share."""
     from cogcal._io import LockedError
-    from cogcal.train.rundir import RunDir
+    from cogcal.runs import RunDir
 
     out = tmp_path / "run"
     out.mkdir()
@@ -321,7 +321,7 @@ def test_a_read_only_run_folder_is_read_without_its_lock(tmp_path, monkeypatch):
 def test_reading_a_folder_this_process_writes_is_allowed(tmp_path):
     """Inside the writer's own lock (e.g. a selection adopting its chosen run), the
     shared lock is a no-op instead of refusing the process itself."""
-    from cogcal.train.rundir import RunDir
+    from cogcal.runs import RunDir
 
     folder = RunDir(tmp_path / "run")
     with folder.lock(), folder.read_lock():

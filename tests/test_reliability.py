@@ -19,7 +19,7 @@ import torch
 
 import cogcal.train.runner as runner
 from cogcal.cli import main
-from cogcal.train.rundir import RunDir
+from cogcal.runs import RunDir
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -235,7 +235,7 @@ def test_a_plugin_calling_sys_exit_is_an_error(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_normalization_counts_for_registered_datasets(tmp_path, capsys):
     from cogcal.train.config import TrainConfig
-    from cogcal.train.rundir import same_config
+    from cogcal.train.identity import same_config
 
     assert not same_config(
         TrainConfig(dataset="digits"), TrainConfig(dataset="digits", normalization="none")
@@ -250,7 +250,7 @@ def test_normalization_counts_for_registered_datasets(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_same_csv_by_relative_and_absolute_path_is_one_dataset(tmp_path, monkeypatch):
     from cogcal.train.config import TrainConfig
-    from cogcal.train.rundir import same_config
+    from cogcal.train.identity import same_config
 
     path = _csv(tmp_path / "d.csv", ["a", "b"] * 20)
     monkeypatch.chdir(tmp_path)
@@ -470,7 +470,7 @@ def test_load_run_names_what_is_wrong(tmp_path):
 def test_the_bench_retrains_beside_a_users_file_on_every_rerun(tmp_path):
     """Item 5: an unfinished run folder holding the user's notes.txt is cleared of
     cogcal's files and trained again (not refused after the clearing), every time."""
-    from cogcal.bench import run_bench
+    from cogcal.commands.bench import run_bench
 
     suite, out = _suite(tmp_path / "s.yaml"), tmp_path / "o"
     common = dict(out=out, jobs=1, data_root=tmp_path / "d", progress=False, report=False)

@@ -143,7 +143,7 @@ def test_rows_the_reader_would_drop_are_an_error(tmp_path):
 
 
 def test_predict_refuses_values_beyond_float32(csv_run, tmp_path, capsys):
-    from cogcal.train.predict import predict
+    from cogcal.commands.predict import predict
 
     table = tmp_path / "big.csv"
     rows = _table(tmp_path / "t.csv", n=6, big="1e39").read_text().splitlines()
@@ -324,7 +324,7 @@ def image_plugin(tmp_path, monkeypatch) -> str:
 
 @pytest.mark.slow
 def test_a_suite_trains_a_plugin_that_names_no_model(tmp_path, image_plugin):
-    from cogcal.bench import run_bench
+    from cogcal.commands.bench import run_bench
 
     suite = {
         "name": "plugin",

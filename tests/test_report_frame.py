@@ -16,8 +16,8 @@ from cogcal.report.frame import (
     load_results,
     rows,
 )
-from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from cogcal.report.tables import comparison_table
+from cogcal.runs.columns import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 from test_report_render import result_row, write_csv
 
 

@@ -23,7 +23,7 @@ from cogcal.report.multitask import (
     task_difficulty,
     wins_table,
 )
-from cogcal.report.schema import RESULT_COLUMNS as COLUMNS
+from cogcal.runs.columns import RESULT_COLUMNS as COLUMNS
 from test_report_render import write_csv
 
 METHODS = ("ce", "ts", "cog-fc")

@@ -1,7 +1,7 @@
 """Tests of the bench report end to end: a synthetic bench folder, its report.md/report.html.
 
 The folder (results.csv, runs.csv, tuning.csv, effect.csv, bench.json and run folders
-written through RunDir with saved test logits) follows :mod:`cogcal.report.schema`, so
+written through RunDir with saved test logits) follows :mod:`cogcal.runs.columns`, so
 these tests need no training. ``bench/report_render_check.py`` additionally opens a
 report in headless Chromium; the last test runs it when Chromium is installed.
 """
@@ -24,14 +24,14 @@ import pytest
 from cogcal.report.build import SECTIONS, build_report, load_context
 from cogcal.report.claims import families
 from cogcal.report.frame import load_results
-from cogcal.report.schema import (
+from cogcal.report.tables import comparison_table, pairwise_calibration_table
+from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.columns import (
     EFFECT_COLUMNS,
     RESULT_COLUMNS,
     RUN_COLUMNS,
     TUNING_COLUMNS,
 )
-from cogcal.report.tables import comparison_table, pairwise_calibration_table
-from cogcal.train.rundir import RunDir, RunRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ce", "ts", "ms", "cog-fc", "cog-ts", "cog-ms")

@@ -22,7 +22,7 @@ from cogcal.report.robustness import (
     shift_table,
     unavailable_sets,
 )
-from cogcal.report.schema import RESULT_COLUMNS as COLUMNS
+from cogcal.runs.columns import RESULT_COLUMNS as COLUMNS
 from test_report_render import write_csv, write_run
 
 METHODS = ("ce", "ts", "cog-fc", "cog-ts")

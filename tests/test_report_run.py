@@ -11,7 +11,7 @@ import pytest
 
 from cogcal.report.build import build_any
 from cogcal.report.run_report import build_run_report, report_kind
-from cogcal.train.rundir import RunDir
+from cogcal.runs import RunDir
 from test_report_render import write_run
 
 BINS = (5, 10, 15, 20, 50, 100)

@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from cogcal.report.schema import RESULT_COLUMNS
 from cogcal.report.stats import (
     Paired,
     format_wins,
@@ -23,6 +22,7 @@ from cogcal.report.stats import (
     summary_rank,
 )
 from cogcal.report.tables import stats_of
+from cogcal.runs.columns import RESULT_COLUMNS
 
 COLS = list(RESULT_COLUMNS)
 

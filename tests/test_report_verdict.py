@@ -18,8 +18,8 @@ from cogcal.report.build import build_report
 from cogcal.report.claims import Checkpoints, families, judge_claims, verdict_section
 from cogcal.report.effect import effect_sentence, effect_table
 from cogcal.report.frame import load_bench_csv, normalise_results
-from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, TUNING_COLUMNS
 from cogcal.report.tuning import edge_choices, grid_table
+from cogcal.runs.columns import EFFECT_COLUMNS, RESULT_COLUMNS, TUNING_COLUMNS
 from test_report_render import result_row, write_csv, write_run
 
 SD = 0.01

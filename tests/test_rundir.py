@@ -8,8 +8,12 @@ import os
 
 import pytest
 
+from cogcal.runs import RunDir, RunFolderError, RunRecord, config_diff
+from cogcal.runs import result_fields as runs_result_fields
+from cogcal.runs.identity import RECORD_KEYS, UNBOUND_SETTINGS
+from cogcal.runs.methods import list_methods
 from cogcal.train.config import TrainConfig, result_fields
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord, config_diff, same_config
+from cogcal.train.identity import same_config
 
 # A value different from the default for every field (what "every field" means below).
 OTHER = {
@@ -327,3 +331,24 @@ def test_record_round_trip_and_non_finite_values(tmp_path):
     assert data["val"]["nll"] is None  # valid JSON: non-finite values are null
     record = folder.read_record()
     assert record is not None and record.test == {"nll": 0.1}
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def test_the_run_contract_knows_the_settings_that_never_change_results():
+    """cogcal.runs states which settings say where a run lies or how it is shown, and what a
+    run records besides its settings; TrainConfig's fields must agree with it."""
+    unbound = {f.name for f in dataclasses.fields(TrainConfig) if not f.metadata["results"]}
+    assert unbound == set(UNBOUND_SETTINGS)
+    assert not RECORD_KEYS & {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("method", list_methods())
+def test_the_run_contract_and_train_agree_on_the_fields_that_change_results(method):
+    for extra in ({}, {"schedule": "step", "step_size": 3}, {"lr": 1e-3}, {"preset": "paper"},
+                  {"dataset": "csv:x.csv", "target": "y"}, {"dataset": "folder:imgs"}):  # fmt: skip
+        resolved = TrainConfig(method=method, **extra).resolved()
+        assert runs_result_fields(resolved) == result_fields(resolved)
+        recorded = {"cogcal_run": 2, **resolved, "task": "multiclass", "class_names": ["a"]}
+        assert runs_result_fields(recorded) == result_fields(recorded)

@@ -10,9 +10,9 @@ import pytest
 
 import cogcal.train.runner as runner
 from cogcal.cli import main
+from cogcal.runs import RunDir, RunRecord
 from cogcal.train import TrainConfig
 from cogcal.train.loop import NonFiniteLossError
-from cogcal.train.rundir import RunDir, RunRecord
 from cogcal.train.tuning import (
     LR_FLOOR_BOUND,
     RATIO_BOUND,

@@ -36,7 +36,7 @@ __all__ = [
 
 _LAZY = {
     "fit": "cogcal.train.fit",
-    "load_calibrator": "cogcal.train.calibration",
+    "load_calibrator": "cogcal.runs.calibration",
     "load_run": "cogcal.train.assemble",
 }
 

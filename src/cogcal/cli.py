@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import math
-import os
+import importlib
 import signal
 import sys
 import traceback
@@ -32,28 +31,21 @@ from pathlib import Path
 from typing import NoReturn
 
 import cogcal
-import cogcal.report
-import cogcal.train
 from cogcal._errors import ArgumentError, Interrupted, cli_message
+from cogcal.commands import tune
+from cogcal.commands._common import UserError, default_out
 from cogcal.data import list_datasets
 from cogcal.models import list_models
-from cogcal.report.schema import PROTOCOLS
-from cogcal.train.checkup import findings_of
-from cogcal.train.config import add_argument, add_arguments, config_from_args
-from cogcal.train.methods import get_method, list_methods
-from cogcal.train.rundir import RunDir, lock_folder
-from cogcal.train.tuning import Grid, edge_warning
+from cogcal.posthoc import AUTO, POSTHOC_METHODS
+from cogcal.runs import RunDir
+from cogcal.runs.columns import PROTOCOLS
+from cogcal.runs.methods import get_method, list_methods
+from cogcal.train.config import add_argument, add_arguments
 
-# Start-up cost: the modules behind the commands load when a command runs, so that
-# `cogcal --help` does not pay their import time (python -X importtime): the training loop
-# via cogcal.train.run/tune, cogcal.load_run and cogcal.report.build_any (the packages'
-# lazy attributes; the report needs pandas), cogcal.bench and cogcal.train.predict below.
+# Start-up cost: a command's module (cogcal.commands.NAME) is imported when the command
+# runs, so that `cogcal --help` does not pay for the bench, the report or the predictor.
 
 __all__ = ["main", "build_parser", "UserError"]
-
-
-class UserError(ArgumentError):
-    """An error caused by the user's input; reported as one line, without a traceback."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,54 +72,7 @@ def _names_epilog(*, describe: bool = False) -> str:
     )
 
 
-SUMMARY_KEYS = ("acc", "nll", "brier", "ece_15", "rmsce_15", "mce_15")
-
-
-def _summary(result: dict) -> str:
-    cfg = result["config"]
-    lines = [
-        f"{cfg['method']} on {cfg['dataset']} ({cfg['model']}, seed {cfg['seed']}): "
-        f"lr {cfg['lr']:g}"
-        + (f", calibrator lr {cfg['calibrator_lr']:g}" if cfg["calibrator_lr"] else "")
-        + f", schedule {cfg['schedule']}",
-        f"{'split':6s}" + "".join(f"{k:>10s}" for k in SUMMARY_KEYS),
-    ]
-    for split in ("val", "test"):
-        vals = result[split]
-        lines.append(f"{split:6s}" + "".join(f"{vals[k]:10.4f}" for k in SUMMARY_KEYS))
-    lines.append(f"time {result['timing']['total_seconds']:.1f} s")
-    return "\n".join(lines)
-
-
-def _default_out(dataset: str, method: str, seed: int) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in Path(dataset).name)
-    return f"runs/{safe}-{method}-seed{seed}"
-
-
 # --------------------------------------------------------------------------- train
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    out = args.out if args.out is not None else _default_out(args.dataset, args.method, args.seed)
-    config = config_from_args(args, out=out)
-    result = cogcal.train.run(config, resume=args.resume, overwrite=args.overwrite)
-    if result.get("status") != "complete":
-        return 0  # another process of a multi-device run: rank 0 reports
-    print(_summary(result))  # --no-progress removes the bars only
-    print(
-        f"wrote {out}/metrics.json; `cogcal report {out}` writes the reliability diagram "
-        "and a report"
-    )
-    _print_health(result)
-    if message := edge_warning(result.get("selection")):
-        print(f"cogcal: warning: {message}", file=sys.stderr)
-    return 0
-
-
-def _print_health(record: dict) -> None:
-    """The run's health-check findings (validation only), one warning line each."""
-    for message in findings_of(record):
-        print(f"cogcal: warning: {message}", file=sys.stderr)
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
@@ -142,80 +87,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- tune
 
 
-def _parse_grid(text: str, flag: str) -> list[float]:
-    values: list[float] = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise UserError(
-                f"{flag} expects comma-separated numbers (e.g. {flag} 1e-3,1e-2), got {text!r}."
-            ) from None
-        if not 0 < value < float("inf"):
-            raise UserError(f"{flag} values must be positive finite numbers, got {part!r}.")
-        if any(math.isclose(value, v, rel_tol=1e-9) for v in values):
-            raise UserError(f"{flag} lists {value:g} twice ({text!r}); give each grid value once.")
-        values.append(value)
-    return values
-
-
-_TUNE_DEFAULT_RATIOS = "0.01,0.1"
-
-
-def _cmd_tune(args: argparse.Namespace) -> int:
-    for flag, value in (("--lr", args.fixed_lr), ("--calibrator-lr", args.fixed_calibrator_lr)):
-        if value is not None:
-            raise UserError(
-                f"{flag} is not a flag of `cogcal tune`, which chooses the learning rates: give "
-                "the grid to search with --lrs (and --calibrator-ratios for COG methods), or "
-                f"train one configuration with `cogcal train {flag} {value}`."
-            )
-    method = get_method(args.method)
-    lrs = _parse_grid(args.lrs, "--lrs")
-    ratios = None
-    if args.calibrator_ratios is not None:
-        ratios = _parse_grid(args.calibrator_ratios, "--calibrator-ratios")
-        if not method.is_cog:
-            raise UserError(
-                f"--calibrator-ratios applies to COG methods only; method {method.name!r} "
-                "trains with one learning rate (tune it with --lrs alone)."
-            )
-    elif method.is_cog:
-        ratios = _parse_grid(_TUNE_DEFAULT_RATIOS, "--calibrator-ratios")
-    grid = Grid(
-        tuple(lrs),
-        None if ratios is None else tuple(ratios),
-        allow_fast_calibrator=args.allow_fast_calibrator,
-    )
-    if args.max_extensions < 0:
-        raise UserError(f"--max-extensions must be >= 0, got {args.max_extensions}.")
-    out = args.out or f"runs/tune-{_default_out(args.dataset, args.method, args.seed)[5:]}"
-    config = config_from_args(args, out=out)
-    summary = cogcal.train.tune(
-        config, grid, out, max_extensions=args.max_extensions, overwrite=args.overwrite
-    )
-    # --no-progress removes the bars only
-    for row in summary["table"]:
-        point = ", ".join(f"{k}={row[k]:g}" for k in summary["axes"])
-        nll = "diverged" if row["status"] == "diverged" else f"val_nll {row['val_nll']:.4f}"
-        print(f"{point:32s} {nll}")
-    edge = (
-        f" (still at the grid edge: {', '.join(summary['edges'])})"
-        if summary["at_edge"]
-        else "".join(f" (at the {b})" for b in summary["bounds"])
-    )
-    print(f"chosen by validation NLL: {summary['best_config']}{edge}  (wrote {out}/tune.json)")
-    _print_health(summary)
-    return 0
-
-
 def _tune_flags(p: argparse.ArgumentParser) -> None:
     # tune trains every point of its grid to the end: no lr, and no way to choose one
     add_arguments(p, exclude=("lr", "calibrator_lr", "selection"))
     p.add_argument("--lrs", default="1e-4,1e-3", help="comma-separated, log-spaced λ_f values")
     p.add_argument(
         "--calibrator-ratios", default=None,
-        help=f"comma-separated λ_c/λ_f (COG methods only; default: {_TUNE_DEFAULT_RATIOS})",
+        help=f"comma-separated λ_c/λ_f (COG methods only; default: {tune.DEFAULT_RATIOS})",
     )  # fmt: skip
     # `cogcal train`'s rates: refused with a pointer to the grid flags (never taken for --lrs)
     p.add_argument("--lr", dest="fixed_lr", default=None, help=argparse.SUPPRESS)
@@ -233,43 +111,6 @@ def _tune_flags(p: argparse.ArgumentParser) -> None:
 
 
 # --------------------------------------------------------------------------- bench
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from cogcal.bench import list_suites, load_suite, run_bench  # start-up cost (see the imports)
-
-    if args.list:
-        for name in list_suites():
-            print(f"{name:16s} {load_suite(name).description}")
-        return 0
-    protocols = None
-    if args.protocol is not None:
-        protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
-    jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
-    if jobs < 1:
-        raise UserError(f"--jobs must be an integer >= 1, got {jobs}.")
-    if args.seeds is not None and args.seeds < 1:
-        raise UserError(f"--seeds must be an integer >= 1, got {args.seeds}.")
-    out = Path(args.out or f"results/{Path(args.suite).stem}")
-    summary = run_bench(
-        args.suite,
-        out=out,
-        jobs=jobs,
-        data_root=Path(args.data_root),
-        protocols=protocols,
-        seeds=args.seeds,
-        progress=not args.quiet,
-        executor=args.executor,
-        address=args.address,
-        allow_plugins=args.allow_plugins,
-    )
-    if not args.quiet:
-        print(f"wrote {out}/results.csv, {out}/report.md and {out}/report.html")
-    failed = getattr(summary, "failed", 0)
-    if failed:
-        print(f"cogcal: error: {failed} run(s) failed; see {out}/failed.txt", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _bench_flags(p: argparse.ArgumentParser) -> None:
@@ -300,26 +141,6 @@ def _bench_flags(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- predict
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from cogcal.train.predict import predict  # start-up cost (see the imports)
-
-    out = Path(args.out) if args.out is not None else None
-    if out is not None and out.exists() and not args.overwrite:
-        raise UserError(f"--out {out} exists; choose another file or pass --overwrite.")
-    if out is not None and out.exists() and out.resolve() == Path(args.input).resolve():
-        raise UserError(f"--out {out} is the --input file; choose another file.")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
-    run = cogcal.load_run(args.run, which=args.which)
-    result = predict(run, args.input, batch_size=args.batch_size, progress=args.progress)
-    result.write_csv(out)
-    for note in result.notes:
-        print(f"cogcal: {note}", file=sys.stderr)
-    if out is not None:
-        print(f"wrote {len(result.probabilities)} predictions to {out}", file=sys.stderr)
-    return 0
-
-
 def _predict_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="a finished run folder (cogcal train, or cogcal.fit with out=)")
     p.add_argument(
@@ -343,31 +164,7 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from cogcal.train.calibration import calibrate_files  # start-up cost (see the imports)
-
-    if args.cv < 2:
-        raise UserError(f"--cv must be an integer >= 2 (folds), got {args.cv}.")
-    metrics = calibrate_files(
-        args.val, args.test, method=args.method.lower(), out=args.out, cv=args.cv,
-        kind=args.scores, label_column=args.label_column, overwrite=args.overwrite,
-        log=lambda line: print(f"cogcal: {line}", file=sys.stderr),
-    )  # fmt: skip
-    keys = ("acc", "nll", "brier", "ece_15")
-    print(f"{'split':22s}" + "".join(f"{k:>10s}" for k in keys))
-    names = {"val_before": "val, as given", "val": "val, calibrated (fit)",
-             "test_before": "test, as given", "test": "test, calibrated"}  # fmt: skip
-    for split, name in names.items():
-        if split in metrics:
-            print(f"{name:22s}" + "".join(f"{metrics[split][k]:10.4f}" for k in keys))
-    print(f"wrote {args.out}/calibrator.pt (cogcal.load_calibrator({str(args.out)!r})), "
-          f"metrics.json and report.html")  # fmt: skip
-    return 0
-
-
 def _calibrate_flags(p: argparse.ArgumentParser) -> None:
-    from cogcal.posthoc import AUTO, POSTHOC_METHODS
-
     p.add_argument(
         "--val", required=True, metavar="PATH",
         help="validation scores: an .npz with `labels` and `logits` (or `probs`), or a CSV "
@@ -397,19 +194,6 @@ def _calibrate_flags(p: argparse.ArgumentParser) -> None:
 # --------------------------------------------------------------------------- report
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    directory = Path(args.directory)
-    with lock_folder(directory, what=f"folder {directory}", create=False):  # before reading
-        try:
-            html = cogcal.report.build_any(directory)
-        except ArgumentError:
-            raise
-        except ValueError as err:  # build_any's documented refusal of the folder: user input
-            raise UserError(str(err)) from err
-    print(f"wrote {directory}/report.md and {html}")
-    return 0
-
-
 def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("directory", help="a folder written by `cogcal bench` or `cogcal train`")
 
@@ -419,21 +203,25 @@ def _report_flags(p: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class _Command:
-    """One subcommand: its name, what it runs, its flags and its help texts."""
+    """One subcommand: its name, the module that runs it, its flags and its help texts."""
 
     name: str
-    run: Callable[[argparse.Namespace], int]
+    module: str  # its `run(args) -> int` is imported when the command runs
     flags: Callable[[argparse.ArgumentParser], None]
     help: str
     description: str
     resume_hint: str = ""
     list_names: bool = False  # an epilog listing methods, datasets and models
 
+    def run(self, args: argparse.Namespace) -> int:
+        """Run the command (``cogcal.commands.NAME.run``); returns the exit status."""
+        return int(importlib.import_module(self.module).run(args) or 0)
+
 
 _COMMANDS: tuple[_Command, ...] = (
     _Command(
         "bench",
-        _cmd_bench,
+        "cogcal.commands.bench",
         _bench_flags,
         help="run a benchmark suite and write results.csv and a report (the main job)",
         description="Run a suite of training runs (default: the quick CPU suite), skipping "
@@ -443,7 +231,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "train",
-        _cmd_train,
+        "cogcal.commands.train",
         _train_flags,
         help="train one method on one dataset and evaluate it",
         description="Train one method with the paper's recipe and write metrics.json, "
@@ -454,7 +242,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "tune",
-        _cmd_tune,
+        "cogcal.commands.tune",
         _tune_flags,
         help="choose learning rates by validation cross-entropy",
         description="Train on a log-spaced grid of learning rates (COG: λ_f x λ_c/λ_f "
@@ -466,7 +254,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "predict",
-        _cmd_predict,
+        "cogcal.commands.predict",
         _predict_flags,
         help="predict class probabilities of a finished run on new inputs",
         description="Run a finished run's calibrated model (its recorded preprocessing "
@@ -476,7 +264,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "calibrate",
-        _cmd_calibrate,
+        "cogcal.commands.calibrate",
         _calibrate_flags,
         help="calibrate a model trained elsewhere from its saved validation logits",
         description="Fit a post-hoc calibrator (temperature, vector or matrix scaling, "
@@ -486,7 +274,7 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command(
         "report",
-        _cmd_report,
+        "cogcal.commands.report",
         _report_flags,
         help="write report.md/report.html for a bench folder or a training run",
         description="Rebuild the report of a `cogcal bench` folder from its results.csv, or "
@@ -623,8 +411,8 @@ def _started(args: argparse.Namespace) -> bool:
     folder with a checkpoint or a config.json of cogcal's)."""
     if args.command not in ("train", "tune"):
         return True
-    default = _default_out(args.dataset, args.method, args.seed)
-    folder = Path(args.out or (default if args.command == "train" else f"runs/tune-{default[5:]}"))
+    default = default_out(args.dataset, args.method, args.seed)
+    folder = Path(args.out or default) if args.command == "train" else Path(tune.tune_out(args))
     if args.command == "train":
         return RunDir(folder).has_state() or RunDir(folder).is_marked()
     return folder.is_dir() and any(p.is_dir() for p in folder.iterdir())

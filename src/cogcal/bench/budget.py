@@ -15,9 +15,9 @@ from dataclasses import field
 from typing import Any
 
 from cogcal.bench.suite_yaml import as_mapping, check_keys, yaml_number
-from cogcal.report.schema import PROTOCOLS
+from cogcal.runs.columns import PROTOCOLS
+from cogcal.runs.methods import get_method
 from cogcal.train.config import LR_FLOOR, ConfigError, TrainConfig
-from cogcal.train.methods import get_method
 
 __all__ = ["BUDGET_FIELDS", "FAMILIES", "Budget", "family_of", "floor_epoch", "parse_budgets"]
 

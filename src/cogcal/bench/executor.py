@@ -58,8 +58,9 @@ import torch
 import cogcal.train
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
+from cogcal.runs import RUN_DIRS, RUN_FILES, RunDir, RunFolderError
 from cogcal.train.config import TrainConfig, result_fields
-from cogcal.train.rundir import RUN_DIRS, RUN_FILES, RunDir, RunFolderError, same_config
+from cogcal.train.identity import same_config
 
 __all__ = [
     "DEFAULT_RUNNER",

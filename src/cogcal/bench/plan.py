@@ -44,10 +44,10 @@ from typing import Any
 from cogcal.bench.budget import family_of
 from cogcal.bench.executor import Job
 from cogcal.bench.suites import DatasetEntry, Suite
-from cogcal.report.schema import EFFECT
+from cogcal.runs import RunDir
+from cogcal.runs.columns import EFFECT
+from cogcal.runs.methods import get_method, list_methods
 from cogcal.train.config import TrainConfig
-from cogcal.train.methods import get_method, list_methods
-from cogcal.train.rundir import RunDir
 from cogcal.train.tuning import GridSearch, point_config, point_label, write_tables
 
 __all__ = [

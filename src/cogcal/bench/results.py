@@ -1,19 +1,19 @@
-"""Write the tables of a bench folder from its planned runs (schemas: :mod:`cogcal.report.schema`).
+"""Write the tables of a bench folder from its planned runs (schemas: :mod:`cogcal.runs.columns`).
 
 * ``results.csv`` (docs/method.md §6): one row per value of every finished seed run of the
-  ``paper`` and ``fair`` protocols, columns :data:`~cogcal.report.schema.RESULT_COLUMNS`.
+  ``paper`` and ``fair`` protocols, columns :data:`~cogcal.runs.columns.RESULT_COLUMNS`.
   Values come from each run's record (:meth:`RunDir.read_record
-  <cogcal.train.rundir.RunDir.read_record>`): ``"val"`` / ``"test"`` give ``{metric: value}``
+  <cogcal.runs.RunDir.read_record>`): ``"val"`` / ``"test"`` give ``{metric: value}``
   (multi-task runs also ``"metric/task"`` keys, so their plain keys get ``task = "mean"``);
   ``"shift"`` gives ``{condition: {severity: {metric: value}}}`` (or ``{condition:
   {metric: value}}``); ``"ood"`` gives ``{ood_set: {metric: value}}``. Non-finite values
   (stored as ``null``) are written as ``nan``. Method names are never decorated.
-* ``runs.csv``: one row per planned seed run (:data:`~cogcal.report.schema.RUN_COLUMNS`).
+* ``runs.csv``: one row per planned seed run (:data:`~cogcal.runs.columns.RUN_COLUMNS`).
 * ``tuning.csv``: one row per trained grid point of every tuning group
-  (:data:`~cogcal.report.schema.TUNING_COLUMNS`); the effect's own group has protocol
+  (:data:`~cogcal.runs.columns.TUNING_COLUMNS`); the effect's own group has protocol
   ``effect``.
 * ``effect.csv``: the runs of the "where COG's effect comes from" comparison
-  (:data:`~cogcal.report.schema.EFFECT_COLUMNS`), val and test values.
+  (:data:`~cogcal.runs.columns.EFFECT_COLUMNS`), val and test values.
 
 Only the runs of the current plan are collected: a run folder left by another suite or
 another selection of protocols and seeds never enters the tables.
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal.report.schema import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
-from cogcal.train.rundir import RunDir, RunRecord
+from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.columns import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 
 __all__ = [
     "effect_rows",

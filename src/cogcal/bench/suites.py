@@ -61,9 +61,9 @@ from cogcal._errors import ArgumentError
 from cogcal.bench.budget import BUDGET_FIELDS, FAMILIES, Budget, family_of, parse_budgets
 from cogcal.bench.suite_yaml import as_mapping, check_keys, read_suite, yaml_number
 from cogcal.data import list_datasets
-from cogcal.report.schema import PROTOCOLS
+from cogcal.runs.columns import PROTOCOLS
+from cogcal.runs.methods import get_method, list_methods
 from cogcal.train.config import SEED_MAX, TrainConfig
-from cogcal.train.methods import get_method, list_methods
 from cogcal.train.tuning import Grid, GridSearch, point_config
 
 __all__ = [

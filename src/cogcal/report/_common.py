@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal.train.methods import COG_PAIRS, METHODS
-from cogcal.train.methods import is_cog as _registry_is_cog
+from cogcal.runs.methods import COG_PAIRS, METHODS
+from cogcal.runs.methods import is_cog as _registry_is_cog
 
 
 def is_cog(method: str) -> bool:

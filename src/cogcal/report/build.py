@@ -3,7 +3,7 @@ one run folder (:func:`build_any` dispatches on :func:`report_kind`).
 
 A bench report is recomputed from the folder's files: :data:`SECTIONS` are builders
 ``(context) -> Section or None`` run in order on one :class:`BenchContext`, the verdict
-first. Run folders are read only through :class:`cogcal.train.rundir.RunDir`.
+first. Run folders are read only through :class:`cogcal.runs.RunDir`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from cogcal.report import regime as R
 from cogcal.report import tables as T
 from cogcal.report._common import is_cog, save_figure, slug
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table, Text
+from cogcal.report.calibration_report import build_calibration_report
+from cogcal.report.diagrams import plot_reliability
 from cogcal.report.effect import effect_section
 from cogcal.report.multitask import multitask_section
 from cogcal.report.render import render_html, render_markdown
@@ -32,6 +34,7 @@ from cogcal.report.robustness import robustness_section, unavailable_sets
 from cogcal.report.run_report import build_run_report, report_kind
 from cogcal.report.stats import pareto_front, summary_rank
 from cogcal.report.tuning import edge_choices, tuning_section
+from cogcal.runs import RunDir, RunFolderError
 
 __all__ = ["SECTIONS", "BenchContext", "build_any", "build_report", "load_context"]
 
@@ -118,8 +121,6 @@ class BenchContext:
         """Per protocol and dataset, what there was to calibrate
         (:func:`~cogcal.report.regime.regimes`): ce's test ECE-15 from the results, its
         confidence and accuracy per seed from the ce runs' saved test logits."""
-        from cogcal.train.rundir import RunDir, RunFolderError
-
         out = {}
         for p in self.protocols:
             per: dict[str, pd.DataFrame] = {}
@@ -158,7 +159,7 @@ def load_context(results_dir: str | Path) -> BenchContext:
 
 
 def _pareto_figure(df: pd.DataFrame, dataset: str, protocol: str, path: Path) -> Path | None:
-    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.figure import Figure as MplFigure  # here: matplotlib (heavy) loads only to draw
 
     d = F.aggregate(df, split="test", dataset=dataset, protocol=protocol, metric=["acc", "ece_15"])
     if d.empty or set(d["metric"]) != {"acc", "ece_15"}:
@@ -265,9 +266,6 @@ def _reliability_figure(
 ) -> list[int]:
     """Side-by-side diagrams of ``methods``, each pooling the saved test logits (read
     through RunDir) of every seed all of them have; the seeds pooled (empty: no figure)."""
-    from cogcal.report.diagrams import plot_reliability
-    from cogcal.train.rundir import RunDir, RunFolderError
-
     found = [dict(ctx.run_dirs(dataset=dataset, protocol=protocol, method=m)) for m in methods]
     data: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {m: [] for m in methods}
     seeds = []
@@ -408,7 +406,5 @@ def build_any(path: str | Path) -> Path:
     :func:`~cogcal.report.run_report.report_kind`) and return the path of ``report.html``."""
     kind = report_kind(path)
     if kind == "calibration":
-        from cogcal.report.calibration_report import build_calibration_report
-
         return build_calibration_report(path)
     return build_report(path) if kind == "bench" else build_run_report(path)

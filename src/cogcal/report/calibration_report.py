@@ -1,6 +1,6 @@
 """The report of a ``cogcal calibrate`` folder: ``report.md`` and ``report.html`` in it.
 
-Everything comes from the folder through :class:`cogcal.train.calibration.CalibrationFolder`:
+Everything comes from the folder through :class:`cogcal.runs.calibration.CalibrationFolder`:
 what was fitted and how it was chosen (``calibration.json``), the metrics before and after
 (``metrics.json``) and the saved test logits, drawn as ``reliability.png``.
 """
@@ -14,8 +14,10 @@ from cogcal import _io
 from cogcal._errors import ArgumentError
 from cogcal.report._common import save_figure
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num
+from cogcal.report.diagrams import plot_reliability
 from cogcal.report.render import render_html, render_markdown
-from cogcal.report.schema import METRIC_LABELS as LABELS
+from cogcal.runs.calibration import CalibrationFolder
+from cogcal.runs.columns import METRIC_LABELS as LABELS
 
 __all__ = ["build_calibration_report"]
 
@@ -70,8 +72,6 @@ def _choice(meta: dict[str, Any]) -> Table | Paragraph:
 def _reliability(path: Path, test: dict[str, Any] | None, method: str) -> Figure | Paragraph:
     if test is None:
         return Paragraph("No test split was given: no reliability diagram.")
-    from cogcal.report.diagrams import plot_reliability
-
     fig = plot_reliability(
         {
             "as given": (test["logits"], test["labels"]),
@@ -87,8 +87,6 @@ def _reliability(path: Path, test: dict[str, Any] | None, method: str) -> Figure
 def build_calibration_report(path: str | Path) -> Path:
     """Write ``report.md`` and ``report.html`` (and ``reliability.png``) into a finished
     ``cogcal calibrate`` folder and return the path of ``report.html``."""
-    from cogcal.train.calibration import CalibrationFolder
-
     folder = CalibrationFolder(path)
     meta = folder.read_meta()
     if meta is None or meta.get("status") != "complete":

@@ -20,9 +20,10 @@ from cogcal.report._common import method_order, slug
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text
 from cogcal.report.frame import aggregate, rows, seed_values
 from cogcal.report.regime import Regime
-from cogcal.report.schema import METRIC_NAMES as NAMES
 from cogcal.report.stats import PAIRED_RULE, Paired, paired_family, pairwise_wins, summary_rank
 from cogcal.report.tables import LABELS, cell, comparison_key, fmt, present_pairs
+from cogcal.runs import RunDir, RunFolderError
+from cogcal.runs.columns import METRIC_NAMES as NAMES
 
 #: Metrics of the COG-against-counterpart comparisons.
 COG_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")
@@ -63,8 +64,6 @@ class Checkpoints:
     @classmethod
     def read(cls, runs: Sequence[tuple[str, str, str, int, object]]) -> Checkpoints:
         """From ``(dataset, protocol, method, seed, run folder)`` of finished runs."""
-        from cogcal.train.rundir import RunDir, RunFolderError
-
         out = []
         for *key, path in runs:
             try:

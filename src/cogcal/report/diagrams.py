@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from cogcal.metrics import reliability_bins
 from cogcal.report._common import save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_reliability", "plot_reliability_per_task", "reliability_diagram"]
 
@@ -74,6 +75,8 @@ def _draw(
     label: str | None,
     color: str,
 ) -> None:
+    from matplotlib.patches import Patch  # here: matplotlib (heavy) loads only to draw
+
     count = np.asarray(bins["count"], dtype=float)
     if count.ndim != 1:
         raise ValueError(
@@ -145,6 +148,8 @@ def reliability_diagram(
     >>> len(fig.axes)
     2
     """
+    from matplotlib.figure import Figure  # here: matplotlib (heavy) loads only to draw
+
     bins = _pooled(_as_bins(bins_or_results, n_bins=n_bins, task=task))
     if ax is None:
         fig = Figure(figsize=(4.2, 5.0), layout="constrained")
@@ -172,6 +177,8 @@ def plot_reliability(
     >>> len(fig.axes)
     4
     """
+    from matplotlib.figure import Figure  # here: matplotlib (heavy) loads only to draw
+
     if not isinstance(methods, Mapping) or not methods:
         raise ValueError("`methods` must be a non-empty dict mapping method names to results.")
     m = len(methods)
@@ -218,6 +225,9 @@ def plot_reliability_per_task(
     >>> len(fig.axes)
     4
     """
+    from matplotlib.figure import Figure  # here: matplotlib (heavy) loads only to draw
+    from matplotlib.patches import Patch  # here: as above
+
     bins = _as_bins(results, n_bins=n_bins, task="multilabel")
     count = np.asarray(bins["count"])
     if count.ndim != 2:

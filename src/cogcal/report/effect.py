@@ -15,9 +15,9 @@ import pandas as pd
 from cogcal.report._common import slug
 from cogcal.report.blocks import Paragraph, Section, Table, plain
 from cogcal.report.frame import rows
-from cogcal.report.schema import METRIC_NAMES as NAMES
 from cogcal.report.stats import PAIRED_RULE, paired_family
 from cogcal.report.tables import LABELS, stat_table, stats_of
+from cogcal.runs.columns import METRIC_NAMES as NAMES
 
 #: The metrics of the effect table and sentence, in order.
 EFFECT_METRICS: tuple[str, ...] = ("nll", "brier", "ece_15", "acc")

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from cogcal._errors import ArgumentError
-from cogcal.report import schema as S
+from cogcal.runs import columns as S
 
 _SHOWN = 5  # bad rows quoted in one error message
 _NAN_TEXT = frozenset({"nan", "NaN", "NAN", "inf", "-inf", "Infinity", "-Infinity"})
@@ -193,7 +193,7 @@ _TEXT = {
 
 def load_bench_csv(folder: str | Path, name: str) -> pd.DataFrame | None:
     """``runs.csv``, ``tuning.csv`` or ``effect.csv`` of a bench folder as the bench wrote
-    it (:mod:`cogcal.report.schema`; not re-checked), empty text cells ``""``; None when
+    it (:mod:`cogcal.runs.columns`; not re-checked), empty text cells ``""``; None when
     the file is absent."""
     path = Path(folder) / name
     if not path.is_file():

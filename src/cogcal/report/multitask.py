@@ -79,7 +79,7 @@ def per_task_figure(
 ) -> Path | None:
     """Fig. 6: each task's accuracy and Brier score (means over seeds), tasks hardest
     first, one line per method (COG solid with circles). None without every metric."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # here: matplotlib (heavy) loads only to draw
     from matplotlib.figure import Figure as MplFigure
 
     d = rows(per_task_rows(df, dataset, protocol), metric=list(metrics))

@@ -18,6 +18,7 @@ from cogcal.report._common import is_cog, method_order, save_figure, sev_key, sl
 from cogcal.report.blocks import Figure, Link, Paragraph, Section, Table
 from cogcal.report.frame import AGGREGATE, protocol_order, rows, seed_values
 from cogcal.report.tables import LABELS, ranked_table, stat_table, stats_of
+from cogcal.runs import RunDir
 
 #: OOD-detection metrics (docs/method.md §3), in table order.
 OOD_METRICS: tuple[str, ...] = ("auroc", "fpr95")
@@ -107,7 +108,7 @@ def severity_figure(
     """Accuracy and ECE-15 against shift severity (0 = the clean test split), one line per
     method (COG solid with circles), mean over conditions, mean ± std over seeds. The PNG,
     or None with fewer than two severities or a metric missing."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # here: matplotlib (heavy) loads only to draw
     from matplotlib.figure import Figure as MplFigure
 
     d, _ = _shift(df, dataset, protocol)
@@ -143,8 +144,6 @@ def severity_figure(
 def unavailable_sets(run_dirs: Iterable[str | Path]) -> dict[str, dict[str, str]]:
     """``{"ood": {set: reason}, "shift": {condition: reason}}``: the sets the given
     finished runs recorded as not evaluated (read through RunDir)."""
-    from cogcal.train.rundir import RunDir
-
     out: dict[str, dict[str, str]] = {"ood": {}, "shift": {}}
     for path in run_dirs:
         record = RunDir(path).read_record()

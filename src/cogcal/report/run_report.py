@@ -1,6 +1,6 @@
 """The report of one ``cogcal train`` run folder: ``report.md`` and ``report.html`` in it.
 
-Everything comes from the folder through :class:`cogcal.train.rundir.RunDir`: the record
+Everything comes from the folder through :class:`cogcal.runs.RunDir`: the record
 (``metrics.json``: configuration, metrics, OOD, shift, timing, health check) and the saved
 test logits, drawn as ``reliability.png``. No pandas; matplotlib only for the diagram.
 """
@@ -16,8 +16,11 @@ from cogcal import _io
 from cogcal._errors import ArgumentError
 from cogcal.report._common import save_figure, sev_key
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num, plain
+from cogcal.report.diagrams import plot_reliability
 from cogcal.report.render import render_html, render_markdown
-from cogcal.report.schema import METRIC_LABELS as LABELS
+from cogcal.runs import RunDir, RunFolderError
+from cogcal.runs.calibration import is_calibration_folder
+from cogcal.runs.columns import METRIC_LABELS as LABELS
 
 __all__ = ["build_run_report", "report_kind"]
 
@@ -191,9 +194,6 @@ def _selection_nll(row: dict[str, Any]) -> str:
 
 
 def _reliability(folder: Any, record: Any) -> Figure | Paragraph:
-    from cogcal.report.diagrams import plot_reliability
-    from cogcal.train.rundir import RunFolderError
-
     try:
         logits, labels = folder.read_logits("test")
     except RunFolderError as err:
@@ -223,9 +223,6 @@ def report_kind(path: str | Path) -> Literal["bench", "run", "calibration"]:
     finished ``cogcal train`` run folder) or ``"calibration"`` (a ``cogcal calibrate``
     folder); ``ValueError`` naming what was found otherwise (nothing, a file, an
     unfinished or diverged run, another folder)."""
-    from cogcal.train.calibration import is_calibration_folder
-    from cogcal.train.rundir import RunDir, RunFolderError
-
     path = Path(path)
     if not path.exists():
         raise ArgumentError(f"{path} does not exist; {_EXPECTED}.")
@@ -271,8 +268,6 @@ def build_run_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``report.html`` into a finished ``cogcal train`` run folder
     and return the path of ``report.html``; ``ValueError`` when the folder is not a
     finished run (:func:`report_kind` says what was found and what is expected)."""
-    from cogcal.train.rundir import RunDir
-
     path = Path(run_dir)
     if report_kind(path) != "run":
         raise ArgumentError(

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cogcal.report.frame import aggregate, rows
-from cogcal.report.schema import METRIC_NAMES
+from cogcal.runs.columns import METRIC_NAMES
 
 #: Metrics where larger is better; every other metric is an error (smaller is better).
 HIGHER_IS_BETTER = frozenset({"acc", "auroc"})
@@ -100,7 +100,7 @@ def paired(a: pd.Series, b: pd.Series, *, higher_is_better: bool) -> Paired | No
     >>> round(r.diff, 4), round(r.low, 4), round(r.high, 4), round(r.p, 4)
     (0.1333, -0.0101, 0.2768, 0.0572)
     """
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # here: SciPy (heavy) loads only for the paired tests
 
     both = pd.concat([a.rename("a"), b.rename("b")], axis=1, join="inner").dropna()
     d = (both["a"] - both["b"]).to_numpy(float)

@@ -16,8 +16,9 @@ import pandas as pd
 from cogcal.report._common import counterparts, method_order, slug
 from cogcal.report.blocks import Cell, Table, Text
 from cogcal.report.frame import SeedPlan, seed_values
-from cogcal.report.schema import METRIC_LABELS as LABELS
 from cogcal.report.stats import HIGHER_IS_BETTER, Stat, summary_rank
+from cogcal.runs.columns import METRIC_LABELS as LABELS
+from cogcal.runs.methods import METHODS
 
 #: Bin counts of the calibration-error sweep (docs/method.md §3).
 BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
@@ -235,8 +236,6 @@ def pairwise_calibration_table(
 def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]) -> Table:
     """Tab. 1/7: extra parameters (per dataset with known K and d in ``bench.json``),
     calibration data, stages and extra hyperparameters of each method."""
-    from cogcal.train.methods import METHODS
-
     sized = {n: i for n, i in datasets.items() if i.get("num_classes") and i.get("feature_dim")}
     header = ["Method", "Family", "Extra parameters"]
     header += [f"{name} (K={i['num_classes']}, d={i['feature_dim']})" for name, i in sized.items()]
@@ -261,7 +260,7 @@ def complexity_table(methods: Sequence[str], datasets: dict[str, dict[str, Any]]
         ]
         body.append(row)
     notes: list[Text] = [
-        "Generated from the methods registry (cogcal.train.methods). K = classes, d = "
+        "Generated from the methods registry (cogcal.runs.methods). K = classes, d = "
         "features entering the final layer. Every method also has the network learning "
         "rate; COG adds only the calibrator learning rate.",
     ]

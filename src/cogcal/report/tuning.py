@@ -1,4 +1,4 @@
-"""The tuning part of the report, from ``tuning.csv`` (:mod:`cogcal.report.schema`).
+"""The tuning part of the report, from ``tuning.csv`` (:mod:`cogcal.runs.columns`).
 
 One tuning group trains the points of a log-spaced grid (λ_f, and the ratio λ_c/λ_f for
 COG methods), extends the grid outward while its choice lies on an edge, and picks the

@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.methods import METHODS, Method, get_method, is_cog, list_methods
 from cogcal.train.config import ConfigError, TrainConfig
-from cogcal.train.methods import METHODS, Method, get_method, is_cog, list_methods
-from cogcal.train.rundir import RunDir, RunRecord, same_config
+from cogcal.train.identity import same_config
 from cogcal.train.tuning import Grid, GridSearch
 
 __all__ = [

@@ -26,10 +26,9 @@ from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data.transforms import Preprocess
 from cogcal.models import create_model
-from cogcal.train.checkpoints import load_checkpoint
+from cogcal.runs import RunDir, RunFolderError, RunRecord, load_checkpoint
+from cogcal.runs.methods import Method, get_method
 from cogcal.train.config import TrainConfig
-from cogcal.train.methods import Method, get_method
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 
 __all__ = [
     "FrozenBodyHead",

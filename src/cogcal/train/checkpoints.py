@@ -11,11 +11,11 @@ epoch so far) and, once the stage has finished, ``done.json``.
   order, each durably (temporary file, fsync, rename), so saving overlaps with training.
 * :func:`resume_stage` and :func:`finished_stage` bring a stage back from its folder, so an
   interrupted run ends exactly where an uninterrupted one does.
-* :func:`load_checkpoint` reads any of them safely (``weights_only=True``), naming a
-  missing, empty, truncated or foreign file with the fix.
+* :func:`cogcal.runs.load_checkpoint` reads any of them safely (``weights_only=True``),
+  naming a missing, empty, truncated or foreign file with the fix.
 
 Every checkpoint carries, under ``"config_sha256"``, the digest of the configuration it was
-trained with (:func:`cogcal.train.rundir.config_digest`), so that a run resumes and loads
+trained with (:func:`cogcal.runs.config_digest`), so that a run resumes and loads
 only checkpoints of its own configuration.
 """
 
@@ -35,27 +35,17 @@ import torch
 from torch import nn
 
 from cogcal import _io
-from cogcal._errors import ArgumentError
+from cogcal.runs.checkpoints import CHECKPOINT_FORMAT, CheckpointError, load_checkpoint
 
 __all__ = [
-    "CHECKPOINT_FORMAT",
-    "CheckpointError",
     "CheckpointWriter",
     "LoopState",
     "StageCheckpoints",
     "finished_stage",
     "link_atomic",
-    "load_checkpoint",
     "load_weights",
     "resume_stage",
 ]
-
-CHECKPOINT_FORMAT = "cogcal-checkpoint/2"
-
-
-class CheckpointError(ArgumentError):
-    """A checkpoint is missing, empty, truncated or not a cogcal checkpoint (a run folder
-    the user pointed at that cannot be used: a user error, exit 2 on the command line)."""
 
 
 @dataclass
@@ -232,7 +222,7 @@ class CheckpointWriter:
     multi-process run) writes nothing.
 
     ``config_sha256`` (the digest of the run's configuration,
-    :func:`cogcal.train.rundir.config_digest`) is written into every checkpoint.
+    :func:`cogcal.runs.config_digest`) is written into every checkpoint.
     """
 
     def __init__(self, *, enabled: bool = True, config_sha256: str | None = None) -> None:
@@ -344,38 +334,3 @@ def load_weights(model: nn.Module, path: Path, ckpt: dict[str, Any]) -> None:
             f"{path} does not fit this run's model ({first}); it was made with another "
             "model or method: start over in a new folder."
         ) from None
-
-
-def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a cogcal checkpoint safely (``torch.load(weights_only=True)``).
-
-    Raises
-    ------
-    CheckpointError
-        Missing, empty (0 bytes), truncated or foreign files, each named with the fix.
-    """
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist.") from None
-    if size == 0:
-        raise CheckpointError(
-            f"checkpoint {path} is empty (0 bytes): the run was interrupted while saving; "
-            "delete it and resume (an earlier checkpoint is used), or start over."
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for a bad file
-        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise CheckpointError(
-            f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {detail}); "
-            "delete it and resume, or start over."
-        ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"{path} is not a checkpoint of this cogcal version (format "
-            f"{ckpt.get('format') if isinstance(ckpt, dict) else type(ckpt).__name__!r}, "
-            f"expected {CHECKPOINT_FORMAT!r}); start the run over."
-        )
-    return ckpt

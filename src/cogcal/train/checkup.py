@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from cogcal.health import HealthReport, diagnose
+from cogcal.runs.methods import Method
 from cogcal.train.config import AUTO_MIN_STEPS, TrainConfig, flag
-from cogcal.train.methods import Method
 
 __all__ = ["SELECTED", "advice", "run_health"]
 

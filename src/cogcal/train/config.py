@@ -43,7 +43,7 @@ from typing import Any
 from cogcal._errors import ArgumentError
 from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
-from cogcal.train.methods import get_method, list_methods
+from cogcal.runs.methods import get_method, list_methods
 
 __all__ = [
     "ConfigError",

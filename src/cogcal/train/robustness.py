@@ -21,9 +21,9 @@ from torch import nn
 from cogcal.data import BatchLoader, Dataset, ood_sets, shift_sets
 from cogcal.data.robustness import ROBUSTNESS_DATASETS, shift_conditions
 from cogcal.metrics import evaluate, ood
+from cogcal.runs import RunDir, RunRecord
 from cogcal.train.config import TrainConfig
 from cogcal.train.loop import NonFiniteLossError, seed_global_rng
-from cogcal.train.rundir import RunDir, RunRecord
 from cogcal.train.sources import EVAL_BATCH
 
 __all__ = [

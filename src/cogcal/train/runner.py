@@ -36,13 +36,15 @@ from cogcal.cog import CalibratedModel
 from cogcal.data import Dataset, load_dataset, with_augment
 from cogcal.metrics import evaluate
 from cogcal.models import create_model
+from cogcal.runs import RunDir, RunRecord, config_digest
+from cogcal.runs.methods import METHODS, Method, get_method
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.checkpoints import CheckpointWriter
 from cogcal.train.checkup import run_health
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
-from cogcal.train.methods import METHODS, Method, get_method, loss_function
+from cogcal.train.methods import loss_function
 from cogcal.train.robustness import (
     DEFER_ROBUSTNESS,
     DEFERRED,
@@ -50,7 +52,6 @@ from cogcal.train.robustness import (
     inputs,
     predict_logits,
 )
-from cogcal.train.rundir import RunDir, RunRecord, config_digest
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import (

@@ -59,20 +59,19 @@ import torch
 from torch import nn
 
 from cogcal.cog import CalibratedModel
+from cogcal.runs import RunDir, RunFolderError, RunRecord, load_checkpoint
+from cogcal.runs.methods import get_method
 from cogcal.train.assemble import (
     final_model,
     load_run,
     posthoc_calibrator,
     stage1_model,
 )
-from cogcal.train.checkpoints import load_checkpoint
 from cogcal.train.checkup import SELECTED
 from cogcal.train.config import TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError
-from cogcal.train.methods import get_method
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
-from cogcal.train.rundir import RunDir, RunFolderError, RunRecord
 from cogcal.train.sources import DataSource
 from cogcal.train.tuning import (
     SELECTION_RULE,

@@ -48,8 +48,8 @@ from typing import Any
 
 from cogcal import _io
 from cogcal._errors import ArgumentError
+from cogcal.runs import RunDir, RunFolderError, config_diff
 from cogcal.train.config import LR_FLOOR, TrainConfig
-from cogcal.train.rundir import RunDir, RunFolderError, config_diff
 
 __all__ = [
     "Grid",

@@ -1,5 +1,6 @@
 """The columns of the tables of a bench folder: written by the bench
-(:mod:`cogcal.bench.results`, which describes each row), read by the report.
+(:mod:`cogcal.bench.results`, which describes each row), read by the report
+(:mod:`cogcal.report.frame`).
 
 ``results.csv`` (docs/method.md §6) is tidy, one value per row; ``split`` is one of
 :data:`SPLITS`, ``task`` is ``mean`` or a task name for multi-task datasets, ``condition``

@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -28,13 +28,14 @@ from tqdm.auto import tqdm
 
 from cogcal import _io
 from cogcal._errors import ArgumentError
+from cogcal.commands._common import UserError
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 from cogcal.data.tables import read_table
 from cogcal.train.assemble import LoadedRun, load_run
 from cogcal.train.sources import EVAL_BATCH
 
-__all__ = ["Inputs", "Predictions", "predict", "read_inputs"]
+__all__ = ["Inputs", "Predictions", "predict", "read_inputs", "run"]
 
 #: Inputs at least this large show a progress bar (stderr) when ``progress`` is on.
 PROGRESS_IMAGES = 200
@@ -401,7 +402,7 @@ def predict(
     Examples
     --------
     >>> import tempfile, torch, cogcal
-    >>> from cogcal.train.predict import predict
+    >>> from cogcal.commands.predict import predict
     >>> x, y = torch.randn(200, 6), torch.randint(0, 3, (200,))
     >>> net = lambda: torch.nn.Sequential(torch.nn.Linear(6, 3))
     >>> out = tempfile.mkdtemp() + "/run"
@@ -451,3 +452,22 @@ def predict(
             note += f"; accuracy against it: {acc:.4f} ({len(values)} rows)"
         result.notes.append(note)
     return result
+
+
+def run(args: Any) -> int:
+    """``cogcal predict``: load the run, predict the inputs, write the CSV (or stdout)."""
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and out.exists() and not args.overwrite:
+        raise UserError(f"--out {out} exists; choose another file or pass --overwrite.")
+    if out is not None and out.exists() and out.resolve() == Path(args.input).resolve():
+        raise UserError(f"--out {out} is the --input file; choose another file.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
+    loaded = load_run(args.run, which=args.which)
+    result = predict(loaded, args.input, batch_size=args.batch_size, progress=args.progress)
+    result.write_csv(out)
+    for note in result.notes:
+        print(f"cogcal: {note}", file=sys.stderr)
+    if out is not None:
+        print(f"wrote {len(result.probabilities)} predictions to {out}", file=sys.stderr)
+    return 0

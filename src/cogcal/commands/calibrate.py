@@ -4,30 +4,20 @@ scores (docs/method.md §2, "Calibrating saved logits").
 The inputs are read by :func:`read_scores` (``.npz`` with ``logits`` or ``probs`` and
 ``labels``; or a CSV/TSV table with one score column per class and a label column), the
 calibrator is chosen and fitted on the validation scores only by
-:func:`cogcal.posthoc.calibrate`, and everything is written into a calibration folder,
-whose only reader and writer is :class:`CalibrationFolder`::
-
-    calibration.json     what was fitted and how it was chosen; its "cogcal_calibration"
-                         key marks the folder, "status": "complete" that it is finished
-    calibrator.pt        the fitted calibrator's state (tensors only)
-    metrics.json         validation and test metrics before and after calibration
-    test_logits.npz      the test logits as given, calibrated, and the labels
-    reliability.png      reliability diagrams of the test split before and after
-    report.md, .html     the report (`cogcal report FOLDER` writes it again)
-
-:func:`load_calibrator` reads the calibrator back in one call (``torch.load`` with
-``weights_only=True``: nothing is unpickled).
+:func:`cogcal.posthoc.calibrate`, and everything is written into a calibration folder
+(:mod:`cogcal.runs.calibration`: its files, and :func:`cogcal.load_calibrator`, which reads
+the calibrator back); :func:`calibrate_files` then writes its report
+(:func:`cogcal.report.build_calibration_report`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import io
 import math
 import os
-import pickle
+import sys
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,35 +26,17 @@ import numpy as np
 import torch
 
 import cogcal
-from cogcal import _io
 from cogcal._errors import ArgumentError
-from cogcal.calibrators import make_calibrator
+from cogcal.commands._common import UserError
+from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, POSTHOC_METHODS, Calibration, calibrate
-from cogcal.train.rundir import LOCK_NAME, lock_folder
+from cogcal.posthoc import AUTO, POSTHOC_METHODS, calibrate
+from cogcal.report.calibration_report import build_calibration_report
+from cogcal.runs.calibration import CALIBRATION_FORMAT, CALIBRATION_MARK, CalibrationFolder
 
-__all__ = [
-    "CalibrationFolder",
-    "Scores",
-    "calibrate_files",
-    "is_calibration_folder",
-    "load_calibrator",
-    "read_scores",
-]
+__all__ = ["Scores", "calibrate_files", "read_scores", "run"]
 
-#: The key of ``calibration.json`` that marks a folder as written by ``cogcal calibrate``.
-MARK = "cogcal_calibration"
-FORMAT = 1
-#: Every file ``cogcal calibrate`` writes into its folder (nothing else is ever deleted).
-FILES = (
-    "calibration.json",
-    "calibrator.pt",
-    "metrics.json",
-    "test_logits.npz",
-    "reliability.png",
-    "report.md",
-    "report.html",
-)
+
 #: Probabilities are turned into logits as ``log(max(p, PROB_FLOOR))``.
 PROB_FLOOR = 1e-12
 #: How far a row of probabilities may be from summing to 1.
@@ -95,8 +67,6 @@ def _err(path: Path, what: str) -> ArgumentError:
 
 
 def _from_npz(path: Path, raw: bytes) -> tuple[np.ndarray, np.ndarray, str]:
-    import io
-
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -130,8 +100,6 @@ def _from_npz(path: Path, raw: bytes) -> tuple[np.ndarray, np.ndarray, str]:
 def _from_table(
     path: Path, kind: str, label_column: str
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    from cogcal.data.tables import read_table
-
     table = read_table(path, what=str(path), error=lambda m: ArgumentError(m))
     if not table.header:
         raise _err(path, "the table is empty; expected a header row and one row per sample.")
@@ -243,156 +211,6 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
     return Scores(path, scores, labels, names, kind, digest)
 
 
-def is_calibration_folder(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds a ``calibration.json`` with the mark of ``cogcal calibrate``."""
-    return CalibrationFolder(path).read_meta() is not None
-
-
-class CalibrationFolder:
-    """The folder ``cogcal calibrate`` writes (the module docstring lists its files): the
-    only reader and writer of those files. Writers hold :meth:`lock` first."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-
-    def read_meta(self) -> dict[str, Any] | None:
-        """``calibration.json`` if it carries the mark, else ``None``."""
-        try:
-            data = _io.read_json(self.path / "calibration.json")
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) and data.get(MARK) == FORMAT else None
-
-    def read_metrics(self) -> dict[str, Any]:
-        data = _io.read_json(self.path / "metrics.json")
-        if not isinstance(data, dict):
-            raise _err(
-                self.path / "metrics.json", "is not a JSON object; run cogcal calibrate again."
-            )
-        return data
-
-    def read_test(self) -> dict[str, np.ndarray] | None:
-        """The saved test logits (``logits``, ``calibrated``, ``labels``), if any."""
-        path = self.path / "test_logits.npz"
-        if not path.is_file():
-            return None
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in ("logits", "calibrated", "labels")}
-        except (ValueError, OSError, KeyError, zipfile.BadZipFile, EOFError) as err:
-            raise _err(
-                path, f"is damaged ({type(err).__name__}); run cogcal calibrate again."
-            ) from None
-
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the folder (``.cogcal.lock``) for this process."""
-        if self.path.is_symlink():
-            raise ArgumentError(
-                f"output folder {self.path} is a symbolic link; pass the real folder."
-            )
-        if self.path.exists() and not self.path.is_dir():
-            raise ArgumentError(
-                f"output folder {self.path} is an existing file; choose a folder path."
-            )
-        with lock_folder(self.path, what=f"calibration folder {self.path}"):
-            yield
-
-    def prepare(self, *, overwrite: bool, remove: bool = True) -> None:
-        """Make the folder ready for a new calibration (hold :meth:`lock`): refuse one that
-        holds anything not written by ``cogcal calibrate``, and one that holds a calibration
-        unless ``overwrite`` (then only the files of :data:`FILES` are removed; with
-        ``remove=False`` nothing is, the folder is only checked)."""
-        entries = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
-        if not entries:
-            return
-        if self.read_meta() is None:
-            shown = ", ".join(entries[:6]) + (" ..." if len(entries) > 6 else "")
-            raise ArgumentError(
-                f"output folder {self.path} holds files not written by cogcal calibrate "
-                f"({shown}); nothing was changed: choose a new or empty folder."
-            )
-        foreign = [e for e in entries if e not in FILES and _io.temp_target(e) not in FILES]
-        if not overwrite:
-            raise ArgumentError(
-                f"output folder {self.path} holds a calibration already; pass --overwrite to "
-                "replace it, or choose another --out."
-            )
-        for name in entries if remove else ():
-            p = self.path / name
-            if name not in foreign and p.is_file() and not p.is_symlink():
-                p.unlink()
-
-    def write(self, name: str, obj: Any) -> None:
-        """Write one of :data:`FILES` atomically (JSON for ``.json``, a state dict for
-        ``.pt``, arrays for ``.npz``)."""
-        if name not in FILES:  # pragma: no cover - a bug in cogcal
-            raise ValueError(f"{name} is not a file of a calibration folder")
-        path = self.path / name
-        if name.endswith(".json"):
-            _io.write_json(path, obj)
-        elif name.endswith(".pt"):
-            _io.save_torch(path, obj)
-        else:
-            _io.save_npz(path, **obj)
-
-
-def load_calibrator(path: str | os.PathLike[str]) -> Calibration:
-    """The calibrator that ``cogcal calibrate --out PATH`` fitted, ready to use.
-
-    Only tensors are loaded (``torch.load(weights_only=True)``).
-
-    >>> import numpy as np, tempfile, cogcal
-    >>> from cogcal.train.calibration import calibrate_files
-    >>> rng = np.random.default_rng(0)
-    >>> y = rng.integers(0, 3, 300)
-    >>> d = tempfile.mkdtemp()
-    >>> np.savez(f"{d}/val.npz", logits=3 * np.eye(3)[y] + rng.normal(size=(300, 3)), labels=y)
-    >>> _ = calibrate_files(f"{d}/val.npz", None, method="ts", out=f"{d}/cal", report=False)
-    >>> cal = cogcal.load_calibrator(f"{d}/cal")
-    >>> cal.method, cal.num_classes, cal.predict_proba(np.zeros((1, 3))).round(3).tolist()
-    ('ts', 3, [[0.333, 0.333, 0.333]])
-    """
-    folder = CalibrationFolder(path)
-    meta = folder.read_meta()
-    if meta is None:
-        raise ArgumentError(
-            f"{folder.path} is not a folder written by cogcal calibrate (no calibration.json "
-            "with its mark); pass the --out folder of `cogcal calibrate`."
-        )
-    if meta.get("status") != "complete":
-        raise ArgumentError(
-            f"{folder.path}: the calibration did not finish (calibration.json status "
-            f"{meta.get('status')!r}); run cogcal calibrate again with --overwrite."
-        )
-    method, k = meta.get("method"), meta.get("num_classes")
-    if method not in POSTHOC_METHODS or not isinstance(k, int) or k < 2:
-        raise _err(folder.path / "calibration.json", f"method {method!r} / num_classes {k!r} are "
-                   "not a calibration this version can load; run cogcal calibrate again.")  # fmt: skip
-    cal = make_calibrator(method, num_outputs=None if method == "ts" else k)
-    try:
-        state = torch.load(folder.path / "calibrator.pt", weights_only=True, map_location="cpu")
-        cal.load_state_dict(state)
-    except pickle.UnpicklingError:  # weights-only loading refused it: never unpickled
-        raise _err(
-            folder.path / "calibrator.pt", "cannot be loaded: it is damaged or holds more than "
-            "tensors (cogcal never unpickles objects); run cogcal calibrate again with --overwrite."
-        ) from None  # fmt: skip
-    except (RuntimeError, KeyError, OSError, EOFError) as err:  # damaged, or another shape
-        raise _err(
-            folder.path / "calibrator.pt", f"cannot be loaded ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:160]}); run cogcal calibrate again with --overwrite."
-        ) from None  # fmt: skip
-    cal.requires_grad_(False)
-    cv = meta.get("cv_nll") or {}
-    return Calibration(
-        method=method, calibrator=cal, num_classes=k,
-        cv_nll={m: math.inf if v is None else float(v) for m, v in cv.items()}, folds=meta.get("folds"),
-        nll_before=float(meta.get("nll_before", math.nan)),
-        nll_after=float(meta.get("nll_after", math.nan)),
-    )  # fmt: skip
-
-
 def _metrics(z: np.ndarray, y: np.ndarray, *, intervals: bool = False) -> dict[str, float]:
     """:func:`~cogcal.metrics.evaluate`; ``intervals``: with the seeded bootstrap 95% interval
     of ECE-15 (``ece_15_low``, ``ece_15_high``)."""
@@ -468,7 +286,7 @@ def calibrate_files(
             raise _err(v.path, str(err)) from None
         folder.prepare(overwrite=overwrite)
         meta: dict[str, Any] = {
-            MARK: FORMAT, "status": "writing", "cogcal": cogcal.__version__,
+            CALIBRATION_MARK: CALIBRATION_FORMAT, "status": "writing", "cogcal": cogcal.__version__,
             "val": _inputs(v), "test": _inputs(t) if t is not None else None,
         }  # fmt: skip
         folder.write("calibration.json", meta)
@@ -495,7 +313,26 @@ def calibrate_files(
         )  # fmt: skip
         folder.write("calibration.json", meta)
         if report:
-            from cogcal.report.calibration_report import build_calibration_report
-
             build_calibration_report(folder.path)
     return metrics
+
+
+def run(args: Any) -> int:
+    """``cogcal calibrate``: fit, write the folder and its report, print the metrics."""
+    if args.cv < 2:
+        raise UserError(f"--cv must be an integer >= 2 (folds), got {args.cv}.")
+    metrics = calibrate_files(
+        args.val, args.test, method=args.method.lower(), out=args.out, cv=args.cv,
+        kind=args.scores, label_column=args.label_column, overwrite=args.overwrite,
+        log=lambda line: print(f"cogcal: {line}", file=sys.stderr),
+    )  # fmt: skip
+    keys = ("acc", "nll", "brier", "ece_15")
+    print(f"{'split':22s}" + "".join(f"{k:>10s}" for k in keys))
+    names = {"val_before": "val, as given", "val": "val, calibrated (fit)",
+             "test_before": "test, as given", "test": "test, calibrated"}  # fmt: skip
+    for split, name in names.items():
+        if split in metrics:
+            print(f"{name:22s}" + "".join(f"{metrics[split][k]:10.4f}" for k in keys))
+    print(f"wrote {args.out}/calibrator.pt (cogcal.load_calibrator({str(args.out)!r})), "
+          f"metrics.json and report.html")  # fmt: skip
+    return 0
