@@ -39,7 +39,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -161,12 +160,7 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
         for path in files:
             if path.is_symlink() or not path.is_file() or _io.temp_target(path.name):
                 continue
-            target = dst.path / path.relative_to(src.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+            _io.link_or_copy(path, dst.path / path.relative_to(src.path))
         source = os.path.relpath(src.path, dst.path)
         saved = src.read_config()
         if saved is not None:
@@ -313,7 +307,7 @@ class RayPool:
 
     def __init__(self, *, address: str | None, threads: int) -> None:
         try:
-            import ray
+            import ray  # optional extra, slow to import: only for --ray
         except ImportError:  # an optional extra
             raise ArgumentError(
                 "--executor ray needs Ray, which is an optional extra: "

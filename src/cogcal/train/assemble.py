@@ -183,7 +183,7 @@ class LoadedRun:
         package (``pip install onnx``).
         """
         try:
-            import onnx
+            import onnx  # optional, and slow to import: only when exporting
         except ImportError:  # an optional dependency
             raise ImportError("to_onnx needs the onnx package: pip install onnx") from None
         shape = self.input_shape

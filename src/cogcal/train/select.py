@@ -46,8 +46,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +56,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from cogcal import _io
 from cogcal.cog import CalibratedModel
 from cogcal.train.assemble import (
     final_model,
@@ -650,16 +649,6 @@ def _summary(
     }
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:  # no hard links here
-        shutil.copy2(src, dst)
-
-
 def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]) -> RunRecord:
     """Copy the chosen point's run into ``out``, all but its ``metrics.json``, and return
     its record, with ``out`` as its folder and the selection added, for the caller to
@@ -673,7 +662,7 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
         if path.is_file() and not path.is_symlink() and rel.name not in (
             "metrics.json", "config.json", ".cogcal.lock",
         ):  # fmt: skip
-            _link_or_copy(path, out.path / rel)
+            _io.link_or_copy(path, out.path / rel)
     saved = src.read_config() or {}
     saved = {k: v for k, v in saved.items() if k not in ("cogcal_run", "cogcal_version")}
     # the chosen run as the user asked for it: its own folder, progress and extra
