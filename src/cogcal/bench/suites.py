@@ -37,7 +37,7 @@ call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
 docs/bench.md ("Suites") describes the budgets (``budget.<protocol>``: per method family,
 ``baselines`` and ``cog``, in the ``paper`` protocol; one mapping for every method in the
 ``fair`` one; never implied, never set in ``train``), the protocols and the tuning rule
-(:class:`cogcal.train.tuning.GridSearch`: lowest validation cross-entropy, grids grown
+(:class:`cogcal.train.search.Search`: lowest validation cross-entropy, grids grown
 outward from an edge choice at most ``max_extensions`` times).
 
 Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, a budget

@@ -19,11 +19,8 @@ The test split is only ever evaluated, never used for fitting, tuning or selecti
 from __future__ import annotations
 
 import contextlib
-import copy
-import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +48,11 @@ from cogcal.train.robustness import (
     predict_logits,
 )
 from cogcal.train.rundir import RunDir, RunRecord, config_digest
+from cogcal.train.search import Outcome, Search
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import (
     Grid,
-    GridSearch,
     check_tune_folder,
     mark_tune_folder,
     point_config,
@@ -451,55 +448,6 @@ def _tune_point_locked(
     return "complete", folder.read_record(), trained
 
 
-def search_points(
-    config: TrainConfig,
-    search: GridSearch,
-    out: Path,
-    rows: list[dict[str, Any]],
-    *,
-    overwrite: bool,
-    data: DataSource | None = None,
-    model: nn.Module | None = None,
-    on_point: Callable[[dict[str, Any]], None] | None = None,
-    known: dict[str, tuple[RunRecord | None, CalibratedModel | None]] | None = None,
-) -> dict[str, tuple[RunRecord | None, CalibratedModel | None]]:
-    """Train the points of ``search`` (into ``out/<point_label>/``) until it is over,
-    appending one row per point to ``rows``; returns each point's record and, when trained
-    in this call, its model. ``model`` (copied for each point) replaces the backbone;
-    points in ``known`` (from an earlier search into ``out``) are reused as they are."""
-    runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
-    config = with_data_model(config, data, model)
-    while points := search.next_points():
-        for point in points:
-            if known is not None and point_label(point) in known:
-                record = known[point_label(point)][0]
-                nll = record.selection_nll if record is not None else math.inf
-                search.record(point, nll, "complete" if record is not None else "diverged")
-                continue
-            cfg = config.replace(
-                **point_config(point), out=str(out / point_label(point)), progress=False
-            )
-            net = copy.deepcopy(model) if model is not None else None
-            status, record, trained = _tune_point(cfg, overwrite=overwrite, data=data, model=net)
-            nll = record.selection_nll if record is not None else math.inf
-            val = record.val if record is not None else {}
-            search.record(point, nll, status)
-            runs[point_label(point)] = (record, trained)
-            row = {
-                **point,
-                **point_config(point),
-                "val_nll": nll if math.isfinite(nll) else None,
-                "val_brier": val.get("brier"),
-                "val_acc": val.get("acc"),
-                "status": status,
-                "run": point_label(point),
-            }
-            rows.append(row)
-            if on_point is not None:
-                on_point(row)
-    return runs
-
-
 def tune(
     config: TrainConfig,
     grid: Grid,
@@ -528,8 +476,6 @@ def tune(
         Every point diverged (the message names them); the tables are written first.
     """
     out = Path(out)
-    search = GridSearch(grid, max_extensions=max_extensions)
-    rows: list[dict[str, Any]] = []
     with RunDir(out).lock():
         check_tune_folder(out)  # the lock first, then the folder's owner
         source = None
@@ -539,16 +485,29 @@ def tune(
             _check_multilabel(get_method(config.method), source)
         if not config.budget_resolved:
             config = config.with_budget(train_size(source), task=source.task)
+        config = with_data_model(config, source, None)
+        search = Search(grid, max_extensions=max_extensions, schedule=config.resolved()["schedule"])
         mark_tune_folder(out)
-        runs = search_points(config, search, out, rows, overwrite=overwrite, data=source)
-        summary = search.summary(rows)
+        records: dict[str, RunRecord | None] = {}
+
+        def train(point: dict[str, float], until: int | None) -> Outcome:
+            cfg = config.replace(
+                **point_config(point), out=str(out / point_label(point)), progress=False
+            )
+            status, record, _ = _tune_point(cfg, overwrite=overwrite, data=source)
+            records[point_label(point)] = record
+            if record is None:
+                return Outcome(status)
+            return Outcome(status, record.selection_nll, dict(record.val))
+
+        summary = search.run(train)
         if search.best is not None:  # the chosen run's health check (validation only)
-            chosen = runs[point_label(search.best)][0]
+            chosen = records[point_label(search.best)]
             summary["health"] = chosen.health if chosen is not None else None
         write_tables(out, summary)
     if search.best is None:
         raise NonFiniteLossError(
-            f"every tuning point in {out} diverged ({', '.join(r['run'] for r in rows)}); "
-            "try smaller learning rates."
+            f"every tuning point in {out} diverged "
+            f"({', '.join(r['run'] for r in summary['table'])}); try smaller learning rates."
         )
     return summary
