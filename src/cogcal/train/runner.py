@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -308,23 +310,59 @@ def _train(
 
     if not fabric.is_global_zero:
         return {"status": "worker"}, None  # other processes of a multi-device run
+    stages = _Stages(network, model, stage2, timing, histories, len(train_loader), started)
+    return _evaluate(config, method, fabric.device, folder, source, resolved, writer, stages)
 
-    # -- predictions; post-hoc calibration on validation only ---------------------------
-    device = fabric.device
-    calibrator: nn.Module = nn.Identity()
 
-    def predict(batches: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, labels = predict_logits(final, batches, device=device, seed=config.seed)
+@dataclass
+class _Stages:
+    """What the training stages of a run left: the models, the timing and the logs."""
+
+    network: nn.Module  # the backbone
+    model: nn.Module  # stage 1's model (COG: with its calibrator)
+    stage2: nn.Module | None  # the TST / V-TST model of stage 2
+    timing: dict[str, Any]
+    histories: dict[str, list[dict[str, float]]]
+    steps_per_epoch: int
+    started: float  # time.perf_counter() at the start of training
+
+    @property
+    def final(self) -> nn.Module:
+        return self.stage2 if self.stage2 is not None else self.model
+
+
+class _Predictor:
+    """The final model's logits on some batches, through the post-hoc calibrator once it
+    is fitted; non-finite logits are a divergence, wherever they show."""
+
+    def __init__(self, final: nn.Module, device: Any, seed: int) -> None:
+        self.final, self.device, self.seed = final, device, seed
+        self.calibrator: nn.Module = nn.Identity()
+
+    def __call__(self, batches: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = predict_logits(self.final, batches, device=self.device, seed=self.seed)
         with torch.no_grad():
-            out = calibrator(logits)
-        if not bool(torch.isfinite(out).all()):  # divergence, wherever it shows
+            out = self.calibrator(logits)
+        if not bool(torch.isfinite(out).all()):
             raise NonFiniteLossError(
                 f"the final model's {split} logits are non-finite"
-                + ("" if isinstance(calibrator, nn.Identity) else " after its calibrator")
+                + ("" if isinstance(self.calibrator, nn.Identity) else " after its calibrator")
                 + "; the run diverged. Lower the learning rate(s) and retry."
             )
         return out, labels
 
+
+Metrics = Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
+
+
+def _evaluate(
+    config: TrainConfig, method: Method, device: Any, folder: RunDir, source: DataSource,
+    resolved: dict[str, Any], writer: CheckpointWriter, stages: _Stages,
+) -> tuple[dict[str, Any], CalibratedModel]:  # fmt: skip
+    """Process 0, after training: predictions, post-hoc calibration on validation only,
+    the test, OOD and shift sets, the health check; writes the record (last) and returns
+    it with the trained model."""
+    predict = _Predictor(stages.final, device, config.seed)
     names = source.class_names if source.task == "multilabel" else None
 
     def metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -333,52 +371,17 @@ def _train(
     val_logits, val_labels = predict(source.split("val"), "validation")
     val_uncalibrated = None
     if method.posthoc:
-        start = time.perf_counter()
-        val_uncalibrated = metrics(val_logits, val_labels)
-        calibrator = posthoc_calibrator(method.posthoc, source.task)
-        if config.progress and getattr(calibrator, "l2", None) == "cv":  # seconds, not instant
-            print(
-                f"post-hoc {method.posthoc}: choosing its penalty by {calibrator.cv}-fold "
-                f"cross-validation on {tuple(val_logits.shape)} validation logits",
-                file=sys.stderr,
-            )
-        calibrator.fit(val_logits, val_labels)
-        calibrator.requires_grad_(False)
-        timing["posthoc_seconds"] = time.perf_counter() - start
-        _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
-        with torch.no_grad():
-            val_logits = calibrator(val_logits)
-        if not bool(torch.isfinite(val_logits).all()):
-            raise NonFiniteLossError(
-                "the validation logits are non-finite after the post-hoc calibrator; the run "
-                "diverged. Lower the learning rate(s) and retry."
-            )
-    test_batches = source.split("test")
-    test: dict[str, float] = {}
-    ood_result: dict[str, Any] = {}
-    shift: dict[str, Any] = {}
-    unavailable: dict[str, Any] = {}
-    if test_batches is not None:
-        test_logits, test_labels = predict(test_batches, "test")
-        test = metrics(test_logits, test_labels)
-        _io.save_npz(
-            folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
-        )
-        if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
-            unavailable = {"ood": {"all": DEFERRED}, "shift": {"all": DEFERRED}}
-        elif source.dataset is not None:
-            start = time.perf_counter()
-            ood_result, shift, unavailable = evaluate_robustness(
-                lambda x: predict(inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
-                test_logits,
-                config,
-            )  # fmt: skip
-            timing["robustness_seconds"] = time.perf_counter() - start
+        val_logits, val_uncalibrated = _posthoc(
+            config, method, source.task, folder, predict, val_logits, val_labels, metrics,
+            stages.timing,
+        )  # fmt: skip
+    test, robustness = _test(config, folder, source, predict, metrics, stages.timing)
     writer.close()  # the checkpoints are on the disk before the record says the run is complete
-    timing["total_seconds"] = time.perf_counter() - started
+    timing = stages.timing
+    timing["total_seconds"] = time.perf_counter() - stages.started
     health = run_health(
         config, method, val_logits, val_labels, task=source.task,
-        history=histories.get("stage1") or [], steps_per_epoch=len(train_loader),
+        history=stages.histories.get("stage1") or [], steps_per_epoch=stages.steps_per_epoch,
         epochs_run=int(timing["stage1"]["epochs_run"]),
     )  # fmt: skip
     record = RunRecord(
@@ -387,21 +390,80 @@ def _train(
         val=metrics(val_logits, val_labels),
         test=test,
         val_uncalibrated=val_uncalibrated,
-        ood=ood_result,
-        shift=shift,
-        unavailable=unavailable,
         timing=timing,
+        **robustness,
     )
     _io.save_npz(
         folder.path / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy()
     )
     folder.write_record(record)
     trained = final_model(
-        method, network, model, task=source.task,
-        head=None if stage2 is None else stage2.head,
-        calibrator=calibrator if method.posthoc else None,
+        method, stages.network, stages.model, task=source.task,
+        head=None if stages.stage2 is None else stages.stage2.head,
+        calibrator=predict.calibrator if method.posthoc else None,
     )  # fmt: skip
     return record.to_dict(), trained.eval()
+
+
+def _posthoc(
+    config: TrainConfig, method: Method, task: str, folder: RunDir, predict: _Predictor,
+    val_logits: torch.Tensor, val_labels: torch.Tensor, metrics: Metrics,
+    timing: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """Fit the method's post-hoc calibrator on the validation logits (saved, and used by
+    ``predict`` from now on); returns the calibrated validation logits and the metrics
+    before calibration."""
+    start = time.perf_counter()
+    val_uncalibrated = metrics(val_logits, val_labels)
+    calibrator = posthoc_calibrator(method.posthoc, task)
+    if config.progress and getattr(calibrator, "l2", None) == "cv":  # seconds, not instant
+        print(
+            f"post-hoc {method.posthoc}: choosing its penalty by {calibrator.cv}-fold "
+            f"cross-validation on {tuple(val_logits.shape)} validation logits",
+            file=sys.stderr,
+        )
+    calibrator.fit(val_logits, val_labels)
+    calibrator.requires_grad_(False)
+    predict.calibrator = calibrator
+    timing["posthoc_seconds"] = time.perf_counter() - start
+    _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
+    with torch.no_grad():
+        val_logits = calibrator(val_logits)
+    if not bool(torch.isfinite(val_logits).all()):
+        raise NonFiniteLossError(
+            "the validation logits are non-finite after the post-hoc calibrator; the run "
+            "diverged. Lower the learning rate(s) and retry."
+        )
+    return val_logits, val_uncalibrated
+
+
+def _test(
+    config: TrainConfig, folder: RunDir, source: DataSource, predict: _Predictor,
+    metrics: Metrics, timing: dict[str, Any],
+) -> tuple[dict[str, float], dict[str, Any]]:  # fmt: skip
+    """The test metrics (the logits saved) and the OOD and shift results (``ood``,
+    ``shift``, ``unavailable``), deferred when the run is a point of a selection."""
+    test_batches = source.split("test")
+    test: dict[str, float] = {}
+    found: dict[str, Any] = {"ood": {}, "shift": {}, "unavailable": {}}
+    if test_batches is None:
+        return test, found
+    test_logits, test_labels = predict(test_batches, "test")
+    test = metrics(test_logits, test_labels)
+    _io.save_npz(
+        folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
+    )
+    if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
+        found["unavailable"] = {"ood": {"all": DEFERRED}, "shift": {"all": DEFERRED}}
+    elif source.dataset is not None:
+        start = time.perf_counter()
+        found["ood"], found["shift"], found["unavailable"] = evaluate_robustness(
+            lambda x: predict(inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
+            test_logits,
+            config,
+        )  # fmt: skip
+        timing["robustness_seconds"] = time.perf_counter() - start
+    return test, found
 
 
 def is_complete(out: str | Path) -> bool:
