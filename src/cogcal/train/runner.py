@@ -472,42 +472,24 @@ def is_complete(out: str | Path) -> bool:
 
 
 def _tune_point(
-    cfg: TrainConfig,
-    *,
-    overwrite: bool,
-    data: DataSource | None = None,
-    model: nn.Module | None = None,
-) -> tuple[str, RunRecord | None, CalibratedModel | None]:
-    """Train (or reuse) one grid point: ``("complete", record, model)`` (``model`` None when
-    the finished run was reused from its folder) or ``("diverged", None, None)``."""
+    cfg: TrainConfig, *, overwrite: bool, data: DataSource | None = None
+) -> tuple[str, RunRecord | None]:
+    """Train (or reuse) one grid point: ``(status, record)``, ``status`` one of
+    ``"complete"`` and ``"diverged"`` (the record of a diverged point: None, or its own)."""
     folder = RunDir(cfg.out)
     with folder.lock():  # held from the first read to the record (run() takes it again)
-        return _tune_point_locked(cfg, folder, overwrite=overwrite, data=data, model=model)
-
-
-def _tune_point_locked(
-    cfg: TrainConfig,
-    folder: RunDir,
-    *,
-    overwrite: bool,
-    data: DataSource | None,
-    model: nn.Module | None,
-) -> tuple[str, RunRecord | None, CalibratedModel | None]:
-    status = point_status(folder, cfg, overwrite=overwrite)
-    if status in ("complete", "diverged"):
-        return status, folder.read_record(), None
-    resume = status == "unfinished"
-    try:
-        if data is None and model is None:
-            trained = None
-            run(cfg, resume=resume, overwrite=status == "replace")
-        else:
-            _, trained = execute(
-                cfg, resume=resume, overwrite=status == "replace", data=data, model=model,
-            )  # fmt: skip
-    except NonFiniteLossError:
-        return "diverged", None, None
-    return "complete", folder.read_record(), trained
+        status = point_status(folder, cfg, overwrite=overwrite)
+        if status in ("complete", "diverged"):
+            return status, folder.read_record()
+        resume, replace = status == "unfinished", status == "replace"
+        try:
+            if data is None:
+                run(cfg, resume=resume, overwrite=replace)
+            else:
+                execute(cfg, resume=resume, overwrite=replace, data=data)
+        except NonFiniteLossError:
+            return "diverged", None
+        return "complete", folder.read_record()
 
 
 def tune(
@@ -556,7 +538,7 @@ def tune(
             cfg = config.replace(
                 **point_config(point), out=str(out / point_label(point)), progress=False
             )
-            status, record, _ = _tune_point(cfg, overwrite=overwrite, data=source)
+            status, record = _tune_point(cfg, overwrite=overwrite, data=source)
             records[point_label(point)] = record
             if record is None:
                 return Outcome(status)
