@@ -18,7 +18,7 @@ SLOW_DOCTESTS = (
     "src/cogcal/calibrators/affine.py::cogcal.calibrators.affine.VectorScaling",
     "src/cogcal/posthoc.py::cogcal.posthoc.calibrate",
     "src/cogcal/train/assemble.py::cogcal.train.assemble.load_run",
-    "src/cogcal/train/predict.py::cogcal.train.predict.predict",
+    "src/cogcal/commands/predict.py::cogcal.commands.predict.predict",
 )
 
 _COLLECTED = pytest.StashKey[list[tuple[str, str, bool]]]()

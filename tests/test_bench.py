@@ -2,7 +2,7 @@
 
 Most tests use a fake runner (:func:`fake_run`, imported by the spawned workers as
 ``test_bench:fake_run``) that writes a run folder through the run-folder contract
-(:class:`~cogcal.train.rundir.RunDir`, :class:`~cogcal.train.rundir.RunRecord`) in a few
+(:class:`~cogcal.runs.RunDir`, :class:`~cogcal.runs.RunRecord`) in a few
 milliseconds, with a validation NLL that is a function of (lr, ratio); one slow test runs
 the real trainer for one epoch.
 

@@ -1,15 +1,15 @@
 """Run training jobs as independent processes on a local pool (or Ray), resumably.
 
-Every job is one run folder, and the run-folder contract (:mod:`cogcal.train.rundir`) is
+Every job is one run folder, and the run-folder contract (:mod:`cogcal.runs`) is
 the only rule for what is found there:
 
 * a folder holding a finished run of the planned configuration
-  (:meth:`RunDir.finished_with <cogcal.train.rundir.RunDir.finished_with>`, a resolved
+  (:meth:`RunDir.finished_with <cogcal.runs.RunDir.finished_with>`, a resolved
   comparison: a field left to its default is compared too) is *skipped*; so is a
   diverged outcome of the same configuration (a result: retraining would diverge again);
 * an unfinished run of the same configuration with checkpoints is *resumed*;
 * anything else cogcal wrote there is cleared with :meth:`RunDir.clear
-  <cogcal.train.rundir.RunDir.clear>` (files cogcal did not write are never deleted, and
+  <cogcal.runs.RunDir.clear>` (files cogcal did not write are never deleted, and
   a symbolic link is never followed: such a job fails with that one-line reason) and the
   run is trained again.
 
@@ -39,7 +39,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -112,7 +111,7 @@ def check_pool(jobs: Any, executor: Any, address: Any) -> None:
 def reuse_key(config: TrainConfig) -> str:
     """What identifies "the same run" between jobs: the fields that can change results
     (:func:`cogcal.train.config.result_fields` of the resolved configuration); floats to
-    12 significant digits (the tolerance of :func:`cogcal.train.rundir.same_config`)."""
+    12 significant digits (the tolerance of :func:`cogcal.train.identity.same_config`)."""
     fields = result_fields(config.resolved())
     return json.dumps(
         {k: float(f"{v:.12g}") if isinstance(v, float) else v for k, v in fields.items()},
@@ -162,12 +161,7 @@ def copy_run(src: RunDir, dst: RunDir) -> None:
         for path in files:
             if path.is_symlink() or not path.is_file() or _io.temp_target(path.name):
                 continue
-            target = dst.path / path.relative_to(src.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+            _io.link_or_copy(path, dst.path / path.relative_to(src.path))
         source = os.path.relpath(src.path, dst.path)
         saved = src.read_config()
         if saved is not None:
@@ -314,7 +308,7 @@ class RayPool:
 
     def __init__(self, *, address: str | None, threads: int) -> None:
         try:
-            import ray
+            import ray  # optional extra, slow to import: only for --ray
         except ImportError:  # an optional extra
             raise ArgumentError(
                 "--executor ray needs Ray, which is an optional extra: "

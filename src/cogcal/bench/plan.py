@@ -9,11 +9,11 @@ Layout of the output folder::
     tune/effect/<dataset>/ce-no-schedule/...             the effect's own tuning group
 
 Every planned run is a :class:`~cogcal.train.config.TrainConfig`. A tuning group trains
-the points of its :class:`~cogcal.train.tuning.GridSearch` on the worker pool; when they
-have finished, the search's :meth:`~cogcal.train.tuning.GridSearch.next_points` gives the
+the points of its :class:`~cogcal.train.search.Search` on the worker pool; when they
+have finished, the search's :meth:`~cogcal.train.search.Search.next_points` gives the
 extension points (trained too) until it returns ``[]``; then the group writes its tables
 and the seed runs of the methods using it are queued with the chosen point. Points are
-chosen by :attr:`~cogcal.train.rundir.RunRecord.selection_nll` (validation cross-entropy;
+chosen by :attr:`~cogcal.runs.RunRecord.selection_nll` (validation cross-entropy;
 post-hoc methods: before calibration); a diverged point is a result, worse than every
 finite one. A group without a finite point blocks its seed runs (reported as failures,
 never trained with a guessed learning rate).
@@ -35,7 +35,6 @@ the fair protocol with ``ce`` and ``cog-fc`` (and ``effect: true``):
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from cogcal.runs import RunDir
 from cogcal.runs.columns import EFFECT
 from cogcal.runs.methods import get_method, list_methods
 from cogcal.train.config import TrainConfig
+from cogcal.train.search import Outcome, Search
 from cogcal.train.tuning import GridSearch, point_config, point_label, write_tables
 
 __all__ = [
@@ -85,7 +85,7 @@ def dataset_folder(name: str) -> str:
 
 
 def effect_variant(ratio: float) -> str:
-    """The variant name of ``cog-fc`` at ratio R (``report.schema.EFFECT_VARIANTS``).
+    """The variant name of ``cog-fc`` at ratio R (``runs.columns.EFFECT_VARIANTS``).
 
     >>> effect_variant(0.1)
     'cog-fc (ratio 0.1)'
@@ -144,6 +144,11 @@ class TuneGroup:
         Methods (or effect variants) whose seed runs use the chosen point.
     fields : dict
         TrainConfig fields of every point, without the learning rates, seed and out.
+    search : GridSearch
+        The grid and its extension rule.
+    driver : Search
+        The search driver over ``search`` (:mod:`cogcal.train.search`): the points to
+        train next, their results, the choice and ``tune.json``.
     """
 
     protocol: str
@@ -155,10 +160,9 @@ class TuneGroup:
     seed: int
     used_by: list[str] = field(default_factory=list)
     listeners: list[Callable[[TuneGroup], None]] = field(default_factory=list)
-    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, Job] = field(default_factory=dict)
-    pending: set[str] = field(default_factory=set)
     finished: bool = False
+    driver: Search = field(init=False)
     summary: dict[str, Any] | None = None
     error: str = ""
 
@@ -170,6 +174,19 @@ class TuneGroup:
     def schedule(self) -> str:
         return str(self.fields.get("schedule"))
 
+    def __post_init__(self) -> None:
+        self.driver = Search(self.search, schedule=self.schedule)
+
+    @property
+    def pending(self) -> set[str]:
+        """The points issued and not recorded yet."""
+        return self.driver.pending
+
+    @property
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """The ``tune.csv`` row of each point recorded, by its folder name."""
+        return {row["run"]: row for row in self.driver.table()}
+
     def config(self, point: dict[str, float], *, seed: int, out: Path) -> TrainConfig:
         """The TrainConfig of ``point`` at ``seed`` into ``out``."""
         return TrainConfig.from_dict(
@@ -179,7 +196,7 @@ class TuneGroup:
     def next_jobs(self, on_done: Callable[[Job], None]) -> list[Job]:
         """Jobs for the search's next points (``[]``: the search is over)."""
         jobs = []
-        for point in self.search.next_points():
+        for point in self.driver.next_points():
             name = point_label(point)
             cfg = self.config(point, seed=self.seed, out=self.folder / name)
             job = Job(
@@ -195,40 +212,23 @@ class TuneGroup:
                 point=dict(point),
             )
             self.jobs[name] = job
-            self.pending.add(name)
             jobs.append(job)
         return jobs
 
     def record(self, job: Job) -> None:
         """Record a finished point job (complete, diverged, failed or interrupted)."""
         point = job.point or {}
-        name = point_label(point)
-        self.pending.discard(name)
         record = RunDir(job.out).read_record() if job.status == "complete" else None
-        nll = record.selection_nll if record is not None else math.inf
-        status = job.status
-        if status == "complete" and not math.isfinite(nll):  # no finite NLL: diverged
-            status = "diverged"
-        self.search.record(point, nll, status)
-        val = record.val if record is not None else {}
-        cfg = point_config(point)
-        self.rows[name] = {
-            "lr": point["lr"],
-            "ratio": point.get("ratio"),
-            "calibrator_lr": cfg.get("calibrator_lr"),
-            "schedule": self.schedule,
-            "val_nll": nll if math.isfinite(nll) else None,
-            "val_brier": val.get("brier"),
-            "val_acc": val.get("acc"),
-            "status": status,
-            "run": name,
-        }
+        if record is None:
+            self.driver.record(point, Outcome(job.status))
+        else:
+            self.driver.record(point, Outcome(job.status, record.selection_nll, record.val))
 
     def finish(self) -> None:
         """Write ``tune.json`` / ``tune.csv`` and tell the listeners."""
         self.finished = True
-        rows = sorted(self.rows.values(), key=lambda r: (r["lr"], r["ratio"] or 0.0))
-        summary = self.search.summary(rows)
+        summary = self.driver.summary()
+        summary["table"].sort(key=lambda r: (r["lr"], r["ratio"] or 0.0))
         summary.update(
             protocol=self.protocol,
             dataset=self.dataset,
@@ -237,7 +237,7 @@ class TuneGroup:
             schedule=self.schedule,
             seed=self.seed,
         )
-        if not self.error and self.search.best is None:
+        if not self.error and self.driver.best is None:
             self.error = (
                 f"no finite point in tuning group {self.label} (every point diverged or "
                 f"failed; see {self.folder / 'tune.csv'})"
@@ -252,7 +252,7 @@ class TuneGroup:
     @property
     def chosen(self) -> dict[str, float] | None:
         """The chosen point; None when no point is finite or the search failed."""
-        return None if self.error else self.search.best
+        return None if self.error else self.driver.best
 
     def best_per_ratio(self) -> dict[float, dict[str, float] | None]:
         """For each ratio of the final grid, the point with the lowest finite selection NLL

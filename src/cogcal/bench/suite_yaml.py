@@ -3,7 +3,9 @@ structural checks every section of a suite shares.
 
 :func:`read_suite` finds a suite by shipped name or path and reads its YAML;
 :func:`cogcal.bench.suites.parse_suite` validates what it returns, section by section,
-with :func:`as_mapping`, :func:`check_keys` and :func:`yaml_number`.
+with :func:`as_mapping`, :func:`check_keys`, :func:`yaml_number` and the checks of
+seeds, protocols and switches (:func:`check_seeds`, :func:`check_protocols`,
+:func:`check_flag`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,22 @@ from typing import Any
 
 import yaml
 
-__all__ = ["as_mapping", "check_keys", "list_suites", "read_suite", "yaml_number"]
+from cogcal.train.config import SEED_MAX
+
+__all__ = [
+    "MAX_SEEDS",
+    "as_mapping",
+    "check_flag",
+    "check_keys",
+    "check_protocols",
+    "check_seeds",
+    "list_suites",
+    "read_suite",
+    "yaml_number",
+]
+
+#: The most seeds a suite may list (each seed is one run per method and dataset).
+MAX_SEEDS = 1000
 
 #: Keys of the earlier suite schema, with what replaced them.
 _MOVED = {
@@ -134,4 +151,62 @@ def yaml_number(value: Any) -> Any:
             return float(value)
         except ValueError:
             pass
+    return value
+
+
+def check_seeds(value: Any, where: str) -> tuple[int, ...]:
+    """A seed count (``3`` -> ``(0, 1, 2)``) or a list of distinct seeds, at most
+    :data:`MAX_SEEDS` of them, each in ``0 .. 2**32 - 1`` (numpy's seeding range)."""
+    usage = f"a count from 1 to {MAX_SEEDS} (e.g. 5) or a list of seeds such as [0, 4, 7]"
+    if isinstance(value, bool):
+        raise ValueError(f"{where} must be {usage}, got {value!r}.")
+    if isinstance(value, int):
+        if not 1 <= value <= MAX_SEEDS:
+            raise ValueError(
+                f"{where} must be {usage}, got {value}"
+                + (" (each seed is one run per method and dataset)." if value > 0 else ".")
+            )
+        return tuple(range(value))
+    if isinstance(value, Sequence) and not isinstance(value, str) and value:
+        if len(value) > MAX_SEEDS:
+            raise ValueError(
+                f"{where} lists {len(value)} seeds; the most a suite runs is {MAX_SEEDS}."
+            )
+        seeds = []
+        for s in value:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= SEED_MAX:
+                raise ValueError(
+                    f"{where} must hold integers from 0 to {SEED_MAX} (numpy's seeding range), "
+                    f"got {s!r}."
+                )
+            seeds.append(int(s))
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{where} has repeated seeds: {value!r}.")
+        return tuple(seeds)
+    raise ValueError(f"{where} must be {usage}, got {value!r}.")
+
+
+def check_protocols(value: Any, where: str, known: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty list (or comma-separated string) of the ``known`` protocols, returned
+    in their order, each once."""
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",") if p.strip()]
+    if not isinstance(value, Sequence) or not value:
+        raise ValueError(f"{where} must be a non-empty list of {tuple(known)}, got {value!r}.")
+    out = []
+    for p in value:
+        if p not in known:
+            raise ValueError(
+                f"unknown protocol {p!r} in {where}; expected one or both of: {', '.join(known)}."
+            )
+        if p not in out:
+            out.append(p)
+    return tuple(p for p in known if p in out)
+
+
+def check_flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    """``d[key]`` (``default`` when absent), which must be true or false."""
+    value = d.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}{key} must be true or false, got {value!r}.")
     return value

@@ -37,7 +37,7 @@ call: a suite naming one loads only with ``allow_plugins=True`` (``cogcal bench
 docs/bench.md ("Suites") describes the budgets (``budget.<protocol>``: per method family,
 ``baselines`` and ``cog``, in the ``paper`` protocol; one mapping for every method in the
 ``fair`` one; never implied, never set in ``train``), the protocols and the tuning rule
-(:class:`cogcal.train.tuning.GridSearch`: lowest validation cross-entropy, grids grown
+(:class:`cogcal.train.search.Search`: lowest validation cross-entropy, grids grown
 outward from an edge choice at most ``max_extensions`` times).
 
 Validation is :class:`~cogcal.train.config.TrainConfig`'s: a ``train`` section, a budget
@@ -59,7 +59,16 @@ from typing import Any
 
 from cogcal._errors import ArgumentError
 from cogcal.bench.budget import BUDGET_FIELDS, FAMILIES, Budget, family_of, parse_budgets
-from cogcal.bench.suite_yaml import as_mapping, check_keys, read_suite, yaml_number
+from cogcal.bench.suite_yaml import (
+    MAX_SEEDS,
+    as_mapping,
+    check_flag,
+    check_keys,
+    check_protocols,
+    check_seeds,
+    read_suite,
+    yaml_number,
+)
 from cogcal.data import list_datasets
 from cogcal.runs.columns import PROTOCOLS
 from cogcal.runs.methods import get_method, list_methods
@@ -67,6 +76,7 @@ from cogcal.train.config import SEED_MAX, TrainConfig
 from cogcal.train.tuning import Grid, GridSearch, point_config
 
 __all__ = [
+    "MAX_SEEDS",
     "PROTOCOLS",
     "DatasetEntry",
     "Suite",
@@ -108,8 +118,6 @@ _REQUIRED_TOP = ("datasets", "methods", "budget")
 _REQUIRES_KEYS = ("gpu",)
 _DATASET_KEYS = ("model", "target", "train", "methods")
 
-#: The most seeds a suite may list (each seed is one run per method and dataset).
-MAX_SEEDS = 1000
 #: The flag (and ``run_bench`` argument) that lets a suite import dataset plugins.
 PLUGIN_FLAG = "--allow-plugins"
 
@@ -197,9 +205,9 @@ class Suite:
         """
         try:
             if "seeds" in changes:
-                changes["seeds"] = _check_seeds(changes["seeds"], "seeds")
+                changes["seeds"] = check_seeds(changes["seeds"], "seeds")
             if "protocols" in changes:
-                changes["protocols"] = _check_protocols(changes["protocols"], "protocols")
+                changes["protocols"] = check_protocols(changes["protocols"], "protocols", PROTOCOLS)
             new = dataclasses.replace(self, **changes)
             _check_budgets_cover(new, f"suite {new.source}")
             _check_configs(new, f"suite {new.source}")
@@ -283,62 +291,6 @@ def load_suite(name_or_path: str | Path, *, allow_plugins: bool = False) -> Suit
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def _check_seeds(value: Any, where: str) -> tuple[int, ...]:
-    """A seed count (``3`` -> ``(0, 1, 2)``) or a list of distinct seeds, at most
-    :data:`MAX_SEEDS` of them, each in ``0 .. 2**32 - 1`` (numpy's seeding range)."""
-    usage = f"a count from 1 to {MAX_SEEDS} (e.g. 5) or a list of seeds such as [0, 4, 7]"
-    if isinstance(value, bool):
-        raise ValueError(f"{where} must be {usage}, got {value!r}.")
-    if isinstance(value, int):
-        if not 1 <= value <= MAX_SEEDS:
-            raise ValueError(
-                f"{where} must be {usage}, got {value}"
-                + (" (each seed is one run per method and dataset)." if value > 0 else ".")
-            )
-        return tuple(range(value))
-    if isinstance(value, Sequence) and not isinstance(value, str) and value:
-        if len(value) > MAX_SEEDS:
-            raise ValueError(
-                f"{where} lists {len(value)} seeds; the most a suite runs is {MAX_SEEDS}."
-            )
-        seeds = []
-        for s in value:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= SEED_MAX:
-                raise ValueError(
-                    f"{where} must hold integers from 0 to {SEED_MAX} (numpy's seeding range), "
-                    f"got {s!r}."
-                )
-            seeds.append(int(s))
-        if len(set(seeds)) != len(seeds):
-            raise ValueError(f"{where} has repeated seeds: {value!r}.")
-        return tuple(seeds)
-    raise ValueError(f"{where} must be {usage}, got {value!r}.")
-
-
-def _check_protocols(value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [p.strip() for p in value.split(",") if p.strip()]
-    if not isinstance(value, Sequence) or not value:
-        raise ValueError(f"{where} must be a non-empty list of {PROTOCOLS}, got {value!r}.")
-    out = []
-    for p in value:
-        if p not in PROTOCOLS:
-            raise ValueError(
-                f"unknown protocol {p!r} in {where}; expected one or both of: "
-                f"{', '.join(PROTOCOLS)}."
-            )
-        if p not in out:
-            out.append(p)
-    return tuple(p for p in PROTOCOLS if p in out)
-
-
-def _flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
-    value = d.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{where}{key} must be true or false, got {value!r}.")
-    return value
 
 
 def _check_train(
@@ -488,7 +440,7 @@ def parse_suite(
     description = str(d.get("description") or "")
     requires = as_mapping(d.get("requires"), f"{where}: requires")
     check_keys(requires, _REQUIRES_KEYS, f"{where}: requires")
-    requires_gpu = _flag(requires, "gpu", False, f"{where}: requires.")
+    requires_gpu = check_flag(requires, "gpu", False, f"{where}: requires.")
 
     datasets_raw = as_mapping(d["datasets"], f"{where}: datasets")
     if not datasets_raw:
@@ -515,13 +467,15 @@ def parse_suite(
         description=description,
         datasets=tuple(datasets),
         methods=methods,
-        seeds=_check_seeds(d.get("seeds", 3), f"{where}: seeds"),
-        protocols=_check_protocols(d.get("protocols", list(PROTOCOLS)), f"{where}: protocols"),
+        seeds=check_seeds(d.get("seeds", 3), f"{where}: seeds"),
+        protocols=check_protocols(
+            d.get("protocols", list(PROTOCOLS)), f"{where}: protocols", PROTOCOLS
+        ),
         train=train,
         budgets=parse_budgets(d["budget"], f"{where}: budget"),
         tune=_check_tune(d.get("tune"), f"{where}: tune", allow_fast),
-        reuse=_flag(d, "reuse", True, f"{where}: "),
-        effect=_flag(d, "effect", True, f"{where}: "),
+        reuse=check_flag(d, "reuse", True, f"{where}: "),
+        effect=check_flag(d, "effect", True, f"{where}: "),
         requires_gpu=requires_gpu,
         source=source,
     )

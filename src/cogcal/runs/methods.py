@@ -9,21 +9,23 @@ A :class:`Method` says which loss trains the network, which calibrator (if any) 
 jointly on the slower learning rate (COG), which post-hoc calibrator (if any) is fitted on
 validation logits afterwards, and which second stage (TST / V-TST) follows. Everything the
 runner, the tuner and the report need is derived from these few fields, so a new method is
-one :func:`register_method` call.
+one :func:`register_method` call. The methods are a :class:`~cogcal._registry.Registry`
+(:data:`REGISTRY`), listed in registration order; :data:`METHODS` is a read-only view of it.
 """
 
 from __future__ import annotations
 
-import difflib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from cogcal._errors import ArgumentError
+from cogcal._registry import Registry
 from cogcal.calibrators import default_latent_dim
 
 __all__ = [
     "COG_PAIRS",
     "Method",
     "METHODS",
+    "REGISTRY",
     "get_method",
     "is_cog",
     "list_methods",
@@ -175,17 +177,42 @@ class Method:
         }[kind]
 
 
-METHODS: dict[str, Method] = {}
+REGISTRY: Registry[Method] = Registry(
+    "method",
+    sort=False,
+    unknown="{who} {name!r} is unknown; choose one of: {known}.{hint}",
+)
+
+
+class _MethodsView(Mapping[str, Method]):
+    """A read-only mapping over :data:`REGISTRY` (exact names, registration order)."""
+
+    def __getitem__(self, name: str) -> Method:
+        if REGISTRY.key(name) != name:
+            raise KeyError(name)
+        return REGISTRY.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(REGISTRY.names())
+
+    def __len__(self) -> int:
+        return len(REGISTRY)
+
+    def __repr__(self) -> str:
+        return f"METHODS({REGISTRY.names()!r})"
+
+
+#: The registered methods as a read-only mapping ``name -> Method``.
+METHODS: Mapping[str, Method] = _MethodsView()
 
 
 def register_method(method: Method) -> Method:
-    """Add ``method`` to :data:`METHODS` (names must be new)."""
+    """Add ``method`` to :data:`REGISTRY` (names must be new)."""
     if method.name in METHODS:
         raise ValueError(f"method {method.name!r} is already registered.")
     if method.loss not in LOSSES:
         raise ValueError(f"method {method.name!r}: loss must be one of {LOSSES}.")
-    METHODS[method.name] = method
-    return method
+    return REGISTRY.register(method.name, method)
 
 
 for _m in (
@@ -231,21 +258,12 @@ COG_PAIRS = {"cog-ts": "ts", "cog-vs": "vs", "cog-ms": "ms", "cog-tst": "tst", "
 
 def list_methods() -> list[str]:
     """Registered method names, in registration order."""
-    return list(METHODS)
+    return REGISTRY.names()
 
 
 def get_method(name: str) -> Method:
     """The method called ``name`` (case-insensitive); an unknown name suggests the closest."""
-    key = name.strip().lower() if isinstance(name, str) else name
-    try:
-        return METHODS[key]
-    except (KeyError, TypeError):
-        close = difflib.get_close_matches(str(name), list(METHODS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ArgumentError(
-            f"`method` {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}",
-            cli_message=f"--method {name!r} is unknown; choose one of: {', '.join(METHODS)}.{hint}",
-        ) from None
+    return REGISTRY.get(name.strip() if isinstance(name, str) else name)
 
 
 def is_cog(name: str) -> bool:

@@ -1,7 +1,7 @@
 """Training: the methods registry, the configuration, the run-folder contract, the loop.
 
 The registry (:mod:`~cogcal.train.methods`), :class:`TrainConfig`
-(:mod:`~cogcal.train.config`), the run contract (:mod:`~cogcal.train.rundir`) and the
+(:mod:`~cogcal.train.config`), the run contract (:mod:`~cogcal.runs`) and the
 learning-rate search (:mod:`~cogcal.train.tuning`) import neither Lightning nor the
 training loop; :func:`run` and :func:`tune` (:mod:`~cogcal.train.runner`, on Lightning
 Fabric) are imported when first used.

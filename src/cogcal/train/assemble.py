@@ -182,7 +182,7 @@ class LoadedRun:
         package (``pip install onnx``).
         """
         try:
-            import onnx
+            import onnx  # optional, and slow to import: only when exporting
         except ImportError:  # an optional dependency
             raise ImportError("to_onnx needs the onnx package: pip install onnx") from None
         shape = self.input_shape
@@ -338,6 +338,83 @@ def _check_fits(target: nn.Module, state: dict[str, torch.Tensor], folder: RunDi
         )
 
 
+def _read_finished(folder: RunDir) -> tuple[RunRecord, dict[str, Any]]:
+    """The record and the config of a finished run folder, checked against each other."""
+    record = folder.read_record()
+    if record is None:
+        raise RunFolderError(
+            f"{folder.path} holds no finished cogcal run (no metrics.json with status "
+            "complete); pass the folder of a finished `cogcal train` run."
+        )
+    saved = folder.read_config()
+    if saved is None:
+        raise RunFolderError(
+            f"{folder.path} has a metrics.json but no config.json, so the model cannot be "
+            "rebuilt (it records the backbone, method and data shape); the folder is "
+            "incomplete: retrain the run, or restore config.json."
+        )
+    folder.check_record(record, saved)  # config.json is the record of the checkpoints
+    return record, saved
+
+
+def _model_name(folder: RunDir, saved: dict[str, Any], model: nn.Module | None) -> tuple[str, bool]:
+    """The backbone a run recorded and whether it was a model given in Python (which
+    ``model`` must then be: given exactly for those runs)."""
+    model_name = saved.get("model")
+    python_model = isinstance(model_name, str) and model_name.startswith("python:")
+    if python_model and model is None:
+        raise RunFolderError(
+            f"{folder.path} was trained on a model given in Python ({model_name}); pass a fresh "
+            f"instance of it: cogcal.load_run(path, model={model_name[7:]}(...))."
+        )
+    if model is not None and not python_model:
+        raise RunFolderError(
+            f"{folder.path} was trained on cogcal's {model_name!r} backbone, which load_run "
+            "rebuilds from config.json; `model=` is for runs of cogcal.fit on your own model."
+        )
+    if not isinstance(model_name, str):
+        raise RunFolderError(f"{folder.config_path} names no model; retrain the run.")
+    return model_name, python_model
+
+
+def _load_weights(
+    folder: RunDir, which: str, record: RunRecord, method: Method, network: nn.Module, *,
+    task: str, num_classes: int, model_name: str, model: nn.Module | None,
+) -> CalibratedModel:  # fmt: skip
+    """The run's final model on ``network``, with the weights of its checkpoint ``which``
+    (and its post-hoc calibrator), each file checked against the record."""
+    try:
+        state = _final_state(folder, which, record)
+        if method.stage2:
+            stage2 = stage2_model(method, network, num_classes)
+            if model is not None:
+                _check_fits(stage2, state, folder, model_name, model)
+            stage2.load_state_dict(state)
+            return final_model(method, network, network, task=task, head=stage2.head)
+        stage1 = stage1_model(method, network, task)
+        if model is not None:
+            _check_fits(stage1, state, folder, model_name, model)
+        stage1.load_state_dict(state)
+        calibrator = None
+        if method.posthoc:
+            calibrator = posthoc_calibrator(method.posthoc, task)
+            calibrator.load_state_dict(torch.load(folder.path / "calibrator.pt", weights_only=True))
+            folder.check_file("calibrator.pt", record)  # the one the run fitted
+            calibrator.requires_grad_(False)
+        return final_model(method, network, stage1, task=task, calibrator=calibrator)
+    except pickle.UnpicklingError as err:  # not weights only: never unpickled
+        raise RunFolderError(
+            f"{folder.path}: a checkpoint or calibrator.pt holds more than tensors (weights_only "
+            f"loading refused it: {str(err).splitlines()[0][:160]}); cogcal never unpickles "
+            "arbitrary objects: retrain the run, or load the file yourself if you trust it."
+        ) from None
+    except (RuntimeError, KeyError, FileNotFoundError) as err:
+        raise RunFolderError(
+            f"{folder.path}: the checkpoints do not fit the model its config.json describes "
+            f"({type(err).__name__}: {str(err).splitlines()[0][:160]})."
+        ) from None
+
+
 def _probe(model: CalibratedModel, shape: Any, dtype: str) -> None:
     """One forward pass on a zero input, so that :meth:`CalibratedModel.export` knows the
     final layer's output is the logits (and folds a post-hoc calibrator into it)."""
@@ -387,7 +464,7 @@ def load_run(
     RunFolderError
         The folder is not a finished cogcal run, its files do not fit each other, or
         ``model`` is missing, not needed or does not fit. Nothing edited or replaced after
-        the run is trusted (:meth:`RunDir.check_record <cogcal.train.rundir.RunDir.check_record>`):
+        the run is trusted (:meth:`RunDir.check_record <cogcal.runs.RunDir.check_record>`):
         a ``config.json`` that differs from the record in ``metrics.json`` (the message names
         the fields) or holds a damaged value (names it), a checkpoint or ``calibrator.pt``
         whose sha256 is not the one the record holds (e.g. copied from another run).
@@ -414,36 +491,9 @@ def load_run(
         raise RunFolderError(f"`model` must be an nn.Module or None, got {type(model).__name__}.")
     folder = RunDir(path)
     with folder.read_lock():  # no --overwrite can clear it while it is read
-        record = folder.read_record()
-        if record is None:
-            raise RunFolderError(
-                f"{folder.path} holds no finished cogcal run (no metrics.json with status "
-                "complete); pass the folder of a finished `cogcal train` run."
-            )
-        saved = folder.read_config()
-        if saved is None:
-            raise RunFolderError(
-                f"{folder.path} has a metrics.json but no config.json, so the model cannot be "
-                "rebuilt (it records the backbone, method and data shape); the folder is "
-                "incomplete: retrain the run, or restore config.json."
-            )
-        folder.check_record(record, saved)  # config.json is the record of the checkpoints
+        record, saved = _read_finished(folder)
         config = _recorded_config(folder, saved)
-        method = get_method(config.method)
-        model_name = saved.get("model")
-        python_model = isinstance(model_name, str) and model_name.startswith("python:")
-        if python_model and model is None:
-            raise RunFolderError(
-                f"{folder.path} was trained on a model given in Python ({model_name}); pass a fresh "
-                f"instance of it: cogcal.load_run(path, model={model_name[7:]}(...))."
-            )
-        if model is not None and not python_model:
-            raise RunFolderError(
-                f"{folder.path} was trained on cogcal's {model_name!r} backbone, which load_run "
-                "rebuilds from config.json; `model=` is for runs of cogcal.fit on your own model."
-            )
-        if not isinstance(model_name, str):
-            raise RunFolderError(f"{folder.config_path} names no model; retrain the run.")
+        model_name, python_model = _model_name(folder, saved, model)
         data = saved.get("data") or {}
         num_classes = int(saved.get("num_classes") or data.get("num_classes") or 0)
         input_shape = tuple(saved.get("input_shape") or data.get("input_shape") or ())
@@ -452,43 +502,14 @@ def load_run(
                 f"{folder.config_path} does not record the number of classes, the input shape and "
                 "the input preprocessing; it was written by an older cogcal: retrain the run."
             )
-        task = saved.get("task", "multiclass")
         network = model if model is not None else create_model(
             model_name, num_classes=num_classes, input_shape=input_shape
         )  # fmt: skip
-        try:
-            state = _final_state(folder, which, record)
-            if method.stage2:
-                stage2 = stage2_model(method, network, num_classes)
-                if model is not None:
-                    _check_fits(stage2, state, folder, model_name, model)
-                stage2.load_state_dict(state)
-                loaded = final_model(method, network, network, task=task, head=stage2.head)
-            else:
-                stage1 = stage1_model(method, network, task)
-                if model is not None:
-                    _check_fits(stage1, state, folder, model_name, model)
-                stage1.load_state_dict(state)
-                calibrator = None
-                if method.posthoc:
-                    calibrator = posthoc_calibrator(method.posthoc, task)
-                    calibrator.load_state_dict(
-                        torch.load(folder.path / "calibrator.pt", weights_only=True)
-                    )
-                    folder.check_file("calibrator.pt", record)  # the one the run fitted
-                    calibrator.requires_grad_(False)
-                loaded = final_model(method, network, stage1, task=task, calibrator=calibrator)
-        except pickle.UnpicklingError as err:  # not weights only: never unpickled
-            raise RunFolderError(
-                f"{folder.path}: a checkpoint or calibrator.pt holds more than tensors (weights_only "
-                f"loading refused it: {str(err).splitlines()[0][:160]}); cogcal never unpickles "
-                "arbitrary objects: retrain the run, or load the file yourself if you trust it."
-            ) from None
-        except (RuntimeError, KeyError, FileNotFoundError) as err:
-            raise RunFolderError(
-                f"{folder.path}: the checkpoints do not fit the model its config.json describes "
-                f"({type(err).__name__}: {str(err).splitlines()[0][:160]})."
-            ) from None
+        loaded = _load_weights(
+            folder, which, record, get_method(config.method), network,
+            task=saved.get("task", "multiclass"), num_classes=num_classes,
+            model_name=model_name, model=model,
+        )  # fmt: skip
     inputs = saved.get("input")
     names = saved.get("class_names") or data.get("class_names")
     loaded.class_names = [str(c) for c in names] if names else None

@@ -42,7 +42,6 @@ __all__ = [
     "LoopState",
     "StageCheckpoints",
     "finished_stage",
-    "link_atomic",
     "load_weights",
     "resume_stage",
 ]
@@ -283,21 +282,9 @@ def _write_checkpoint(folder: Path, snapshot: dict, best: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     last = _io.save_torch(folder / "last.ckpt", snapshot)
     if best:
-        link_atomic(last, folder / "best.ckpt")
+        _io.link_or_copy(last, folder / "best.ckpt", atomic=True)
     elif "best" in snapshot:
         _write_best(folder, snapshot["best"], snapshot.get("config_sha256"))
-
-
-def link_atomic(src: Path, dst: Path) -> None:
-    """Make ``dst`` the same file as ``src`` atomically (hard link, else a durable copy)."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}link{_io.TMP_SUFFIX}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:  # no hard links on this file system
-        _io.write_bytes(tmp, src.read_bytes())
-    os.replace(tmp, dst)
-    _io.fsync_dir(dst.parent)
 
 
 def _write_best(folder: Path, best: dict[str, Any], config_sha256: str | None) -> None:
@@ -315,7 +302,7 @@ def _restore_best(folder: Path, state: LoopState, ckpt: dict[str, Any]) -> None:
     last, best = folder / "last.ckpt", folder / "best.ckpt"
     if state.best_epoch == state.epoch - 1:
         if not (best.exists() and os.path.samefile(last, best)):
-            link_atomic(last, best)
+            _io.link_or_copy(last, best, atomic=True)
     elif "best" in ckpt:
         try:
             held = load_checkpoint(best)["loop"]["best_epoch"]

@@ -4,7 +4,7 @@ Every field of :class:`TrainConfig` carries its meaning, unit and command-line h
 metadata; ``cogcal train`` / ``cogcal tune`` build their flags from these fields
 (:func:`add_arguments`), suites are validated by building ``TrainConfig`` objects, and a
 run folder records the resolved configuration (:meth:`TrainConfig.resolved`), which the
-run contract (:mod:`cogcal.train.rundir`) compares field by field.
+run contract (:mod:`cogcal.runs`) compares field by field.
 
 Validation happens once, when a ``TrainConfig`` is built. Errors are
 :class:`ConfigError` s that name the field in Python (``lr``) and the flag on the command
@@ -364,6 +364,14 @@ class TrainConfig:
                 setattr(self, name, value.strip().lower())
 
     def _validate(self) -> None:
+        """Check every field (in this order: the fields alone, then the learning rates,
+        then the data and paths); the first problem is raised."""
+        self._validate_fields()
+        self._validate_rates()
+        self._validate_data()
+
+    def _validate_fields(self) -> None:
+        """Names, integers, choices and switches, and what the devices allow."""
         if not isinstance(self.dataset, str) or not self.dataset:
             raise ConfigError(
                 lambda n: f"{n('dataset')} must be a dataset name, got {self.dataset!r}."
@@ -373,7 +381,6 @@ class TrainConfig:
         if self.model is not None and not self.model.startswith("python:"):
             _check_name("model", self.model, list_models())
         _check_name("method", self.method, list_methods())
-        method = get_method(self.method)
         _check_int("seed", self.seed, minimum=0, maximum=SEED_MAX)
         for name in ("stage2_epochs", "devices", "num_nodes"):
             _check_int(name, getattr(self, name), minimum=1)
@@ -422,6 +429,9 @@ class TrainConfig:
                     "use bf16-mixed on the CPU."
                 )
             )
+
+    def _validate_rates(self) -> None:
+        """The learning rates, given or chosen, and the checkpoint interval."""
         for name in ("lr", "calibrator_lr"):
             value = getattr(self, name)
             if value is not None and not (_is_number(value) and 0 < value < math.inf):
@@ -445,7 +455,7 @@ class TrainConfig:
                     f"once (no update that small changes the result); use a larger {n('lr')}."
                 )
             )
-        if self.calibrator_lr is not None and not method.is_cog:
+        if self.calibrator_lr is not None and not get_method(self.method).is_cog:
             raise ConfigError(
                 lambda n: (
                     f"{n('calibrator_lr')} applies to COG methods only; method "
@@ -474,6 +484,10 @@ class TrainConfig:
                     f"{n('allow_fast_calibrator')}."
                 )
             )
+
+    def _validate_data(self) -> None:
+        """What the dataset takes (augmentation, a csv: table's target), the paths, the
+        mirror and ``extra``."""
         if self.augment not in (None, "none") and self.dataset.startswith("csv:"):
             raise ConfigError(
                 lambda n: f"{n('augment')} {self.augment} flips images; a csv: table takes none."

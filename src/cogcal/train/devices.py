@@ -103,7 +103,7 @@ def launch(config: TrainConfig) -> Any:
     strategy: Any = config.strategy
     timeout = rendezvous_timeout() if world > 1 else None
     if timeout is not None:  # every strategy cogcal offers is DDP: wait at most `timeout`
-        from lightning_fabric.strategies import DDPStrategy
+        from lightning_fabric.strategies import DDPStrategy  # with Fabric (start-up time)
 
         strategy = DDPStrategy(
             timeout=datetime.timedelta(seconds=timeout),

@@ -179,16 +179,13 @@ def fit(
     epochs, lr, calibrator_lr, batch_size, seed
         As in ``cogcal train``. Left unset (``preset="auto"``, the default), the batch size
         and the epochs come from the training-set size (at least 1,500 optimizer steps,
-        :func:`cogcal.train.config.auto_budget`), the learning rates are divided by 10
-        after each third of the run, and without ``lr`` the learning rates are chosen by
-        validation cross-entropy on a small grid (at most 5 points for COG methods, 3 for
-        the others), by successive halving (``selection="halving"``: every point for a
-        third of the epochs, the best two to half, the best one to the end, about 2.2 runs
-        of that budget; ``selection="full"`` trains every point to the end); the chosen run
-        is the result. ``lr=`` trains exactly
-        one configuration (λ_c = λ_f/10 unless ``calibrator_lr``); ``preset="paper"`` gives
-        the paper's settings (batch 256, λ_f 1e-3 for COG methods and 1e-4 for the others,
-        rates /10 every 10 epochs).
+        :func:`cogcal.train.config.auto_budget`), the rates are divided by 10 after each
+        third of the run, and without ``lr`` the rates are chosen by validation
+        cross-entropy on a small grid (at most 5 points for COG methods, 3 for the others;
+        :mod:`cogcal.train.select`), by successive halving (``selection="halving"``, about
+        2.2 runs of that budget) or every point to the end (``"full"``); the chosen run is
+        the result. ``lr=`` trains one configuration (λ_c = λ_f/10 unless
+        ``calibrator_lr``); ``preset="paper"`` gives the paper's settings.
     out : path, optional
         A run folder to write (checkpoints, logs, metrics.json; resumable with
         ``resume=True``). Without it, checkpoints live in a temporary folder.
@@ -218,6 +215,52 @@ def fit(
     >>> [f.kind for f in result.health.findings]  # 3 epochs of 8 steps: too short
     ['under-trained']
     """
+    num_classes, inferred = _check_call(model, task, val_fraction, options, num_classes)
+    source, batch_size = _data(
+        model, train_data, val_data, task=task, num_classes=num_classes, inferred=inferred,
+        val_fraction=val_fraction, batch_size=batch_size, epochs=epochs,
+        preset=options.get("preset", field_default("preset")),
+    )  # fmt: skip
+    validation = source.info["validation"]
+    with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
+        config = TrainConfig.from_dict(
+            {
+                "dataset": "python:data", "model": f"python:{type(model).__name__}",
+                "method": method, "epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr,
+                "batch_size": batch_size, "seed": seed, "progress": progress,
+                "out": str(out) if out is not None else str(Path(tmp) / "run"), **options,
+            }
+        )  # fmt: skip
+        record, trained = execute(
+            config, resume=resume, overwrite=overwrite, data=source, model=model
+        )
+        history = _history(Path(config.out))
+    return _result(record, trained, history, config, out=out, validation=validation)
+
+
+def _result(
+    record: dict[str, Any], trained: Any, history: list[dict[str, Any]], config: TrainConfig,
+    *, out: str | Path | None, validation: str,
+) -> FitResult:  # fmt: skip
+    """The :class:`FitResult` of a run, its health findings and edge warning raised (at
+    the caller of :func:`fit`)."""
+    health = HealthReport.from_dict(record.get("health") or {})
+    for finding in health.findings:
+        warnings.warn(finding.message, CalibrationWarning, stacklevel=3)
+    if message := edge_warning(record.get("selection"), python=True):
+        warnings.warn(message, UserWarning, stacklevel=3)
+    return FitResult(
+        model=trained, metrics=record["val"], history=history,
+        out=Path(out) if out is not None else None, config=config, validation=validation,
+        timing=record["timing"], health=health, selection=record.get("selection"),
+    )  # fmt: skip
+
+
+def _check_call(
+    model: Any, task: str, val_fraction: float, options: dict[str, Any], num_classes: int | None
+) -> tuple[int, bool]:
+    """Check the arguments of :func:`fit` that are not data; returns the number of outputs
+    (``num_classes``, or the model's final linear layer's) and whether it was inferred."""
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"`model` must be a torch nn.Module, got {type(model).__name__}.")
     if task not in ("multiclass", "multilabel"):
@@ -232,17 +275,49 @@ def fit(
             "cogcal.fit trains in one process; for several devices use `cogcal train` with "
             "--devices/--strategy ddp, or CalibratedModel in your own distributed loop."
         )
-    inferred = num_classes is None
-    if num_classes is None:
-        try:
-            num_classes = find_classifier(model)[1].out_features
-        except ValueError:
-            raise ArgumentError(
-                "cannot tell the number of outputs of `model` (no final linear layer found); "
-                "pass num_classes=."
-            ) from None
+    if num_classes is not None:
+        return num_classes, False
+    try:
+        return find_classifier(model)[1].out_features, True
+    except ValueError:
+        raise ArgumentError(
+            "cannot tell the number of outputs of `model` (no final linear layer found); "
+            "pass num_classes=."
+        ) from None
+
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _data(
+    model: nn.Module, train_data: Any, val_data: Any, *, task: str, num_classes: int,
+    inferred: bool, val_fraction: float, batch_size: int | None, epochs: int | None,
+    preset: str,
+) -> tuple[LoaderSource, int]:  # fmt: skip
+    """The data of :func:`fit` checked against ``model`` and split when no validation data
+    is given, as the runner takes it, and the batch size it is trained with."""
     train = _pair(train_data, "train_data", task)
-    val = _pair(val_data, "val_data", task) if val_data is not None else None
+    val = None if val_data is None else _pair(val_data, "val_data", task)
+    _check_pairs(model, train, val, num_classes, task, inferred=inferred)
+    if val_data is None:
+        train, val, train_data, val_data, validation = _split(train, train_data, val_fraction, task)
+    else:
+        validation = "val_data as given"
+    batch_size = _batch_size(batch_size, train, train_data, epochs=epochs, preset=preset)
+    source = _source(
+        train if train is not None else _loader(train_data, batch_size, shuffle=True),
+        val if val is not None else _loader(val_data, EVAL_BATCH, shuffle=False),
+        task=task, num_classes=num_classes, validation=validation,
+    )  # fmt: skip
+    return source, batch_size
+
+
+def _check_pairs(
+    model: nn.Module, train: Pair | None, val: Pair | None, num_classes: int, task: str,
+    *, inferred: bool,
+) -> None:  # fmt: skip
+    """Probe ``model`` on the tensors given, and check that the training labels use every
+    output when the number of outputs was inferred from the model."""
     for name, pair in (("train_data", train), ("val_data", val)):
         if pair is not None:
             _probe(model, pair, name, num_classes, task)
@@ -255,39 +330,50 @@ def fit(
                 f"num_classes={num_classes} if classes {used}..{num_classes - 1} exist but are "
                 "absent from the training data."
             )
-    if val_data is None:
-        if isinstance(train_data, DataLoader):
-            raise ArgumentError(
-                "`val_data` is needed when `train_data` is a DataLoader (cogcal does not split "
-                "your loader); pass a validation loader or dataset."
-            )
-        labels = train[1].numpy() if train is not None else _labels_of(train_data)
-        if task == "multilabel":
-            labels = labels[:, 0]
-        keep, held = stratified_split(labels, val_fraction, seed=SPLIT_SEED)
-        validation = (
-            f"stratified {val_fraction:.0%} of train_data ({len(held)} samples, seed {SPLIT_SEED})"
+
+
+def _split(
+    train: Pair | None, train_data: Any, val_fraction: float, task: str
+) -> tuple[Pair | None, Pair | None, Any, Any, str]:
+    """Hold out a stratified ``val_fraction`` of the training data (fixed seed) for
+    validation: ``(train, val, train_data, val_data, validation)``."""
+    if isinstance(train_data, DataLoader):
+        raise ArgumentError(
+            "`val_data` is needed when `train_data` is a DataLoader (cogcal does not split "
+            "your loader); pass a validation loader or dataset."
         )
-        if train is not None:
-            x, y = train
-            train, val = (x[keep], y[keep]), (x[held], y[held])
-        else:
-            train_data, val_data = (
-                Subset(train_data, keep.tolist()),
-                Subset(train_data, held.tolist()),
-            )
-    else:
-        validation = "val_data as given"
-    train_size = _size(train) if train is not None else _size(train_data)
+    labels = train[1].numpy() if train is not None else _labels_of(train_data)
+    if task == "multilabel":
+        labels = labels[:, 0]
+    keep, held = stratified_split(labels, val_fraction, seed=SPLIT_SEED)
+    validation = (
+        f"stratified {val_fraction:.0%} of train_data ({len(held)} samples, seed {SPLIT_SEED})"
+    )
+    if train is not None:
+        x, y = train
+        return (x[keep], y[keep]), (x[held], y[held]), None, None, validation
+    held_out = Subset(train_data, held.tolist())
+    return None, None, Subset(train_data, keep.tolist()), held_out, validation
+
+
+def _batch_size(
+    batch_size: int | None, train: Pair | None, train_data: Any, *, epochs: int | None,
+    preset: str,
+) -> int:  # fmt: skip
+    """The batch size given, else the loader's own, else the automatic budget's (preset
+    ``auto``), else the paper's."""
     if isinstance(train_data, DataLoader) and batch_size is None:
         batch_size = train_data.batch_size  # the loader's own (None: a batch sampler)
-    if batch_size is None and options.get("preset", field_default("preset")) == "auto":
-        batch_size = auto_budget(train_size, epochs=epochs)["batch_size"]
-    if batch_size is None:
-        batch_size = PAPER_BATCH
-    train_source = train if train is not None else _loader(train_data, batch_size, shuffle=True)
-    val_source = val if val is not None else _loader(val_data, EVAL_BATCH, shuffle=False)
-    for name, pair in (("train_data", train_source), ("val_data", val_source)):
+    if batch_size is None and preset == "auto":
+        size = _size(train) if train is not None else _size(train_data)
+        batch_size = auto_budget(size, epochs=epochs)["batch_size"]
+    return PAPER_BATCH if batch_size is None else batch_size
+
+
+def _source(train: Any, val: Any, *, task: str, num_classes: int, validation: str) -> LoaderSource:
+    """The data of :func:`fit` as the runner takes it (labels checked against the
+    outputs)."""
+    for name, pair in (("train_data", train), ("val_data", val)):
         if isinstance(pair, tuple) and task == "multiclass":
             top = int(pair[1].max())
             if int(pair[1].min()) < 0 or top >= num_classes:
@@ -298,63 +384,27 @@ def fit(
     info = {
         "source": "cogcal.fit",
         "validation": validation,
-        "train_size": _size(train_source),
-        "val_size": _size(val_source),
+        "train_size": _size(train),
+        "val_size": _size(val),
     }
-    if isinstance(train_source, tuple):
-        info["input_shape"] = list(train_source[0].shape[1:])
-        info["input_dtype"] = str(train_source[0].dtype).removeprefix("torch.")
-    source = LoaderSource(
-        name="python",
-        task=task,
-        num_classes=num_classes,
-        train=train_source,
-        val=val_source,
-        class_names=[str(k) for k in range(num_classes)],
-        info=info,
-    )
-    with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
-        config = TrainConfig.from_dict(
-            {
-                "dataset": "python:data",
-                "model": f"python:{type(model).__name__}",
-                "method": method,
-                "epochs": epochs,
-                "lr": lr,
-                "calibrator_lr": calibrator_lr,
-                "batch_size": batch_size,
-                "seed": seed,
-                "out": str(out) if out is not None else str(Path(tmp) / "run"),
-                "progress": progress,
-                **options,
-            }
-        )
-        record, trained = execute(
-            config, resume=resume, overwrite=overwrite, data=source, model=model
-        )
-        history = []
-        folder = Path(config.out)
-        for stage in ("stage1", "stage2"):
-            log = folder / "logs" / f"{stage}.csv"
-            if log.is_file():
-                with log.open(newline="") as f:
-                    history += [{"stage": stage, **_numbers(row)} for row in csv.DictReader(f)]
-    health = HealthReport.from_dict(record.get("health") or {})
-    for finding in health.findings:
-        warnings.warn(finding.message, CalibrationWarning, stacklevel=2)
-    if message := edge_warning(record.get("selection"), python=True):
-        warnings.warn(message, UserWarning, stacklevel=2)
-    return FitResult(
-        health=health,
-        selection=record.get("selection"),
-        model=trained,
-        metrics=record["val"],
-        history=history,
-        out=Path(out) if out is not None else None,
-        config=config,
-        validation=validation,
-        timing=record["timing"],
-    )
+    if isinstance(train, tuple):
+        info["input_shape"] = list(train[0].shape[1:])
+        info["input_dtype"] = str(train[0].dtype).removeprefix("torch.")
+    return LoaderSource(
+        name="python", task=task, num_classes=num_classes, train=train, val=val,
+        class_names=[str(k) for k in range(num_classes)], info=info,
+    )  # fmt: skip
+
+
+def _history(folder: Path) -> list[dict[str, Any]]:
+    """The per-epoch logs of a run folder, stage 1 then stage 2."""
+    history = []
+    for stage in ("stage1", "stage2"):
+        log = folder / "logs" / f"{stage}.csv"
+        if log.is_file():
+            with log.open(newline="") as f:
+                history += [{"stage": stage, **_numbers(row)} for row in csv.DictReader(f)]
+    return history
 
 
 def _probe(

@@ -180,13 +180,7 @@ def fit_stage(
     """
     if resume and (summary := finished_stage(folder, stage.model)) is not None:
         return StageResult.from_summary(summary)  # the stage finished before an interruption
-    # Adam on the method's groups: COG's network on λ_f and its calibrator on λ_c
-    model, optimizer = fabric.setup(stage.model, torch.optim.Adam(stage.param_groups))
-    if stage.variational and hasattr(model, "mark_forward_method"):  # a Fabric wrapper (DDP):
-        model.mark_forward_method("forward_with_kl")  # route V-TST's forward through it
-    scheduler = None  # the step schedule: every rate divided by 10 every step_size epochs
-    if stage.step_size is not None:
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, stage.step_size, gamma=0.1)
+    model, optimizer, scheduler = _optimizer(fabric, stage)
     resumed = resume and resume_stage(
         folder, stage.model, optimizer, scheduler, repair_best=fabric.is_global_zero
     )  # fmt: skip
@@ -215,21 +209,8 @@ def fit_stage(
             epoch_start = time.perf_counter()
             seed_global_rng(epoch_seed(stage.seed, epoch), fabric.device)
             train_loader.set_epoch(epoch)  # shuffling and augmentation
-            model.train()
-            loss_sum = torch.zeros((), device=fabric.device)
-            for x, y in train_loader:  # one forward, one backward, one step per minibatch
-                if channels_last and x.ndim == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                if stage.variational:
-                    logits, kl = model.forward_with_kl(x)
-                    loss = stage.loss_fn(logits, y) + kl
-                else:
-                    loss = stage.loss_fn(model(x), y)
-                optimizer.zero_grad(set_to_none=True)
-                fabric.backward(loss)
-                optimizer.step()
-                loss_sum += loss.detach()
-                show.step()
+            loss_sum = _train_epoch(fabric, stage, model, optimizer, train_loader, show,
+                                    channels_last=channels_last)  # fmt: skip
             train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean")) / max(steps, 1)
             _check_finite(train_loss, epoch, folder, saver.saved_epoch)
             val = _validate(model, val_loader, metrics, fabric, channels_last, epoch)
@@ -265,6 +246,43 @@ def fit_stage(
     )  # fmt: skip
     writer.write_json(folder / "done.json", result.to_dict())  # after the last checkpoint
     return result
+
+
+def _optimizer(fabric: Any, stage: Stage) -> tuple[Any, torch.optim.Optimizer, Any]:
+    """Adam on the stage's groups (COG's network on λ_f and its calibrator on λ_c), set up
+    by ``fabric``, and the step schedule (every rate divided by 10 every ``step_size``
+    epochs; None without one): ``(model, optimizer, scheduler)``."""
+    model, optimizer = fabric.setup(stage.model, torch.optim.Adam(stage.param_groups))
+    if stage.variational and hasattr(model, "mark_forward_method"):  # a Fabric wrapper (DDP):
+        model.mark_forward_method("forward_with_kl")  # route V-TST's forward through it
+    scheduler = None
+    if stage.step_size is not None:
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, stage.step_size, gamma=0.1)
+    return model, optimizer, scheduler
+
+
+def _train_epoch(
+    fabric: Any, stage: Stage, model: Any, optimizer: torch.optim.Optimizer, train_loader: Any,
+    show: _Progress, *, channels_last: bool,
+) -> torch.Tensor:  # fmt: skip
+    """One epoch of training: one forward, one backward, one step per minibatch; returns
+    the sum of the minibatch losses (on the device: no synchronisation per step)."""
+    model.train()
+    loss_sum = torch.zeros((), device=fabric.device)
+    for x, y in train_loader:
+        if channels_last and x.ndim == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if stage.variational:
+            logits, kl = model.forward_with_kl(x)
+            loss = stage.loss_fn(logits, y) + kl
+        else:
+            loss = stage.loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        fabric.backward(loss)
+        optimizer.step()
+        loss_sum += loss.detach()
+        show.step()
+    return loss_sum
 
 
 def _rates(rates: list[float]) -> str:

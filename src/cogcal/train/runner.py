@@ -2,7 +2,7 @@
 
 :func:`run`:
 
-1. checks the run folder (:mod:`cogcal.train.rundir`: never clobber, resume only the same
+1. checks the run folder (:mod:`cogcal.runs`: never clobber, resume only the same
    configuration) and holds its lock;
 2. stage 1 trains the network (COG: with its calibrator on λ_c) on the training split,
    keeping the best-validation-Brier checkpoint (:func:`cogcal.train.loop.fit_stage`);
@@ -19,11 +19,10 @@ The test split is only ever evaluated, never used for fitting, tuning or selecti
 from __future__ import annotations
 
 import contextlib
-import copy
-import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +51,11 @@ from cogcal.train.robustness import (
     inputs,
     predict_logits,
 )
+from cogcal.train.search import Outcome, Search
 from cogcal.train.select import describe_budget, select_and_train, train_size
 from cogcal.train.sources import EVAL_BATCH, DatasetSource, DataSource
 from cogcal.train.tuning import (
     Grid,
-    GridSearch,
     check_tune_folder,
     mark_tune_folder,
     point_config,
@@ -106,10 +105,10 @@ def run(config: TrainConfig, *, resume: bool = False, overwrite: bool = False) -
     Without either, a folder holding a finished or unfinished run is refused, and a folder
     cogcal did not write is never used unless empty (:meth:`RunDir.prepare`).
 
-    Returns the content of ``metrics.json`` (:class:`~cogcal.train.rundir.RunRecord`):
+    Returns the content of ``metrics.json`` (:class:`~cogcal.runs.RunRecord`):
     ``{"config", "val", "test", "ood", "shift", "unavailable", "timing", "status"}`` (plus
     ``"val_uncalibrated"`` for post-hoc methods); other processes of a multi-device run
-    return ``{"status": "worker"}``. Files written: see :mod:`cogcal.train.rundir`.
+    return ``{"status": "worker"}``. Files written: see :mod:`cogcal.runs`.
     """
     return execute(config, resume=resume, overwrite=overwrite)[0]
 
@@ -312,23 +311,59 @@ def _train(
 
     if not fabric.is_global_zero:
         return {"status": "worker"}, None  # other processes of a multi-device run
+    stages = _Stages(network, model, stage2, timing, histories, len(train_loader), started)
+    return _evaluate(config, method, fabric.device, folder, source, resolved, writer, stages)
 
-    # -- predictions; post-hoc calibration on validation only ---------------------------
-    device = fabric.device
-    calibrator: nn.Module = nn.Identity()
 
-    def predict(batches: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, labels = predict_logits(final, batches, device=device, seed=config.seed)
+@dataclass
+class _Stages:
+    """What the training stages of a run left: the models, the timing and the logs."""
+
+    network: nn.Module  # the backbone
+    model: nn.Module  # stage 1's model (COG: with its calibrator)
+    stage2: nn.Module | None  # the TST / V-TST model of stage 2
+    timing: dict[str, Any]
+    histories: dict[str, list[dict[str, float]]]
+    steps_per_epoch: int
+    started: float  # time.perf_counter() at the start of training
+
+    @property
+    def final(self) -> nn.Module:
+        return self.stage2 if self.stage2 is not None else self.model
+
+
+class _Predictor:
+    """The final model's logits on some batches, through the post-hoc calibrator once it
+    is fitted; non-finite logits are a divergence, wherever they show."""
+
+    def __init__(self, final: nn.Module, device: Any, seed: int) -> None:
+        self.final, self.device, self.seed = final, device, seed
+        self.calibrator: nn.Module = nn.Identity()
+
+    def __call__(self, batches: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, labels = predict_logits(self.final, batches, device=self.device, seed=self.seed)
         with torch.no_grad():
-            out = calibrator(logits)
-        if not bool(torch.isfinite(out).all()):  # divergence, wherever it shows
+            out = self.calibrator(logits)
+        if not bool(torch.isfinite(out).all()):
             raise NonFiniteLossError(
                 f"the final model's {split} logits are non-finite"
-                + ("" if isinstance(calibrator, nn.Identity) else " after its calibrator")
+                + ("" if isinstance(self.calibrator, nn.Identity) else " after its calibrator")
                 + "; the run diverged. Lower the learning rate(s) and retry."
             )
         return out, labels
 
+
+Metrics = Callable[[torch.Tensor, torch.Tensor], dict[str, float]]
+
+
+def _evaluate(
+    config: TrainConfig, method: Method, device: Any, folder: RunDir, source: DataSource,
+    resolved: dict[str, Any], writer: CheckpointWriter, stages: _Stages,
+) -> tuple[dict[str, Any], CalibratedModel]:  # fmt: skip
+    """Process 0, after training: predictions, post-hoc calibration on validation only,
+    the test, OOD and shift sets, the health check; writes the record (last) and returns
+    it with the trained model."""
+    predict = _Predictor(stages.final, device, config.seed)
     names = source.class_names if source.task == "multilabel" else None
 
     def metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -337,52 +372,17 @@ def _train(
     val_logits, val_labels = predict(source.split("val"), "validation")
     val_uncalibrated = None
     if method.posthoc:
-        start = time.perf_counter()
-        val_uncalibrated = metrics(val_logits, val_labels)
-        calibrator = posthoc_calibrator(method.posthoc, source.task)
-        if config.progress and getattr(calibrator, "l2", None) == "cv":  # seconds, not instant
-            print(
-                f"post-hoc {method.posthoc}: choosing its penalty by {calibrator.cv}-fold "
-                f"cross-validation on {tuple(val_logits.shape)} validation logits",
-                file=sys.stderr,
-            )
-        calibrator.fit(val_logits, val_labels)
-        calibrator.requires_grad_(False)
-        timing["posthoc_seconds"] = time.perf_counter() - start
-        _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
-        with torch.no_grad():
-            val_logits = calibrator(val_logits)
-        if not bool(torch.isfinite(val_logits).all()):
-            raise NonFiniteLossError(
-                "the validation logits are non-finite after the post-hoc calibrator; the run "
-                "diverged. Lower the learning rate(s) and retry."
-            )
-    test_batches = source.split("test")
-    test: dict[str, float] = {}
-    ood_result: dict[str, Any] = {}
-    shift: dict[str, Any] = {}
-    unavailable: dict[str, Any] = {}
-    if test_batches is not None:
-        test_logits, test_labels = predict(test_batches, "test")
-        test = metrics(test_logits, test_labels)
-        _io.save_npz(
-            folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
-        )
-        if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
-            unavailable = {"ood": {"all": DEFERRED}, "shift": {"all": DEFERRED}}
-        elif source.dataset is not None:
-            start = time.perf_counter()
-            ood_result, shift, unavailable = evaluate_robustness(
-                lambda x: predict(inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
-                test_logits,
-                config,
-            )  # fmt: skip
-            timing["robustness_seconds"] = time.perf_counter() - start
+        val_logits, val_uncalibrated = _posthoc(
+            config, method, source.task, folder, predict, val_logits, val_labels, metrics,
+            stages.timing,
+        )  # fmt: skip
+    test, robustness = _test(config, folder, source, predict, metrics, stages.timing)
     writer.close()  # the checkpoints are on the disk before the record says the run is complete
-    timing["total_seconds"] = time.perf_counter() - started
+    timing = stages.timing
+    timing["total_seconds"] = time.perf_counter() - stages.started
     health = run_health(
         config, method, val_logits, val_labels, task=source.task,
-        history=histories.get("stage1") or [], steps_per_epoch=len(train_loader),
+        history=stages.histories.get("stage1") or [], steps_per_epoch=stages.steps_per_epoch,
         epochs_run=int(timing["stage1"]["epochs_run"]),
     )  # fmt: skip
     record = RunRecord(
@@ -391,114 +391,106 @@ def _train(
         val=metrics(val_logits, val_labels),
         test=test,
         val_uncalibrated=val_uncalibrated,
-        ood=ood_result,
-        shift=shift,
-        unavailable=unavailable,
         timing=timing,
+        **robustness,
     )
     _io.save_npz(
         folder.path / "val_logits.npz", logits=val_logits.numpy(), labels=val_labels.numpy()
     )
     folder.write_record(record)
     trained = final_model(
-        method, network, model, task=source.task,
-        head=None if stage2 is None else stage2.head,
-        calibrator=calibrator if method.posthoc else None,
+        method, stages.network, stages.model, task=source.task,
+        head=None if stages.stage2 is None else stages.stage2.head,
+        calibrator=predict.calibrator if method.posthoc else None,
     )  # fmt: skip
     return record.to_dict(), trained.eval()
 
 
+def _posthoc(
+    config: TrainConfig, method: Method, task: str, folder: RunDir, predict: _Predictor,
+    val_logits: torch.Tensor, val_labels: torch.Tensor, metrics: Metrics,
+    timing: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """Fit the method's post-hoc calibrator on the validation logits (saved, and used by
+    ``predict`` from now on); returns the calibrated validation logits and the metrics
+    before calibration."""
+    start = time.perf_counter()
+    val_uncalibrated = metrics(val_logits, val_labels)
+    calibrator = posthoc_calibrator(method.posthoc, task)
+    if config.progress and getattr(calibrator, "l2", None) == "cv":  # seconds, not instant
+        print(
+            f"post-hoc {method.posthoc}: choosing its penalty by {calibrator.cv}-fold "
+            f"cross-validation on {tuple(val_logits.shape)} validation logits",
+            file=sys.stderr,
+        )
+    calibrator.fit(val_logits, val_labels)
+    calibrator.requires_grad_(False)
+    predict.calibrator = calibrator
+    timing["posthoc_seconds"] = time.perf_counter() - start
+    _io.save_torch(folder.path / "calibrator.pt", calibrator.state_dict())
+    with torch.no_grad():
+        val_logits = calibrator(val_logits)
+    if not bool(torch.isfinite(val_logits).all()):
+        raise NonFiniteLossError(
+            "the validation logits are non-finite after the post-hoc calibrator; the run "
+            "diverged. Lower the learning rate(s) and retry."
+        )
+    return val_logits, val_uncalibrated
+
+
+def _test(
+    config: TrainConfig, folder: RunDir, source: DataSource, predict: _Predictor,
+    metrics: Metrics, timing: dict[str, Any],
+) -> tuple[dict[str, float], dict[str, Any]]:  # fmt: skip
+    """The test metrics (the logits saved) and the OOD and shift results (``ood``,
+    ``shift``, ``unavailable``), deferred when the run is a point of a selection."""
+    test_batches = source.split("test")
+    test: dict[str, float] = {}
+    found: dict[str, Any] = {"ood": {}, "shift": {}, "unavailable": {}}
+    if test_batches is None:
+        return test, found
+    test_logits, test_labels = predict(test_batches, "test")
+    test = metrics(test_logits, test_labels)
+    _io.save_npz(
+        folder.path / "test_logits.npz", logits=test_logits.numpy(), labels=test_labels.numpy()
+    )
+    if source.dataset is not None and config.extra.get(DEFER_ROBUSTNESS):
+        found["unavailable"] = {"ood": {"all": DEFERRED}, "shift": {"all": DEFERRED}}
+    elif source.dataset is not None:
+        start = time.perf_counter()
+        found["ood"], found["shift"], found["unavailable"] = evaluate_robustness(
+            lambda x: predict(inputs(source.dataset, x), "OOD or shift")[0], source.dataset,
+            test_logits,
+            config,
+        )  # fmt: skip
+        timing["robustness_seconds"] = time.perf_counter() - start
+    return test, found
+
+
 def is_complete(out: str | Path) -> bool:
-    """Whether ``out`` holds a finished run (see :class:`cogcal.train.rundir.RunDir`)."""
+    """Whether ``out`` holds a finished run (see :class:`cogcal.runs.RunDir`)."""
     return RunDir(out).is_complete()
 
 
 def _tune_point(
-    cfg: TrainConfig,
-    *,
-    overwrite: bool,
-    data: DataSource | None = None,
-    model: nn.Module | None = None,
-) -> tuple[str, RunRecord | None, CalibratedModel | None]:
-    """Train (or reuse) one grid point: ``("complete", record, model)`` (``model`` None when
-    the finished run was reused from its folder) or ``("diverged", None, None)``."""
+    cfg: TrainConfig, *, overwrite: bool, data: DataSource | None = None
+) -> tuple[str, RunRecord | None]:
+    """Train (or reuse) one grid point: ``(status, record)``, ``status`` one of
+    ``"complete"`` and ``"diverged"`` (the record of a diverged point: None, or its own)."""
     folder = RunDir(cfg.out)
     with folder.lock():  # held from the first read to the record (run() takes it again)
-        return _tune_point_locked(cfg, folder, overwrite=overwrite, data=data, model=model)
-
-
-def _tune_point_locked(
-    cfg: TrainConfig,
-    folder: RunDir,
-    *,
-    overwrite: bool,
-    data: DataSource | None,
-    model: nn.Module | None,
-) -> tuple[str, RunRecord | None, CalibratedModel | None]:
-    status = point_status(folder, cfg, overwrite=overwrite)
-    if status in ("complete", "diverged"):
-        return status, folder.read_record(), None
-    resume = status == "unfinished"
-    try:
-        if data is None and model is None:
-            trained = None
-            run(cfg, resume=resume, overwrite=status == "replace")
-        else:
-            _, trained = execute(
-                cfg, resume=resume, overwrite=status == "replace", data=data, model=model,
-            )  # fmt: skip
-    except NonFiniteLossError:
-        return "diverged", None, None
-    return "complete", folder.read_record(), trained
-
-
-def search_points(
-    config: TrainConfig,
-    search: GridSearch,
-    out: Path,
-    rows: list[dict[str, Any]],
-    *,
-    overwrite: bool,
-    data: DataSource | None = None,
-    model: nn.Module | None = None,
-    on_point: Callable[[dict[str, Any]], None] | None = None,
-    known: dict[str, tuple[RunRecord | None, CalibratedModel | None]] | None = None,
-) -> dict[str, tuple[RunRecord | None, CalibratedModel | None]]:
-    """Train the points of ``search`` (into ``out/<point_label>/``) until it is over,
-    appending one row per point to ``rows``; returns each point's record and, when trained
-    in this call, its model. ``model`` (copied for each point) replaces the backbone;
-    points in ``known`` (from an earlier search into ``out``) are reused as they are."""
-    runs: dict[str, tuple[RunRecord | None, CalibratedModel | None]] = {}
-    config = with_data_model(config, data, model)
-    while points := search.next_points():
-        for point in points:
-            if known is not None and point_label(point) in known:
-                record = known[point_label(point)][0]
-                nll = record.selection_nll if record is not None else math.inf
-                search.record(point, nll, "complete" if record is not None else "diverged")
-                continue
-            cfg = config.replace(
-                **point_config(point), out=str(out / point_label(point)), progress=False
-            )
-            net = copy.deepcopy(model) if model is not None else None
-            status, record, trained = _tune_point(cfg, overwrite=overwrite, data=data, model=net)
-            nll = record.selection_nll if record is not None else math.inf
-            val = record.val if record is not None else {}
-            search.record(point, nll, status)
-            runs[point_label(point)] = (record, trained)
-            row = {
-                **point,
-                **point_config(point),
-                "val_nll": nll if math.isfinite(nll) else None,
-                "val_brier": val.get("brier"),
-                "val_acc": val.get("acc"),
-                "status": status,
-                "run": point_label(point),
-            }
-            rows.append(row)
-            if on_point is not None:
-                on_point(row)
-    return runs
+        status = point_status(folder, cfg, overwrite=overwrite)
+        if status in ("complete", "diverged"):
+            return status, folder.read_record()
+        resume, replace = status == "unfinished", status == "replace"
+        try:
+            if data is None:
+                run(cfg, resume=resume, overwrite=replace)
+            else:
+                execute(cfg, resume=resume, overwrite=replace, data=data)
+        except NonFiniteLossError:
+            return "diverged", None
+        return "complete", folder.read_record()
 
 
 def tune(
@@ -529,8 +521,6 @@ def tune(
         Every point diverged (the message names them); the tables are written first.
     """
     out = Path(out)
-    search = GridSearch(grid, max_extensions=max_extensions)
-    rows: list[dict[str, Any]] = []
     with RunDir(out).lock():
         check_tune_folder(out)  # the lock first, then the folder's owner
         source = None
@@ -540,16 +530,29 @@ def tune(
             _check_multilabel(get_method(config.method), source)
         if not config.budget_resolved:
             config = config.with_budget(train_size(source), task=source.task)
+        config = with_data_model(config, source, None)
+        search = Search(grid, max_extensions=max_extensions, schedule=config.resolved()["schedule"])
         mark_tune_folder(out)
-        runs = search_points(config, search, out, rows, overwrite=overwrite, data=source)
-        summary = search.summary(rows)
+        records: dict[str, RunRecord | None] = {}
+
+        def train(point: dict[str, float], until: int | None) -> Outcome:
+            cfg = config.replace(
+                **point_config(point), out=str(out / point_label(point)), progress=False
+            )
+            status, record = _tune_point(cfg, overwrite=overwrite, data=source)
+            records[point_label(point)] = record
+            if record is None:
+                return Outcome(status)
+            return Outcome(status, record.selection_nll, dict(record.val))
+
+        summary = search.run(train)
         if search.best is not None:  # the chosen run's health check (validation only)
-            chosen = runs[point_label(search.best)][0]
+            chosen = records[point_label(search.best)]
             summary["health"] = chosen.health if chosen is not None else None
         write_tables(out, summary)
     if search.best is None:
         raise NonFiniteLossError(
-            f"every tuning point in {out} diverged ({', '.join(r['run'] for r in rows)}); "
-            "try smaller learning rates."
+            f"every tuning point in {out} diverged "
+            f"({', '.join(r['run'] for r in summary['table'])}); try smaller learning rates."
         )
     return summary

@@ -3,7 +3,8 @@ given: choose it by validation cross-entropy, as the paper does (docs/method.md 
 "defaults").
 
 COG methods choose λ_f and the ratio λ_c/λ_f one axis at a time on small log grids that
-grow while the choice is at an edge (:class:`~cogcal.train.tuning.GridSearch`):
+grow while the choice is at an edge (:func:`default_search`, a
+:class:`~cogcal.train.search.Search`: the driver ``cogcal tune`` and the bench run too):
 
 1. λ_f on :data:`COG_LRS` at the ratio :data:`BASE_RATIO` (one extension at most);
 2. the ratio on :data:`COG_RATIOS` at the chosen λ_f (the point of step 1 is reused; one
@@ -46,8 +47,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from cogcal import _io
 from cogcal.cog import CalibratedModel
 from cogcal.runs import RunDir, RunFolderError, RunRecord, load_checkpoint
 from cogcal.runs.methods import get_method
@@ -72,11 +72,11 @@ from cogcal.train.config import TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
+from cogcal.train.search import HALVING_RUNGS, Outcome, Search, halve, rung_nll, rungs
 from cogcal.train.sources import DataSource
 from cogcal.train.tuning import (
     SELECTION_RULE,
     Grid,
-    GridSearch,
     check_tune_folder,
     mark_tune_folder,
     open_edges,
@@ -95,6 +95,7 @@ __all__ = [
     "HALVING_RUNGS",
     "MAX_RUNS",
     "TrainRun",
+    "default_search",
     "describe_budget",
     "rung_nll",
     "rungs",
@@ -109,10 +110,6 @@ COG_RATIOS = (0.1, 0.3)  # step 2 (one extension: 0.03; 1 is the bound)
 BASELINE_LRS = (3e-4, 1e-3)  # λ of one-rate methods (one extension: 1e-4 or 3e-3)
 MAX_EXTENSIONS = 1
 MAX_RUNS = 5  # COG: 2 + 1 (λ_f) + 1 + 1 (ratio); one-rate methods: 3
-#: The rungs of successive halving: (fraction of the epochs done, points continued past
-#: it). The search runs at the first rung (the first decay of the automatic step
-#: schedule); the points continued past the last rung are trained to the end.
-HALVING_RUNGS = ((1 / 3, 2), (1 / 2, 1))
 
 
 class TrainRun(Protocol):
@@ -143,44 +140,6 @@ def train_size(source: DataSource) -> int:
     if source.dataset is not None:
         return len(source.dataset.train)
     return int(source.info["train_size"])
-
-
-def rungs(epochs: int, selection: str = "halving") -> list[tuple[int, int]]:
-    """The rungs of a selection among runs of ``epochs`` epochs: ``(epochs done, points
-    continued past it)`` for each rung of :data:`HALVING_RUNGS` that falls strictly
-    between the previous one and the end (none for ``selection="full"``, nor when the runs
-    are too short to pause).
-
-    >>> rungs(42), rungs(188), rungs(3), rungs(1), rungs(42, "full")
-    ([(14, 2), (21, 1)], [(63, 2), (94, 1)], [(1, 2), (2, 1)], [], [])
-    """
-    if selection == "full":
-        return []
-    out: list[tuple[int, int]] = []
-    last = 0
-    for fraction, keep in HALVING_RUNGS:
-        epoch = math.ceil(fraction * epochs - 1e-9)
-        if last < epoch < epochs:
-            out.append((epoch, keep))
-            last = epoch
-    return out
-
-
-def rung_nll(history: list[dict[str, float]], epochs: int | None = None) -> float:
-    """The validation NLL of the checkpoint a run keeps after ``epochs`` epochs (all of
-    ``history`` when None): the first epoch with the lowest validation Brier score among
-    them, as the training loop keeps it; ``inf`` when there is none.
-
-    >>> rows = [{"val_brier": 0.5, "val_nll": 0.9}, {"val_brier": 0.3, "val_nll": 0.7},
-    ...         {"val_brier": 0.3, "val_nll": 0.6}, {"val_brier": 0.2, "val_nll": 0.8}]
-    >>> rung_nll(rows, 3), rung_nll(rows)
-    (0.7, 0.8)
-    """
-    best, nll = math.inf, math.inf
-    for row in history[:epochs]:
-        if row["val_brier"] < best:
-            best, nll = row["val_brier"], row["val_nll"]
-    return float(nll) if math.isfinite(nll) else math.inf
 
 
 def describe_budget(resolved: dict[str, Any], n_train: int) -> str:
@@ -226,7 +185,8 @@ class _Point:
 
 
 class _Selection:
-    """The points of one selection: trains each one as far as asked (on every process)."""
+    """How the default path trains one point (on every process): the
+    :data:`~cogcal.train.search.Train` of its :class:`~cogcal.train.search.Search`."""
 
     def __init__(
         self,
@@ -239,11 +199,9 @@ class _Selection:
         model: nn.Module | None,
         overwrite: bool,
     ) -> None:
-        self.config, self.folder, self.fabric, self.train = config, folder, fabric, train
+        self.config, self.folder, self.fabric, self.train_run = config, folder, fabric, train
         self.source, self.model, self.overwrite = source, model, overwrite
         self.two_stage = get_method(config.method).stage2 is not None
-        self.points: dict[str, dict[str, float]] = {}  # label -> point, in visiting order
-        self.state: dict[str, _Point] = {}
         self.trained: dict[str, CalibratedModel | None] = {}  # finished in this call (rank 0)
 
     @property
@@ -266,14 +224,12 @@ class _Selection:
             raise RuntimeError("process 0 of the learning-rate selection failed; see its error.")
         return value
 
-    def config_of(self, label: str) -> TrainConfig:
-        point = self.points[label]
-        out = self.folder / label
+    def config_of(self, point: dict[str, float]) -> TrainConfig:
+        out = self.folder / point_label(point)
         return self.config.replace(**point_config(point), out=str(out), progress=False)
 
-    def _look(self, label: str) -> _Point:
+    def _look(self, cfg: TrainConfig) -> _Point:
         """What the point's folder holds (read by process 0)."""
-        cfg = self.config_of(label)
 
         def read() -> _Point:
             folder = RunDir(cfg.out)
@@ -290,18 +246,10 @@ class _Selection:
 
         return self.on_zero(read)
 
-    def advance(self, point: dict[str, float], until: int | None) -> None:
-        """Train ``point`` until ``until`` epochs are done (None: to the end), unless it is
-        there already, finished or diverged; a point trained before is reused as it is."""
-        label = point_label(point)
-        self.points.setdefault(label, point)
-        state = self.state.get(label)
-        if state is not None and (
-            state.status in ("complete", "diverged")
-            or (until is not None and state.epochs >= until)
-        ):
-            return
-        cfg = self.config_of(label)
+    def train(self, point: dict[str, float], until: int | None) -> Outcome:
+        """Train ``point`` until ``until`` epochs are done (None: to the end), unless its
+        folder holds that already (reused as it is), and say what the folder holds then."""
+        cfg = self.config_of(point)
         with contextlib.ExitStack() as held:
             # process 0 holds the point's folder from the first read to the record
 
@@ -309,38 +257,25 @@ class _Selection:
                 held.enter_context(RunDir(cfg.out).lock())
 
             self.on_zero(hold)
-            state = self._look(label)
-            busy = state.status not in ("complete", "diverged") and (
+            state = self._look(cfg)
+            if state.status not in ("complete", "diverged") and (
                 until is None or state.epochs < until
-            )
-            if busy:
+            ):
                 net = copy.deepcopy(self.model) if self.model is not None else None
                 trained = None
                 with contextlib.suppress(NonFiniteLossError):  # diverged: recorded as such
-                    result, trained = self.train(
+                    result, trained = self.train_run(
                         cfg, resume=state.status == "unfinished",
                         overwrite=state.status == "replace", data=self.source, model=net,
                         fabric=self.fabric, stop_at_epoch=until,
                     )  # fmt: skip
                     if result.get("status") != "complete":
                         trained = None
-                state = self._look(label)
+                state = self._look(cfg)
                 if trained is not None:
-                    self.trained[label] = trained
-        self.state[label] = state
-
-    def nll(self, label: str, epochs: int | None) -> float:
-        """The point's validation NLL after ``epochs`` epochs (None: of the finished run);
-        ``inf`` for a diverged point."""
-        state = self.state[label]
-        if state.status == "diverged":
-            return math.inf
-        if epochs is None:
-            return state.nll if state.status == "complete" else math.inf
-        return rung_nll(state.history, epochs)
-
-    def epochs_trained(self) -> int:
-        return sum(s.epochs for s in self.state.values())
+                    self.trained[point_label(point)] = trained
+        status = state.status if state.status in ("complete", "diverged") else "stopped"
+        return Outcome(status, state.nll, state.val, state.history, state.epochs)
 
 
 def _point_text(point: dict[str, float]) -> str:
@@ -382,6 +317,7 @@ def select_and_train(
         points, folder, fabric=fabric, train=train, source=source, model=model,
         overwrite=overwrite,
     )  # fmt: skip
+    search = default_search(method.is_cog, plan, schedule=config.resolved()["schedule"])
     with contextlib.ExitStack() as held:
         sel.on_zero(
             lambda: _begin(held, out, folder, resume=resume, overwrite=overwrite, config=config)
@@ -390,85 +326,114 @@ def select_and_train(
             _say(config, describe_budget(config.resolved(), train_size(source)))
             _say(config, _plan_text(config, plan, max_runs, folder))
         started = time.perf_counter()
-        search_at = plan[0][0] if plan else None
-
-        def evaluate(search: GridSearch) -> None:
-            while batch := search.next_points():
-                for point in batch:
-                    known = point_label(point) in sel.points  # step 1's point, in step 2
-                    sel.advance(point, search_at)
-                    nll = sel.nll(point_label(point), search_at)
-                    search.record(point, nll, "complete" if nll < math.inf else "diverged")
-                    if sel.zero and not known:
-                        after = (
-                            ""
-                            if search_at is None
-                            else f" after {search_at} of {config.epochs} epochs"
-                        )
-                        _say(
-                            config,
-                            f"  {_point_text(point)}: validation NLL {_fmt(nll)}{after} "
-                            f"({len(sel.points)} of at most {max_runs})",
-                        )
-
-        if method.is_cog:
-            first = GridSearch(
-                Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)), max_extensions=MAX_EXTENSIONS
-            )
-            evaluate(first)
-            searches = [first]
-            if first.best is not None:
-                second = GridSearch(
-                    Grid((first.best["lr"],), COG_RATIOS, fixed=("lr",)),
-                    max_extensions=MAX_EXTENSIONS,
-                )
-                evaluate(second)
-                searches.append(second)
-        else:
-            only = GridSearch(Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS)
-            evaluate(only)
-            searches = [only]
-
-        halving, alive = _halve(sel, plan, config) if plan else ([], list(sel.points))
-        order = {label: i for i, label in enumerate(sel.points)}
-        finite = [
-            (sel.nll(lb, None), order[lb], lb) for lb in alive if sel.nll(lb, None) < math.inf
-        ]
-        chosen = min(finite)[2] if finite else None
-        summary = _summary(sel, searches, chosen, halving, plan, max_runs, config)
-        summary["seconds"] = time.perf_counter() - started
-        summary["folder"] = str(folder)
+        summary = search.run(
+            sel.train,
+            on_point=_point_line(search, config, max_runs) if sel.zero else None,
+            on_rung=_rung_line(config) if sel.zero else None,
+        )
+        trained = sum(o.epochs or 0 for o in search.outcomes.values())
+        epochs = int(config.epochs or 1)
+        summary.update(
+            mode=config.selection, max_runs=max_runs, epochs=epochs, epochs_trained=trained,
+            run_equivalents=round(trained / epochs, 3), seconds=time.perf_counter() - started,
+            folder=str(folder),
+        )  # fmt: skip
         if sel.zero:
             write_tables(folder, summary)
-        if chosen is None:
+        if search.best is None:
             raise NonFiniteLossError(
                 f"every learning rate tried in {folder} diverged "
-                f"({', '.join(sel.points)}); pass a smaller --lr."
+                f"({', '.join(search.outcomes)}); pass a smaller --lr."
             )
         if not sel.zero:
             return {"status": "worker"}, None
-        edge = (
-            f" (at the edge of the grid: {', '.join(open_edges(summary))})"
-            if summary["at_edge"]
-            else ""
+        return _finish(sel, point_label(search.best), summary, out, config)
+
+
+def default_search(
+    cog: bool, plan: list[tuple[int, int]], *, schedule: str | None = None
+) -> Search:
+    """The search of the default path: COG methods choose λ_f on :data:`COG_LRS` at
+    :data:`BASE_RATIO`, then the ratio on :data:`COG_RATIOS` at the chosen λ_f; other
+    methods λ on :data:`BASELINE_LRS`; each step extended at most :data:`MAX_EXTENSIONS`
+    times, the points compared and halved on the rungs ``plan``."""
+    if not cog:
+        return Search(
+            Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS, rungs=plan, schedule=schedule
         )
-        cost = f"{summary['epochs_trained']} epochs in all = {summary['run_equivalents']:.2f} runs of the budget"
+    return Search(
+        Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)),
+        then=lambda best: Grid((best["lr"],), COG_RATIOS, fixed=("lr",)),
+        max_extensions=MAX_EXTENSIONS, rungs=plan, schedule=schedule,
+    )  # fmt: skip
+
+
+def _finish(
+    sel: _Selection, chosen: str, summary: dict[str, Any], out: RunDir, config: TrainConfig
+) -> tuple[dict[str, Any], CalibratedModel | None]:
+    """Process 0, the choice made: say it, copy the chosen run into ``out`` with the
+    selection recorded, evaluate it on the OOD and shift sets and write its record last."""
+    edge = (
+        f" (at the edge of the grid: {', '.join(open_edges(summary))})"
+        if summary["at_edge"]
+        else ""
+    )
+    cost = f"{summary['epochs_trained']} epochs in all = {summary['run_equivalents']:.2f} runs of the budget"
+    _say(
+        config,
+        f"chosen: {summary['best_config']}{edge}; {summary['runs']} points, {cost}, "
+        f"{summary['seconds']:.0f} s",
+    )
+    selection = {key: summary[key] for key in _RECORDED}
+    record = _adopt(sel.folder / chosen, out, config, selection)
+    trained = sel.trained.get(chosen)
+    method = get_method(config.method)
+    if trained is None:  # the chosen run was finished before: load it back
+        trained = _load_back(sel.folder / chosen, sel.model)
+    elif sel.model is not None and not method.stage2:  # the caller's model gets the weights
+        sel.model.load_state_dict(trained.network.state_dict())
+    if sel.source.dataset is not None and trained is not None:
+        add_robustness(record, out, trained, sel.source.dataset, config)
+    out.write_record(record)  # metrics.json last: only now is the run complete
+    return record.to_dict(), trained
+
+
+def _point_line(
+    search: Search, config: TrainConfig, max_runs: int
+) -> Callable[[dict[str, float], float], None]:
+    """The progress line of each new point."""
+    at = search.search_at
+    after = "" if at is None else f" after {at} of {config.epochs} epochs"
+
+    def say(point: dict[str, float], nll: float) -> None:
         _say(
             config,
-            f"chosen: {summary['best_config']}{edge}; {len(sel.points)} points, {cost}, "
-            f"{summary['seconds']:.0f} s",
+            f"  {_point_text(point)}: validation NLL {_fmt(nll)}{after} "
+            f"({len(search.outcomes)} of at most {max_runs})",
         )
-        selection = {key: summary[key] for key in _RECORDED}
-        record = _adopt(folder / chosen, out, config, selection)
-        trained = sel.trained.get(chosen)
-        if trained is None:  # the chosen run was finished before: load it back
-            trained = _load_back(folder / chosen, model)
-        elif model is not None and not method.stage2:  # the caller's model gets the weights
-            model.load_state_dict(trained.network.state_dict())
-        if source.dataset is not None and trained is not None:
-            add_robustness(record, out, trained, source.dataset, config)
-        out.write_record(record)  # metrics.json last: only now is the run complete
-    return record.to_dict(), trained
+
+    return say
+
+
+def _rung_line(config: TrainConfig) -> Callable[[dict[str, Any], list[str], list[str]], None]:
+    """The progress line of each rung of successive halving."""
+
+    def say(rung: dict[str, Any], ranked: list[str], kept: list[str]) -> None:
+        nlls = {e["run"]: e["val_nll"] for e in rung["continued"] + rung["stopped"]}
+        stopped = [label for label in ranked if label not in kept]
+        epochs = rung["epoch"]
+        _say(
+            config,
+            f"  after {epochs} epoch{'s' if epochs > 1 else ''}: "
+            + ", ".join(
+                f"{label} {_fmt(math.inf if nlls[label] is None else nlls[label])}"
+                for label in ranked
+            )
+            + f"; continued: {', '.join(kept) or 'none'}"
+            + (f"; stopped: {', '.join(stopped)}" if stopped else ""),
+        )
+
+    return say
 
 
 #: The keys of the summary recorded under ``selection`` in the chosen run's metrics.json.
@@ -520,143 +485,11 @@ def _plan_text(
 
 
 def _halve(
-    sel: _Selection, plan: list[tuple[int, int]], config: TrainConfig
+    sel: Any, plan: list[tuple[int, int]], config: TrainConfig
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rungs after the search: at each, the points are ranked by their validation NLL
-    so far and the best ``keep`` continue (a point that diverges on the way gives its
-    place to the next one); returns each rung's record and the points trained to the end."""
-    order = {label: i for i, label in enumerate(sel.points)}
-    alive = list(sel.points)
-    record = []
-    for i, (epochs, keep) in enumerate(plan):
-        ranked = sorted(alive, key=lambda label: (sel.nll(label, epochs), order[label]))
-        after = plan[i + 1][0] if i + 1 < len(plan) else None
-        kept: list[str] = []
-        for label in ranked:
-            if not math.isfinite(sel.nll(label, epochs)):
-                break
-            if sum(math.isfinite(sel.nll(k, after)) for k in kept) >= keep:
-                break
-            sel.advance(sel.points[label], after)
-            kept.append(label)
-
-        def entry(label: str, epochs: int = epochs) -> dict[str, Any]:
-            nll = sel.nll(label, epochs)
-            return {"run": label, "val_nll": nll if math.isfinite(nll) else None}
-
-        record.append(
-            {
-                "rung": i + 1,
-                "epoch": epochs,
-                "keep": keep,
-                "continued": [entry(label) for label in kept],
-                "stopped": [entry(label) for label in ranked if label not in kept],
-            }
-        )
-        if sel.zero:
-            stopped = [label for label in ranked if label not in kept]
-            _say(
-                config,
-                f"  after {epochs} epoch{'s' if epochs > 1 else ''}: "
-                + ", ".join(f"{label} {_fmt(sel.nll(label, epochs))}" for label in ranked)
-                + f"; continued: {', '.join(kept) or 'none'}"
-                + (f"; stopped: {', '.join(stopped)}" if stopped else ""),
-            )
-        alive = kept
-    return record, alive
-
-
-def _edges(
-    sel: _Selection, searches: list[GridSearch], best: dict[str, float] | None
-) -> tuple[list[str], list[str]]:
-    """The edges of the grid tried that the choice lies on: ``(open, bounds)``; λ_f along
-    the values tried at the base ratio, the ratio along the values tried at the choice's
-    λ_f (only the base ratio when the choice is a point of step 1 at another λ_f)."""
-    if best is None:
-        return [], []
-    grids = [searches[0].grid]
-    if "ratio" in best:
-        if len(searches) > 1 and math.isclose(best["lr"], searches[1].grid.lrs[0]):
-            grids.append(searches[1].grid)
-        else:
-            grids.append(Grid((best["lr"],), (best["ratio"],), fixed=("lr",)))
-    opened, bounds = [], []
-    for grid in grids:
-        for edge in grid.edges(best):
-            bound = grid.bound(edge)
-            (opened if bound is None else bounds).append(edge if bound is None else bound)
-    return opened, bounds
-
-
-def _summary(
-    sel: _Selection,
-    searches: list[GridSearch],
-    chosen: str | None,
-    halving: list[dict[str, Any]],
-    plan: list[tuple[int, int]],
-    max_runs: int,
-    config: TrainConfig,
-) -> dict[str, Any]:
-    """``tune.json`` of the selection (and, in part, ``selection`` in metrics.json)."""
-    stopped_at = {s["run"]: r["epoch"] for r in halving for s in r["stopped"]}
-    rows = []
-    for label, point in sel.points.items():
-        state = sel.state[label]
-        final = sel.nll(label, None)
-        status = state.status if state.status in ("complete", "diverged") else "stopped"
-        row: dict[str, Any] = {
-            **point,
-            **point_config(point),
-            "val_nll": final if math.isfinite(final) else None,
-            "val_brier": state.val.get("brier"),
-            "val_acc": state.val.get("acc"),
-            "status": status,
-            "run": label,
-            "epochs": state.epochs,
-        }
-        for rung in halving:
-            if any(e["run"] == label for e in rung["continued"] + rung["stopped"]):
-                nll = sel.nll(label, rung["epoch"])
-                row[f"rung{rung['rung']}_val_nll"] = nll if math.isfinite(nll) else None
-        row["stopped_at_epoch"] = stopped_at.get(label) if status != "diverged" else None
-        rows.append(row)
-    best = sel.points[chosen] if chosen is not None else None
-    opened, bounds = _edges(sel, searches, best)
-    axes = ["lr", "ratio"] if any("ratio" in p for p in sel.points.values()) else ["lr"]
-    epochs = int(config.epochs or 1)
-    trained = sel.epochs_trained()
-    return {
-        "selection": SELECTION_RULE,
-        "mode": config.selection,
-        "axes": axes,
-        "grid": {axis: sorted({p[axis] for p in sel.points.values()}) for axis in axes},
-        "best": best,
-        "best_config": None if best is None else point_config(best),
-        # an edge the run cap kept the search from moving past; a bound alone (the
-        # ratio's 1) is not one (as in `cogcal tune`)
-        "at_edge": bool(opened),
-        "edges": opened + bounds,
-        "bounds": bounds,
-        "extensions": sum(s.extensions for s in searches),
-        "max_extensions": MAX_EXTENSIONS,
-        "runs": len(sel.points),
-        "max_runs": max_runs,
-        "rungs": halving,
-        "epochs": epochs,
-        "epochs_trained": trained,
-        "run_equivalents": round(trained / epochs, 3),
-        "table": rows,
-    }
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:  # no hard links here
-        shutil.copy2(src, dst)
+    """:func:`~cogcal.train.search.halve` with the default path's progress lines (on
+    process 0)."""
+    return halve(sel, plan, _rung_line(config) if sel.zero else None)
 
 
 def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]) -> RunRecord:
@@ -672,7 +505,7 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
         if path.is_file() and not path.is_symlink() and rel.name not in (
             "metrics.json", "config.json", ".cogcal.lock",
         ):  # fmt: skip
-            _link_or_copy(path, out.path / rel)
+            _io.link_or_copy(path, out.path / rel)
     saved = src.read_config() or {}
     saved = {k: v for k, v in saved.items() if k not in ("cogcal_run", "cogcal_version")}
     # the chosen run as the user asked for it: its own folder, progress and extra

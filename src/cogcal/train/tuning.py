@@ -6,7 +6,7 @@ ladder (``..., 1e-3, 3e-3, 1e-2, ...``; ratios ``..., 0.03, 0.1, 0.3``), the def
 values with a constant factor between neighbours (``1e-4, 1e-3``; ``2e-3, 4e-3``). Points
 are chosen by the validation cross-entropy of the checkpoint each run keeps (for post-hoc
 methods: of the network *before* its calibrator is fitted,
-:attr:`cogcal.train.rundir.RunRecord.selection_nll`); the test split plays no part. When
+:attr:`cogcal.runs.RunRecord.selection_nll`); the test split plays no part. When
 the chosen point lies on the edge of the grid on an axis, that axis is extended by one
 step outward (the next half-decade value, or the axis's own factor) and the new points
 are trained, until the choice is interior or ``max_extensions`` is reached; a choice
@@ -16,8 +16,10 @@ an extension that would reach 1 stops and is recorded as :data:`RATIO_BOUND`) an
 stays at or above the 1e-8 floor where training stops (:data:`LR_FLOOR_BOUND`). A
 diverged point counts as evaluated and worse than every finite one.
 
-:class:`GridSearch` holds that logic once, for ``cogcal tune`` (:func:`cogcal.train.tune`,
-which trains the points itself) and for ``cogcal bench`` (which trains them on its worker pool).
+:class:`GridSearch` holds that logic once; :class:`cogcal.train.search.Search` drives it
+for the default path of ``cogcal train``, for ``cogcal tune`` (:func:`cogcal.train.tune`) and
+for ``cogcal bench`` (which trains the points on its worker pool), and every one of them
+writes the same ``tune.csv`` (:data:`TUNE_COLUMNS`).
 
 >>> search = GridSearch(Grid(lrs=(1e-3, 3e-3)), max_extensions=2)
 >>> search.next_points()
@@ -58,14 +60,17 @@ __all__ = [
     "LR_FLOOR_BOUND",
     "RATIO_BOUND",
     "SELECTION_RULE",
+    "TUNE_COLUMNS",
     "TUNE_MARK",
     "check_tune_folder",
     "edge_warning",
+    "grid_edges",
     "mark_tune_folder",
     "open_edges",
     "point_config",
     "point_label",
     "point_status",
+    "read_table",
     "with_data_model",
     "write_tables",
 ]
@@ -84,6 +89,16 @@ LR_FLOOR_BOUND = "lr >= 1e-8 floor"
 TUNE_MARK = "cogcal_tune"
 TUNE_FORMAT = 1
 _TUNE_FILES = ("tune.json", "tune.csv", ".cogcal.lock")
+#: The columns of ``tune.csv`` (and of the rows of ``table`` in ``tune.json``), one per
+#: trained point, whoever ran the search: the point (``ratio`` and ``calibrator_lr`` empty
+#: for one-rate methods), its schedule, the validation metrics of the finished run
+#: (``val_nll`` empty for a point stopped at a rung or diverged), and for a selection by
+#: successive halving the epochs trained, the NLL at each rung and where it was stopped.
+#: Files written before (fewer columns, in another order) are read by their header.
+TUNE_COLUMNS = (
+    "lr", "ratio", "calibrator_lr", "schedule", "val_nll", "val_brier", "val_acc", "status",
+    "run", "epochs", "rung1_val_nll", "rung2_val_nll", "stopped_at_epoch",
+)  # fmt: skip
 _POINT_NAME = re.compile(r"^lr[0-9.e+-]+(_ratio[0-9.e+-]+)?$")
 
 
@@ -443,7 +458,7 @@ class GridSearch:
         an edge. ``edges`` names every edge of the choice, a bound by its name (``"ratio < 1
         bound"``); ``at_edge`` is true only for an edge the search could have moved past
         (``cap_reached``: the extension cap stopped it), not for a bound alone."""
-        at = self.at_edge
+        at, bounds = grid_edges([self.grid], self.best)
         return {
             "selection": SELECTION_RULE,
             "axes": list(self.grid.axes),
@@ -451,13 +466,30 @@ class GridSearch:
             "best": self.best,
             "best_config": None if self.best is None else point_config(self.best),
             "at_edge": bool(at),
-            "edges": at + self.bounds,
-            "bounds": self.bounds,
+            "edges": at + bounds,
+            "bounds": bounds,
             "extensions": self.extensions,
             "max_extensions": self.max_extensions,
             "cap_reached": bool(at) and self.extensions >= self.max_extensions,
             "table": rows,
         }
+
+
+def grid_edges(grids: Sequence[Grid], best: dict[str, float] | None) -> tuple[list[str], list[str]]:
+    """The edges of ``grids`` that the choice ``best`` lies on: ``(open, bounds)``, the
+    edges a search could move past (``"lr high"``) and the bounds that stop the others
+    (:data:`RATIO_BOUND`, :data:`LR_FLOOR_BOUND`).
+
+    >>> grid_edges([Grid(lrs=(1e-3, 3e-3), ratios=(0.1, 0.3))], {"lr": 3e-3, "ratio": 0.3})
+    (['lr high'], ['ratio < 1 bound'])
+    """
+    opened: list[str] = []
+    bounds: list[str] = []
+    for grid in grids if best is not None else ():
+        for edge in grid.edges(best):  # type: ignore[arg-type]
+            bound = grid.bound(edge)
+            (opened if bound is None else bounds).append(edge if bound is None else bound)
+    return opened, bounds
 
 
 def _is_marked(folder: Path) -> bool:
@@ -532,17 +564,35 @@ def mark_tune_folder(folder: str | Path) -> None:
 
 def write_tables(folder: Path, summary: dict[str, Any]) -> None:
     """Write ``tune.json`` (with :data:`TUNE_MARK`) and ``tune.csv`` (one row per trained
-    point)."""
-    rows = summary["table"]
+    point, the columns :data:`TUNE_COLUMNS`)."""
     _io.write_json(folder / "tune.json", {TUNE_MARK: TUNE_FORMAT, **summary})
     buf = io.StringIO()
-    names: list[str] = []
-    for row in rows:
-        names += [k for k in row if k not in names]
-    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=TUNE_COLUMNS, restval="", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(summary["table"])
     _io.write_text(folder / "tune.csv", buf.getvalue())
+
+
+def read_table(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a ``tune.csv`` with every column of :data:`TUNE_COLUMNS` (empty where
+    the file, written by an earlier version, has no such column).
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "tune.csv"
+    >>> _ = path.write_text("lr,val_nll,status,run\\n0.001,0.5,complete,lr0.001\\n")
+    >>> row = read_table(path)[0]
+    >>> row["lr"], row["ratio"], row["status"], list(row)[:3]
+    ('0.001', '', 'complete', ['lr', 'ratio', 'calibrator_lr'])
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return [
+        {
+            **{c: row.get(c) or "" for c in TUNE_COLUMNS},
+            **{k: v for k, v in row.items() if k not in TUNE_COLUMNS},
+        }
+        for row in rows
+    ]
 
 
 def open_edges(selection: dict[str, Any]) -> list[str]:
