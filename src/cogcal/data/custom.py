@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import Dataset as TorchDataset
 
 from cogcal._errors import ArgumentError
 from cogcal.data.base import (
@@ -178,9 +180,6 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 def _materialise(obj: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels) tensors from one split in any of the accepted kinds."""
-    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-    from torch.utils.data import Dataset as TorchDataset
-
     what = f"split {split!r}"
     if isinstance(obj, Split):
         return obj.x, obj.y
@@ -334,25 +333,7 @@ def dataset_from_splits(
     raw = {"train": train, "val": val, "test": test}
     xs, ys = {}, {}
     for s, obj in raw.items():
-        x, y = _materialise(obj, s)
-        if x.ndim < 2:
-            raise _err(
-                f"split {s!r} inputs have shape {tuple(x.shape)}; expected (N, *input_shape) "
-                "with at least one feature axis (reshape a single feature to (N, 1))."
-            )
-        if x.shape[0] == 0:
-            raise _err(f"split {s!r} is empty; every split needs at least one sample.")
-        if y.shape[0] != x.shape[0]:
-            raise _err(
-                f"split {s!r} has {x.shape[0]} inputs but {y.shape[0]} labels; they must match."
-            )
-        if x.is_complex() or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
-            raise _err(f"split {s!r} inputs have dtype {x.dtype}; expected real numbers.")
-        x = x.to(torch.float32)
-        if not torch.isfinite(x).all():
-            raise _err(f"split {s!r} inputs hold NaN or infinite values; clean them first.")
-        xs[s] = x.contiguous()
-        ys[s] = _labels(y, task, s)
+        xs[s], ys[s] = _split_tensors(obj, s, task)
     shape = tuple(xs["train"].shape[1:])
     for s in ("val", "test"):
         if tuple(xs[s].shape[1:]) != shape:
@@ -360,35 +341,7 @@ def dataset_from_splits(
                 f"split {s!r} inputs have per-sample shape {tuple(xs[s].shape[1:])}, the "
                 f"training split {shape}; they must match."
             )
-    if task == "multiclass":
-        lo = min(int(y.min()) for y in ys.values())
-        hi = max(int(y.max()) for y in ys.values())
-        if lo < 0:
-            raise _err(f"labels must be class indices >= 0, got {lo}.")
-        if num_classes is None:
-            num_classes = hi + 1
-            if num_classes < 2:
-                raise _err(
-                    f"the labels hold {num_classes} class; a classifier needs at least 2 "
-                    "(pass num_classes= if some classes are absent from the data)."
-                )
-    else:
-        widths = {int(y.shape[1]) for y in ys.values()}
-        if len(widths) != 1:
-            raise _err(f"multilabel splits have different numbers of tasks: {sorted(widths)}.")
-        hi = widths.pop() - 1
-        if num_classes is None:
-            num_classes = hi + 1
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-        raise _err(f"`num_classes` must be an integer, got {num_classes!r}.")
-    num_classes = int(num_classes)
-    if task == "multiclass" and (num_classes < 2 or hi >= num_classes):
-        raise _err(
-            f"`num_classes` is {num_classes} but the labels go up to {hi}; labels must lie in "
-            f"[0, num_classes) and num_classes >= 2."
-        )
-    if task == "multilabel" and num_classes != hi + 1:
-        raise _err(f"`num_classes` is {num_classes} but the labels have {hi + 1} task columns.")
+    num_classes = _num_classes(ys, task, num_classes)
     if class_names is None:
         names = [str(i) for i in range(num_classes)]
     else:
@@ -426,6 +379,61 @@ def dataset_from_splits(
         info=record,
         default_model=default_model if default_model is not None else _shape_default_model(shape),
     )
+
+
+def _split_tensors(obj: Any, split: str, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split's checked ``(float32 inputs, int64 labels)``."""
+    s = split
+    x, y = _materialise(obj, s)
+    if x.ndim < 2:
+        raise _err(
+            f"split {s!r} inputs have shape {tuple(x.shape)}; expected (N, *input_shape) "
+            "with at least one feature axis (reshape a single feature to (N, 1))."
+        )
+    if x.shape[0] == 0:
+        raise _err(f"split {s!r} is empty; every split needs at least one sample.")
+    if y.shape[0] != x.shape[0]:
+        raise _err(f"split {s!r} has {x.shape[0]} inputs but {y.shape[0]} labels; they must match.")
+    if x.is_complex() or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
+        raise _err(f"split {s!r} inputs have dtype {x.dtype}; expected real numbers.")
+    x = x.to(torch.float32)
+    if not torch.isfinite(x).all():
+        raise _err(f"split {s!r} inputs hold NaN or infinite values; clean them first.")
+    return x.contiguous(), _labels(y, task, s)
+
+
+def _num_classes(ys: Mapping[str, torch.Tensor], task: str, num_classes: Any) -> int:
+    """The number of classes (tasks): given and checked against the labels, or inferred."""
+    if task == "multiclass":
+        lo = min(int(y.min()) for y in ys.values())
+        hi = max(int(y.max()) for y in ys.values())
+        if lo < 0:
+            raise _err(f"labels must be class indices >= 0, got {lo}.")
+        if num_classes is None:
+            num_classes = hi + 1
+            if num_classes < 2:
+                raise _err(
+                    f"the labels hold {num_classes} class; a classifier needs at least 2 "
+                    "(pass num_classes= if some classes are absent from the data)."
+                )
+    else:
+        widths = {int(y.shape[1]) for y in ys.values()}
+        if len(widths) != 1:
+            raise _err(f"multilabel splits have different numbers of tasks: {sorted(widths)}.")
+        hi = widths.pop() - 1
+        if num_classes is None:
+            num_classes = hi + 1
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
+        raise _err(f"`num_classes` must be an integer, got {num_classes!r}.")
+    num_classes = int(num_classes)
+    if task == "multiclass" and (num_classes < 2 or hi >= num_classes):
+        raise _err(
+            f"`num_classes` is {num_classes} but the labels go up to {hi}; labels must lie in "
+            f"[0, num_classes) and num_classes >= 2."
+        )
+    if task == "multilabel" and num_classes != hi + 1:
+        raise _err(f"`num_classes` is {num_classes} but the labels have {hi + 1} task columns.")
+    return num_classes
 
 
 _INT_DTYPES = (
