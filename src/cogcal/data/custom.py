@@ -342,30 +342,9 @@ def dataset_from_splits(
                 f"training split {shape}; they must match."
             )
     num_classes = _num_classes(ys, task, num_classes)
-    if class_names is None:
-        names = [str(i) for i in range(num_classes)]
-    else:
-        names = [str(n) for n in class_names]
-        if len(names) != num_classes:
-            raise _err(
-                f"`class_names` has {len(names)} entries but there are {num_classes} "
-                f"{'classes' if task == 'multiclass' else 'tasks'}."
-            )
+    names = _class_names(class_names, num_classes, task)
     splits = {s: Split(xs[s], ys[s]) for s in raw}
-    sizes = {s: len(sp) for s, sp in splits.items()}
-    record: dict[str, Any] = {
-        "dataset": name,
-        "kind": "in-memory splits",
-        "split_rule": "given: train, val and test passed in as they are",
-        "sizes": sizes,
-        "normalization": "none (identity; left to the caller)",
-        "mean": [0.0],
-        "std": [1.0],
-        "fingerprint": _tensor_fingerprint(splits),
-    }
-    if task == "multiclass":
-        record["class_counts"] = {s: _class_counts(sp.y, num_classes) for s, sp in splits.items()}
-    record.update(dict(info or {}))
+    record = _splits_record(name, task, splits, num_classes, info)
     return Dataset(
         name=name,
         task=task,
@@ -434,6 +413,44 @@ def _num_classes(ys: Mapping[str, torch.Tensor], task: str, num_classes: Any) ->
     if task == "multilabel" and num_classes != hi + 1:
         raise _err(f"`num_classes` is {num_classes} but the labels have {hi + 1} task columns.")
     return num_classes
+
+
+def _class_names(class_names: Sequence[str] | None, num_classes: int, task: str) -> list[str]:
+    """One name per class (task): the given ones, checked, or ``"0"``, ``"1"``, ..."""
+    if class_names is None:
+        return [str(i) for i in range(num_classes)]
+    names = [str(n) for n in class_names]
+    if len(names) != num_classes:
+        raise _err(
+            f"`class_names` has {len(names)} entries but there are {num_classes} "
+            f"{'classes' if task == 'multiclass' else 'tasks'}."
+        )
+    return names
+
+
+def _splits_record(
+    name: str,
+    task: str,
+    splits: Mapping[str, Split],
+    num_classes: int,
+    info: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """:attr:`Dataset.info` of in-memory splits, updated with the caller's ``info``."""
+    sizes = {s: len(sp) for s, sp in splits.items()}
+    record: dict[str, Any] = {
+        "dataset": name,
+        "kind": "in-memory splits",
+        "split_rule": "given: train, val and test passed in as they are",
+        "sizes": sizes,
+        "normalization": "none (identity; left to the caller)",
+        "mean": [0.0],
+        "std": [1.0],
+        "fingerprint": _tensor_fingerprint(splits),
+    }
+    if task == "multiclass":
+        record["class_counts"] = {s: _class_counts(sp.y, num_classes) for s, sp in splits.items()}
+    record.update(dict(info or {}))
+    return record
 
 
 _INT_DTYPES = (

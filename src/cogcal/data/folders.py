@@ -292,18 +292,12 @@ def load_image_folder(
     c = x_all.shape[1]
     mean, std = channel_stats_uint8(splits["train"].x.numpy())
     std = tuple(s if s > 0 else 1.0 for s in std)
-    drawn = [s for s in ("val", "test") if s not in given]
     info = {
         "dataset": f"folder:{spec}",
         "kind": "folder",
         "path": str(folder.resolve()),
         "layout": layout,
-        "split_rule": (
-            "given by the split folders"
-            if not drawn
-            else f"{', '.join(drawn)} drawn from {'train/' if base == 'train' else 'all images'}: "
-            + USER_SPLIT_RULE
-        ),
+        "split_rule": _split_rule(given, base),
         "split_seed": SPLIT_SEED,
         "sizes": {s: int(len(i)) for s, i in idx.items()},
         "class_names": classes,
@@ -334,6 +328,17 @@ def load_image_folder(
         default_model="cnn",
     )
     return apply_normalization(ds, normalization)
+
+
+def _split_rule(given: dict[str, Path], base: str) -> str:
+    """How the splits were made: given by the split folders, or which were drawn, how."""
+    drawn = [s for s in ("val", "test") if s not in given]
+    if not drawn:
+        return "given by the split folders"
+    return (
+        f"{', '.join(drawn)} drawn from {'train/' if base == 'train' else 'all images'}: "
+        + USER_SPLIT_RULE
+    )
 
 
 def _layout(folder: Path, spec: str) -> tuple[dict[str, Path], str]:
