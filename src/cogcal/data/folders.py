@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from cogcal.data.base import (
     SPLIT_SEED,
@@ -179,8 +180,6 @@ def _scan_classes(
 
 def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
     """Decode ``paths`` (resized, centre-cropped); also return each file's sha256."""
-    from PIL import Image
-
     arrays: list[np.ndarray] = [np.empty(0, np.uint8)] * len(paths)
     digests = [""] * len(paths)
 
