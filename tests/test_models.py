@@ -237,7 +237,8 @@ def test_register_model_rejects_duplicates_and_can_register():
         model = create_model("_test_flat", num_classes=2, input_shape=(5,))
         assert model(torch.zeros(4, 5)).shape == (4, 2)
     finally:
-        registry._REGISTRY.pop("_test_flat", None)
+        if "_test_flat" in registry.MODELS:
+            registry.MODELS.unregister("_test_flat")
     assert "_test_flat" not in list_models()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,6 +11,8 @@ import numpy as np
 import torch
 
 from cogcal._errors import ArgumentError
+from cogcal._registry import Registry
+from cogcal.data.loader import BatchLoader
 from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 if TYPE_CHECKING:
@@ -234,8 +235,6 @@ class Dataset:
         ``shuffle`` and ``train`` (augmentation) default to ``split == "train"``; other
         keyword arguments go to :class:`~cogcal.data.BatchLoader`.
         """
-        from cogcal.data.loader import BatchLoader
-
         s = self.split(split)
         is_train = split == "train"
         return BatchLoader(
@@ -259,9 +258,21 @@ class Dataset:
 # --------------------------------------------------------------------------- registry
 
 DatasetBuilder = Callable[[Path], Dataset]
-_REGISTRY: dict[str, DatasetBuilder] = {}
-_DEFAULT_MODELS: dict[str, str | None] = {}
-_DEFAULT_AUGMENT: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """What the registry knows about one dataset: its builder and its defaults."""
+
+    builder: DatasetBuilder
+    default_model: str | None = None
+    augment: str = "none"
+
+
+#: The registered datasets, name (lower case) -> :class:`DatasetEntry`.
+DATASETS: Registry[DatasetEntry] = Registry(
+    "dataset", unknown="unknown {kind} {name!r}; known datasets: {known}.{hint}"
+)
 
 #: Values of ``augment`` in a training configuration (``"none"``: no augmentation).
 AUGMENT_CHOICES = ("none", "flip", "crop_flip")
@@ -298,11 +309,10 @@ def register_dataset(
         raise ValueError(f"a dataset name must be non-empty and contain no ':', got {name!r}.")
 
     def decorator(fn: DatasetBuilder) -> DatasetBuilder:
-        if key in _REGISTRY and _REGISTRY[key] is not fn:
+        same = DATASETS.key(key)
+        if same is not None and DATASETS.get(same).builder is not fn:
             raise ValueError(f"a dataset named {key!r} is already registered.")
-        _REGISTRY[key] = fn
-        _DEFAULT_MODELS[key] = default_model
-        _DEFAULT_AUGMENT[key] = augment
+        DATASETS.register(key, DatasetEntry(fn, default_model, augment), overwrite=True)
         return fn
 
     return decorator
@@ -310,7 +320,7 @@ def register_dataset(
 
 def list_datasets() -> list[str]:
     """Return the names of all registered datasets, sorted."""
-    return sorted(_REGISTRY)
+    return DATASETS.names()
 
 
 def _parse_name(name: Any) -> tuple[str, str]:
@@ -322,8 +332,6 @@ def _parse_name(name: Any) -> tuple[str, str]:
         )
     text = name.strip()
     key = text.lower()
-    if key in _REGISTRY:
-        return "registered", key
     for prefix, kind in ((FOLDER_PREFIX, "folder"), (CSV_PREFIX, "csv")):
         if key.startswith(prefix):
             path = text[len(prefix) :].strip()
@@ -334,21 +342,20 @@ def _parse_name(name: Any) -> tuple[str, str]:
                     f"e.g. --dataset {prefix}/data/x.",
                 )
             return kind, path
-    if ":" in text:
+    if ":" in text:  # registered names have no ':'
         return "plugin", text
-    known = list_datasets()
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
     forms = (
-        "For your own data use 'folder:PATH' (class subfolders of images), 'csv:PATH' "
+        " For your own data use 'folder:PATH' (class subfolders of images), 'csv:PATH' "
         "(with {target}) or a plugin 'package.module:function'."
     )
-    raise ArgumentError(
-        f"unknown dataset {name!r}; known datasets: {', '.join(known)}.{hint} "
-        + forms.format(target="target=COLUMN"),
-        cli_message=f"--dataset: unknown dataset {name!r}; known datasets: "
-        f"{', '.join(known)}.{hint} " + forms.format(target="--target COLUMN"),
-    )
+    try:
+        DATASETS.get(name)
+    except ArgumentError as err:  # the registry's message, plus the forms of user data
+        raise ArgumentError(
+            str(err) + forms.format(target="target=COLUMN"),
+            cli_message=err.cli_message + forms.format(target="--target COLUMN"),
+        ) from None
+    return "registered", DATASETS.key(name) or key
 
 
 def default_model(name: str) -> str | None:
@@ -379,7 +386,7 @@ def default_model(name: str) -> str | None:
     """
     kind, arg = _parse_name(name)
     if kind == "registered":
-        return _DEFAULT_MODELS.get(arg)
+        return DATASETS.get(arg).default_model
     return {"folder": "cnn", "csv": "mlp"}.get(kind)
 
 
@@ -397,7 +404,7 @@ def default_augment(name: str) -> str:
     """
     kind, arg = _parse_name(name)
     if kind == "registered":
-        return _DEFAULT_AUGMENT.get(arg, "none")
+        return DATASETS.get(arg).augment
     return "auto" if kind == "plugin" else "none"
 
 

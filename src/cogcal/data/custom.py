@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torch.utils.data import Dataset as TorchDataset
 
 from cogcal._errors import ArgumentError
 from cogcal.data.base import (
@@ -178,9 +180,6 @@ def _as_tensor(value: Any, what: str) -> torch.Tensor:
 
 def _materialise(obj: Any, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels) tensors from one split in any of the accepted kinds."""
-    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-    from torch.utils.data import Dataset as TorchDataset
-
     what = f"split {split!r}"
     if isinstance(obj, Split):
         return obj.x, obj.y
@@ -334,25 +333,7 @@ def dataset_from_splits(
     raw = {"train": train, "val": val, "test": test}
     xs, ys = {}, {}
     for s, obj in raw.items():
-        x, y = _materialise(obj, s)
-        if x.ndim < 2:
-            raise _err(
-                f"split {s!r} inputs have shape {tuple(x.shape)}; expected (N, *input_shape) "
-                "with at least one feature axis (reshape a single feature to (N, 1))."
-            )
-        if x.shape[0] == 0:
-            raise _err(f"split {s!r} is empty; every split needs at least one sample.")
-        if y.shape[0] != x.shape[0]:
-            raise _err(
-                f"split {s!r} has {x.shape[0]} inputs but {y.shape[0]} labels; they must match."
-            )
-        if x.is_complex() or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
-            raise _err(f"split {s!r} inputs have dtype {x.dtype}; expected real numbers.")
-        x = x.to(torch.float32)
-        if not torch.isfinite(x).all():
-            raise _err(f"split {s!r} inputs hold NaN or infinite values; clean them first.")
-        xs[s] = x.contiguous()
-        ys[s] = _labels(y, task, s)
+        xs[s], ys[s] = _split_tensors(obj, s, task)
     shape = tuple(xs["train"].shape[1:])
     for s in ("val", "test"):
         if tuple(xs[s].shape[1:]) != shape:
@@ -360,6 +341,48 @@ def dataset_from_splits(
                 f"split {s!r} inputs have per-sample shape {tuple(xs[s].shape[1:])}, the "
                 f"training split {shape}; they must match."
             )
+    num_classes = _num_classes(ys, task, num_classes)
+    names = _class_names(class_names, num_classes, task)
+    splits = {s: Split(xs[s], ys[s]) for s in raw}
+    record = _splits_record(name, task, splits, num_classes, info)
+    return Dataset(
+        name=name,
+        task=task,
+        num_classes=num_classes,
+        input_shape=shape,
+        class_names=names,
+        **splits,
+        mean=(0.0,),
+        std=(1.0,),
+        augment=None,
+        info=record,
+        default_model=default_model if default_model is not None else _shape_default_model(shape),
+    )
+
+
+def _split_tensors(obj: Any, split: str, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split's checked ``(float32 inputs, int64 labels)``."""
+    s = split
+    x, y = _materialise(obj, s)
+    if x.ndim < 2:
+        raise _err(
+            f"split {s!r} inputs have shape {tuple(x.shape)}; expected (N, *input_shape) "
+            "with at least one feature axis (reshape a single feature to (N, 1))."
+        )
+    if x.shape[0] == 0:
+        raise _err(f"split {s!r} is empty; every split needs at least one sample.")
+    if y.shape[0] != x.shape[0]:
+        raise _err(f"split {s!r} has {x.shape[0]} inputs but {y.shape[0]} labels; they must match.")
+    if x.is_complex() or not (x.is_floating_point() or x.dtype in _INT_DTYPES):
+        raise _err(f"split {s!r} inputs have dtype {x.dtype}; expected real numbers.")
+    x = x.to(torch.float32)
+    if not torch.isfinite(x).all():
+        raise _err(f"split {s!r} inputs hold NaN or infinite values; clean them first.")
+    return x.contiguous(), _labels(y, task, s)
+
+
+def _num_classes(ys: Mapping[str, torch.Tensor], task: str, num_classes: Any) -> int:
+    """The number of classes (tasks): given and checked against the labels, or inferred."""
     if task == "multiclass":
         lo = min(int(y.min()) for y in ys.values())
         hi = max(int(y.max()) for y in ys.values())
@@ -389,16 +412,30 @@ def dataset_from_splits(
         )
     if task == "multilabel" and num_classes != hi + 1:
         raise _err(f"`num_classes` is {num_classes} but the labels have {hi + 1} task columns.")
+    return num_classes
+
+
+def _class_names(class_names: Sequence[str] | None, num_classes: int, task: str) -> list[str]:
+    """One name per class (task): the given ones, checked, or ``"0"``, ``"1"``, ..."""
     if class_names is None:
-        names = [str(i) for i in range(num_classes)]
-    else:
-        names = [str(n) for n in class_names]
-        if len(names) != num_classes:
-            raise _err(
-                f"`class_names` has {len(names)} entries but there are {num_classes} "
-                f"{'classes' if task == 'multiclass' else 'tasks'}."
-            )
-    splits = {s: Split(xs[s], ys[s]) for s in raw}
+        return [str(i) for i in range(num_classes)]
+    names = [str(n) for n in class_names]
+    if len(names) != num_classes:
+        raise _err(
+            f"`class_names` has {len(names)} entries but there are {num_classes} "
+            f"{'classes' if task == 'multiclass' else 'tasks'}."
+        )
+    return names
+
+
+def _splits_record(
+    name: str,
+    task: str,
+    splits: Mapping[str, Split],
+    num_classes: int,
+    info: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """:attr:`Dataset.info` of in-memory splits, updated with the caller's ``info``."""
     sizes = {s: len(sp) for s, sp in splits.items()}
     record: dict[str, Any] = {
         "dataset": name,
@@ -413,19 +450,7 @@ def dataset_from_splits(
     if task == "multiclass":
         record["class_counts"] = {s: _class_counts(sp.y, num_classes) for s, sp in splits.items()}
     record.update(dict(info or {}))
-    return Dataset(
-        name=name,
-        task=task,
-        num_classes=num_classes,
-        input_shape=shape,
-        class_names=names,
-        **splits,
-        mean=(0.0,),
-        std=(1.0,),
-        augment=None,
-        info=record,
-        default_model=default_model if default_model is not None else _shape_default_model(shape),
-    )
+    return record
 
 
 _INT_DTYPES = (

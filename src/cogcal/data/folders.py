@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from cogcal.data.base import (
     SPLIT_SEED,
@@ -179,8 +180,6 @@ def _scan_classes(
 
 def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
     """Decode ``paths`` (resized, centre-cropped); also return each file's sha256."""
-    from PIL import Image
-
     arrays: list[np.ndarray] = [np.empty(0, np.uint8)] * len(paths)
     digests = [""] * len(paths)
 
@@ -278,69 +277,13 @@ def load_image_folder(
     size = _check_image_size(image_size)
     if not folder.is_dir():
         raise _not_found(f"folder:{spec}", folder, "a folder")
-    names = {p.name for p in _subdirs(folder)}
-    split_names = ("train", "val", "test")
-    if "train" in names and names <= set(split_names):
-        given = {s: folder / s for s in split_names if s in names}
-        layout = f"split folders: {', '.join(s + '/' for s in given)}"
-    elif "train" in names and names & {"val", "test"}:
-        others = sorted(names - set(split_names))
-        raise _err(
-            f"dataset 'folder:{spec}': {folder} mixes split folders (train/, val/, test/) "
-            f"with other folders ({', '.join(others)}); put every class folder under "
-            "train/ (and val/, test/), or use one subfolder per class without splits."
-        )
-    else:
-        given = {"all": folder}
-        layout = "class folders (no split folders)"
-
+    given, layout = _layout(folder, spec)
     root, seen = os.path.realpath(folder), {}
     scanned = {s: _scan_classes(d, spec, root, seen) for s, d in given.items()}
     base = "train" if "train" in scanned else "all"
-    classes = sorted(scanned[base])
-    if len(classes) < 2:
-        raise _err(
-            f"dataset 'folder:{spec}': found {len(classes)} class folder "
-            f"({', '.join(classes)}) under {given[base]}; a classifier needs at least 2 classes."
-        )
-    for s, found in scanned.items():
-        extra = sorted(set(found) - set(classes))
-        if extra:
-            raise _err(
-                f"dataset 'folder:{spec}': {given[s]} has class folder(s) {', '.join(extra)} "
-                f"that train/ lacks; every class of val/ and test/ must have training images."
-            )
-    index = {c: i for i, c in enumerate(classes)}
-    files: list[Path] = []
-    labels: list[int] = []
-    origin: list[str] = []
-    for s, found in scanned.items():
-        for c in sorted(found):
-            files.extend(found[c])
-            labels.extend([index[c]] * len(found[c]))
-            origin.extend([s] * len(found[c]))
-    arrays, digests = _decode(files, size)
-    grey = all(a.shape[0] == 1 for a in arrays)
-    if not grey:  # PIL's L -> RGB conversion copies the grey channel: same as converting first
-        arrays = [np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a for a in arrays]
-    x_all = np.stack(arrays)
-    y_all = np.asarray(labels, dtype=np.int64)
-    where = np.asarray(origin)
-
-    idx: dict[str, np.ndarray] = {}
-    pool = np.flatnonzero(where == base)
-    tr, va, te = split_indices(y_all[pool], test="test" not in given, val="val" not in given)
-    idx["train"] = pool[tr]
-    idx["val"] = pool[va] if va is not None else np.flatnonzero(where == "val")
-    idx["test"] = pool[te] if te is not None else np.flatnonzero(where == "test")
-    sizes = {s: int(len(i)) for s, i in idx.items()}
-    _check_split_sizes(f"dataset 'folder:{spec}'", sizes, len(y_all), "add images")
-    drawn_from = {s: i for s, i in idx.items() if s == "train" or s not in given}
-    if len(drawn_from) > 1:  # as csv: a class the drawn splits leave out is refused
-        _check_every_class_in_every_split(
-            f"dataset 'folder:{spec}'", y_all, drawn_from, classes, "images"
-        )
-
+    classes = _check_classes(spec, scanned, given, base)
+    files, digests, x_all, y_all, where = _read_images(scanned, classes, size)
+    idx = _split(spec, y_all, where, base, given, classes)
     splits = {
         s: Split(torch.from_numpy(np.ascontiguousarray(x_all[i])), torch.from_numpy(y_all[i]))
         for s, i in idx.items()
@@ -348,42 +291,27 @@ def load_image_folder(
     c = x_all.shape[1]
     mean, std = channel_stats_uint8(splits["train"].x.numpy())
     std = tuple(s if s > 0 else 1.0 for s in std)
-    fp = hashlib.sha256()
-    for rel, digest in sorted(
-        (f.relative_to(folder).as_posix(), d) for f, d in zip(files, digests, strict=True)
-    ):
-        fp.update(f"{rel}\0{digest}\n".encode())
-    drawn = [s for s in ("val", "test") if s not in given]
     info = {
         "dataset": f"folder:{spec}",
         "kind": "folder",
         "path": str(folder.resolve()),
         "layout": layout,
-        "split_rule": (
-            "given by the split folders"
-            if not drawn
-            else f"{', '.join(drawn)} drawn from {'train/' if base == 'train' else 'all images'}: "
-            + USER_SPLIT_RULE
-        ),
+        "split_rule": _split_rule(given, base),
         "split_seed": SPLIT_SEED,
-        "sizes": sizes,
+        "sizes": {s: int(len(i)) for s, i in idx.items()},
         "class_names": classes,
         "class_counts": {s: _class_counts(sp.y, len(classes)) for s, sp in splits.items()},
         "image_size": size,
         "channels": c,
         "preprocessing": (
-            f"PIL decode; {'grey (all images are grey)' if grey else 'RGB'}; shorter side "
+            f"PIL decode; {'grey (all images are grey)' if c == 1 else 'RGB'}; shorter side "
             f"resized to {size} (bilinear, antialiased), centre crop {size}x{size}; uint8"
         ),
         "mean": list(mean),
         "std": list(std),
         "normalization": "per-channel mean/std of the training split, on [0, 1] pixels",
         "augmentation": "none (a run asks for one with augment='flip' or 'crop_flip')",
-        "fingerprint": {
-            "sha256": fp.hexdigest(),
-            "method": "sha256 over the sorted relative paths and the sha256 of each image file",
-            "files": len(files),
-        },
+        "fingerprint": _fingerprint(folder, files, digests),
     }
     ds = Dataset(
         name=f"folder:{spec}",
@@ -399,3 +327,113 @@ def load_image_folder(
         default_model="cnn",
     )
     return apply_normalization(ds, normalization)
+
+
+def _split_rule(given: dict[str, Path], base: str) -> str:
+    """How the splits were made: given by the split folders, or which were drawn, how."""
+    drawn = [s for s in ("val", "test") if s not in given]
+    if not drawn:
+        return "given by the split folders"
+    return (
+        f"{', '.join(drawn)} drawn from {'train/' if base == 'train' else 'all images'}: "
+        + USER_SPLIT_RULE
+    )
+
+
+def _layout(folder: Path, spec: str) -> tuple[dict[str, Path], str]:
+    """The folders to scan (``{"train": ..., "val": ...}`` or ``{"all": folder}``), the layout."""
+    names = {p.name for p in _subdirs(folder)}
+    split_names = ("train", "val", "test")
+    if "train" in names and names <= set(split_names):
+        given = {s: folder / s for s in split_names if s in names}
+        return given, f"split folders: {', '.join(s + '/' for s in given)}"
+    if "train" in names and names & {"val", "test"}:
+        others = sorted(names - set(split_names))
+        raise _err(
+            f"dataset 'folder:{spec}': {folder} mixes split folders (train/, val/, test/) "
+            f"with other folders ({', '.join(others)}); put every class folder under "
+            "train/ (and val/, test/), or use one subfolder per class without splits."
+        )
+    return {"all": folder}, "class folders (no split folders)"
+
+
+def _check_classes(
+    spec: str, scanned: dict[str, dict[str, list[Path]]], given: dict[str, Path], base: str
+) -> list[str]:
+    """The sorted classes of the ``base`` folder: at least 2, and every other split's within."""
+    classes = sorted(scanned[base])
+    if len(classes) < 2:
+        raise _err(
+            f"dataset 'folder:{spec}': found {len(classes)} class folder "
+            f"({', '.join(classes)}) under {given[base]}; a classifier needs at least 2 classes."
+        )
+    for s, found in scanned.items():
+        extra = sorted(set(found) - set(classes))
+        if extra:
+            raise _err(
+                f"dataset 'folder:{spec}': {given[s]} has class folder(s) {', '.join(extra)} "
+                f"that train/ lacks; every class of val/ and test/ must have training images."
+            )
+    return classes
+
+
+def _read_images(
+    scanned: dict[str, dict[str, list[Path]]], classes: list[str], size: int
+) -> tuple[list[Path], list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(files, digests, x, y, where)``: every image decoded, its label and its split folder.
+
+    Grey images stay one channel when all are grey, else every image is RGB.
+    """
+    index = {c: i for i, c in enumerate(classes)}
+    files: list[Path] = []
+    labels: list[int] = []
+    origin: list[str] = []
+    for s, found in scanned.items():
+        for c in sorted(found):
+            files.extend(found[c])
+            labels.extend([index[c]] * len(found[c]))
+            origin.extend([s] * len(found[c]))
+    arrays, digests = _decode(files, size)
+    grey = all(a.shape[0] == 1 for a in arrays)
+    if not grey:  # PIL's L -> RGB conversion copies the grey channel: same as converting first
+        arrays = [np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a for a in arrays]
+    return files, digests, np.stack(arrays), np.asarray(labels, dtype=np.int64), np.asarray(origin)
+
+
+def _split(
+    spec: str,
+    y_all: np.ndarray,
+    where: np.ndarray,
+    base: str,
+    given: dict[str, Path],
+    classes: list[str],
+) -> dict[str, np.ndarray]:
+    """Indices of the train/val/test splits: the split folders, the rest drawn from ``base``."""
+    idx: dict[str, np.ndarray] = {}
+    pool = np.flatnonzero(where == base)
+    tr, va, te = split_indices(y_all[pool], test="test" not in given, val="val" not in given)
+    idx["train"] = pool[tr]
+    idx["val"] = pool[va] if va is not None else np.flatnonzero(where == "val")
+    idx["test"] = pool[te] if te is not None else np.flatnonzero(where == "test")
+    sizes = {s: int(len(i)) for s, i in idx.items()}
+    _check_split_sizes(f"dataset 'folder:{spec}'", sizes, len(y_all), "add images")
+    drawn_from = {s: i for s, i in idx.items() if s == "train" or s not in given}
+    if len(drawn_from) > 1:  # as csv: a class the drawn splits leave out is refused
+        _check_every_class_in_every_split(
+            f"dataset 'folder:{spec}'", y_all, drawn_from, classes, "images"
+        )
+    return idx
+
+
+def _fingerprint(folder: Path, files: list[Path], digests: list[str]) -> dict[str, Any]:
+    """sha256 over the sorted relative paths and each image file's sha256."""
+    fp = hashlib.sha256()
+    for rel, digest in sorted(
+        (f.relative_to(folder).as_posix(), d) for f, d in zip(files, digests, strict=True)
+    ):
+        fp.update(f"{rel}\0{digest}\n".encode())
+    return {
+        "sha256": fp.hexdigest(),
+        "method": "sha256 over the sorted relative paths and the sha256 of each image file",
+        "files": len(files),
+    }

@@ -8,8 +8,7 @@ from pathlib import Path
 from cogcal._errors import ArgumentError
 from cogcal.data import custom, downloads, folders, tables
 from cogcal.data.base import (
-    _DEFAULT_MODELS,
-    _REGISTRY,
+    DATASETS,
     Dataset,
     _check_bool,
     _check_normalization,
@@ -101,22 +100,15 @@ def load_dataset(
     normalization = _check_normalization(normalization)
     download = _check_bool(download, "download", "--download")
     progress = _check_bool(progress, "progress", "--progress")
-    for option, value, needs in (("target", target, "csv"), ("image_size", image_size, "folder")):
-        if value is not None and kind != needs:
-            flag = "--" + option.replace("_", "-")
-            raise ArgumentError(
-                f"`{option}` applies only to '{needs}:PATH' datasets, got {option}={value!r} "
-                f"with dataset {name!r}.",
-                cli_message=f"{flag} applies only to --dataset {needs}:PATH, got {flag} {value} "
-                f"with --dataset {name}.",
-            )
+    _check_applies(name, kind, target=target, image_size=image_size)
     if kind == "registered":
         root_path = Path(root).expanduser()
         if download and arg in downloads.RESOURCES:
             downloads.download(arg, root_path, mirror=mirror, progress=progress)
-        ds = _REGISTRY[arg](root_path)
+        entry = DATASETS.get(arg)
+        ds = entry.builder(root_path)
         if ds.default_model is None:
-            ds = replace(ds, default_model=_DEFAULT_MODELS.get(arg))
+            ds = replace(ds, default_model=entry.default_model)
         return apply_normalization(ds, normalization)
 
     if kind == "folder":
@@ -124,3 +116,17 @@ def load_dataset(
     if kind == "csv":
         return tables.load_csv(arg, target=target, normalization=normalization)
     return custom.load_plugin(arg, root=Path(root).expanduser(), normalization=normalization)
+
+
+def _check_applies(name: str, kind: str, **options: object) -> None:
+    """Refuse ``target``/``image_size`` given for a kind of data they do not apply to."""
+    needs = {"target": "csv", "image_size": "folder"}
+    for option, value in options.items():
+        if value is not None and kind != needs[option]:
+            flag = "--" + option.replace("_", "-")
+            raise ArgumentError(
+                f"`{option}` applies only to '{needs[option]}:PATH' datasets, got "
+                f"{option}={value!r} with dataset {name!r}.",
+                cli_message=f"{flag} applies only to --dataset {needs[option]}:PATH, got {flag} "
+                f"{value} with --dataset {name}.",
+            )

@@ -209,6 +209,7 @@ def _read_breast_cancer() -> tuple[np.ndarray, np.ndarray, list[str], str]:
         x, y, source = table[:, :-1], table[:, -1].astype(np.int64), str(path)
         classes = head[2:]
     else:  # pragma: no cover - other scikit-learn layouts
+        # Here: sklearn.datasets costs seconds of start-up (it imports pandas).
         from sklearn.datasets import load_breast_cancer
 
         bunch = load_breast_cancer()

@@ -706,6 +706,13 @@ def shift_sets(
         )
     if name == "mnist1d":
         return _mnist1d_sets(dataset, root, selected, max_per_severity, seed)
+    return _test_set_shifts(dataset, name, selected, max_per_severity, seed), {}
+
+
+def _test_set_shifts(
+    dataset: Dataset, name: str, selected: list[str], max_per_severity: int | None, seed: int
+) -> dict[str, dict[int, Split]]:
+    """svhn's rotations and digits' shifts, made from (a fixed subset of) the test set."""
     idx = torch.from_numpy(_subsample(len(dataset.test), max_per_severity))
     x, y = dataset.test.x[idx], dataset.test.y[idx]
     sets: dict[str, dict[int, Split]] = {}
@@ -718,4 +725,4 @@ def shift_sets(
             sets[cond] = {
                 s: _split(_digits_shift(x.numpy(), cond, s, seed), y.clone()) for s in range(1, 6)
             }
-    return sets, {}
+    return sets

@@ -263,13 +263,28 @@ def load_csv(
     if not file.is_file():
         raise _not_found(name, file, "a file")
     table = read_table(file, what=f"dataset {name!r}", error=DatasetCorruptError)
+    target = _check_header(name, file, table, target)
+    cols = {h: table.column(j) for j, h in enumerate(table.header)}
+    data_lines = table.lines
+    _check_no_missing(name, cols, data_lines)
+    features = [h for h in table.header if h != target]
+    if not features:
+        raise _err(f"dataset {name!r}: no feature columns besides the target {target!r}.")
+    x = _feature_matrix(name, cols, features, data_lines)
+    labels = _class_labels(name, target, cols[target], data_lines)
+    ds = _table_dataset(name, file, table, x, labels, features=features, target=target)
+    return apply_normalization(ds, normalization)
+
+
+def _check_header(name: str, file: Path, table: Table, target: str | None) -> str:
+    """Check the header row and that ``target`` names one of its columns; return it stripped."""
     if not table.header:
         raise _err(f"dataset {name!r}: {file} is empty; expected a header row, then data rows.")
-    header, lines = table.header, [table.header_line, *table.lines]
+    header = table.header
     if any(not h for h in header):
         raise _err(
-            f"dataset {name!r}: the header row (line {lines[0]}) has an empty column name "
-            f"(column {header.index('') + 1}); name every column."
+            f"dataset {name!r}: the header row (line {table.header_line}) has an empty column "
+            f"name (column {header.index('') + 1}); name every column."
         )
     dupes = sorted({h for h in header if header.count(h) > 1})
     if dupes:
@@ -287,12 +302,13 @@ def load_csv(
             f"dataset {name!r}: no column target={target!r}; columns: {columns}.{hint}",
             f"dataset {name!r}: no column --target {target}; columns: {columns}.{hint}",
         )
-    target = target.strip()
     if not table.rows:
         raise _err(f"dataset {name!r}: {file} has a header but no data rows.")
-    cols = {h: table.column(j) for j, h in enumerate(header)}
-    data_lines = lines[1:]
+    return target.strip()
 
+
+def _check_no_missing(name: str, cols: dict[str, list[str]], data_lines: list[int]) -> None:
+    """Refuse missing values (cogcal does not impute), naming the columns and first lines."""
     missing = []
     for h, values in cols.items():
         bad = [i for i, v in enumerate(values) if _is_missing(v)]
@@ -307,9 +323,12 @@ def load_csv(
             "not impute: fill or drop those rows (empty cells and "
             f"{', '.join(t for t in MISSING_TOKENS if t)} count as missing)."
         )
-    features = [h for h in header if h != target]
-    if not features:
-        raise _err(f"dataset {name!r}: no feature columns besides the target {target!r}.")
+
+
+def _feature_matrix(
+    name: str, cols: dict[str, list[str]], features: list[str], data_lines: list[int]
+) -> np.ndarray:
+    """The feature columns as a float32 matrix (rows x features); non-numbers are refused."""
     x_cols = []
     non_numeric = []
     for h in features:
@@ -334,8 +353,13 @@ def load_csv(
             f"{data_lines[r]}), beyond the float32 range (|x| <= {np.finfo(np.float32).max:.3g}) "
             "that features are stored in; rescale that column (e.g. to other units or a log)."
         )
+    return x
 
-    t_values = cols[target]
+
+def _class_labels(
+    name: str, target: str, t_values: list[str], data_lines: list[int]
+) -> tuple[np.ndarray, list[str], str]:
+    """``(y, class_names, kind)``: class indices, the sorted class names, integers/strings."""
     ints, too_big = _int_like(t_values)
     if too_big is not None:
         raise _err(
@@ -367,6 +391,21 @@ def load_csv(
             f"dataset {name!r}: the target column {target!r} has {len(class_names)} class "
             f"({', '.join(class_names)}); a classifier needs at least 2."
         )
+    return y, class_names, target_kind
+
+
+def _table_dataset(
+    name: str,
+    file: Path,
+    table: Table,
+    x: np.ndarray,
+    labels: tuple[np.ndarray, list[str], str],
+    *,
+    features: list[str],
+    target: str,
+) -> Dataset:
+    """The :class:`Dataset` of a checked table: fixed splits, training-split statistics."""
+    y, class_names, target_kind = labels
     tr, va, te = split_indices(y)
     idx: dict[str, np.ndarray] = {"train": tr, "val": va, "test": te}  # type: ignore[dict-item]
     sizes = {s: int(len(i)) for s, i in idx.items()}
@@ -408,7 +447,7 @@ def load_csv(
             "method": "sha256 of the file's bytes",
         },
     }
-    ds = Dataset(
+    return Dataset(
         name=name,
         task="multiclass",
         num_classes=len(class_names),
@@ -421,4 +460,3 @@ def load_csv(
         info=info,
         default_model="mlp",
     )
-    return apply_normalization(ds, normalization)

@@ -8,7 +8,6 @@ final layer (the calibrator of ``cog-fc``) and the features entering it.
 
 from __future__ import annotations
 
-import difflib
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from cogcal._errors import ArgumentError
+from cogcal._registry import Registry
 
 __all__ = [
     "Backbone",
@@ -120,7 +120,10 @@ class ModelInfo:
     input_check: Callable[[tuple[int, ...]], None] | None = None
 
 
-_REGISTRY: dict[str, ModelInfo] = {}
+#: The registered backbones, name -> :class:`ModelInfo` (names matched case-insensitively).
+MODELS: Registry[ModelInfo] = Registry(
+    "model", unknown="unknown {kind} {name!r}.{hint} Available models: {known}."
+)
 
 F = TypeVar("F", bound=Callable[..., nn.Module])
 
@@ -172,29 +175,22 @@ def register_model(
     ...     return Linear(num_classes, input_shape)
     >>> create_model("toy_linear", num_classes=3, input_shape=(5,))(torch.zeros(2, 5)).shape
     torch.Size([2, 3])
-    >>> from cogcal.models.registry import _REGISTRY
-    >>> _ = _REGISTRY.pop("toy_linear")  # keep the doctest from polluting the registry
+    >>> from cogcal.models.registry import MODELS
+    >>> _ = MODELS.unregister("toy_linear")  # keep the doctest from polluting the registry
     """
 
     def decorator(fn: F) -> F:
         key = name if name is not None else fn.__name__
         if not isinstance(key, str) or not key:
             raise ValueError(f"a model name must be a non-empty string, got {key!r}.")
-        same = _lookup(key)
-        if same is not None and not overwrite:
-            raise ValueError(
-                f"a model named {same!r} is already registered (names are matched "
-                "case-insensitively); pick another name or pass overwrite=True."
-            )
-        if same is not None:
-            del _REGISTRY[same]
-        _REGISTRY[key] = ModelInfo(
+        info = ModelInfo(
             name=key,
             builder=fn,
             default_input_shape=check_input_shape(default_input_shape),
             description=description,
             input_check=input_check,
         )
+        MODELS.register(key, info, overwrite=overwrite)
         return fn
 
     return decorator
@@ -208,17 +204,7 @@ def list_models() -> list[str]:
     list of str
         Names accepted by :func:`create_model`.
     """
-    return sorted(_REGISTRY)
-
-
-def _lookup(name: Any) -> str | None:
-    """The registered key matching ``name`` case-insensitively, or None."""
-    if not isinstance(name, str):
-        return None
-    if name in _REGISTRY:
-        return name
-    folded = name.strip().casefold()
-    return next((k for k in _REGISTRY if k.casefold() == folded), None)
+    return MODELS.names()
 
 
 def model_info(name: str) -> ModelInfo:
@@ -230,16 +216,7 @@ def model_info(name: str) -> ModelInfo:
         If ``name`` is not registered (a ``ValueError``); the message lists the names and
         suggests the closest.
     """
-    key = _lookup(name)
-    if key is None:
-        available = ", ".join(list_models())
-        close = difflib.get_close_matches(str(name).lower(), list_models(), n=1, cutoff=0.4)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ArgumentError(
-            f"unknown model {name!r}.{hint} Available models: {available}.",
-            cli_message=f"--model: unknown model {name!r}.{hint} Available models: {available}.",
-        )
-    return _REGISTRY[key]
+    return MODELS.get(name)
 
 
 def check_compatible(model_name: str, input_shape: Sequence[int]) -> None:
@@ -433,7 +410,7 @@ def _run_check(info: ModelInfo, shape: tuple[int, ...]) -> None:
     except ValueError as err:
         fits = []
         for other in list_models():
-            check = _REGISTRY[other].input_check
+            check = MODELS.get(other).input_check
             if other == info.name:
                 continue
             try:
