@@ -16,8 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
-
+from cogcal._version import __version__
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.health import check_calibration
 from cogcal.posthoc import Calibration, calibrate

@@ -134,15 +134,24 @@ def temp_target(name: str) -> str | None:
 _HELD: dict[str, int] = {}  # lock files this process holds (re-entrant within the process)
 
 
-def _locked(path: Path, operation: int, *, read_only: bool, refusal: tuple[str, str]) -> int | None:
+def _locked(
+    path: Path,
+    operation: int,
+    *,
+    read_only: bool,
+    refusal: tuple[str, str],
+    wait: Callable[[], None] | None = None,
+) -> int | None:
     """A descriptor of ``path`` holding the ``flock`` ``operation`` (``LOCK_EX``/``LOCK_SH``).
 
     The file is created if missing; with ``read_only``, where it cannot be, an existing one
     is opened read-only, and without one ``None`` is returned (nothing to lock). A lock
     held by another process raises :class:`LockedError`: ``"<refusal[0]> process N (lock
-    file ...); <refusal[1]>"``. A file removed between the open and the lock (its holder releasing it) is
-    opened again.
+    file ...); <refusal[1]>"``, unless ``wait`` is given: then ``wait()`` is called once
+    (to tell the user) and the lock is waited for. A file removed between the open and the
+    lock (its holder releasing it) is opened again.
     """
+    told = False
     for _ in range(20):
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -156,9 +165,16 @@ def _locked(path: Path, operation: int, *, read_only: bool, refusal: tuple[str, 
         try:
             fcntl.flock(fd, operation | fcntl.LOCK_NB)
         except OSError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise LockedError(f"{refusal[0]} {holder} (lock file {path}); {refusal[1]}") from None
+            if wait is None:
+                holder = _holder(fd)
+                os.close(fd)
+                raise LockedError(
+                    f"{refusal[0]} {holder} (lock file {path}); {refusal[1]}"
+                ) from None
+            if not told:
+                wait()
+                told = True
+            fcntl.flock(fd, operation)  # blocks until the holder releases it
         try:  # the holder before us may have removed the file we locked: lock the new one
             same = os.path.samestat(os.fstat(fd), os.stat(path))
         except FileNotFoundError:
@@ -178,7 +194,9 @@ def _record_pid(fd: int) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
+def file_lock(
+    path: str | Path, *, what: str, wait: Callable[[], None] | None = None
+) -> Iterator[None]:
     """Hold ``path`` as an exclusive lock file while the block runs (POSIX ``flock``).
 
     The operating system releases a ``flock`` when its process ends, however it ends, so a
@@ -186,12 +204,14 @@ def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
     reused by another process never blocks: it is simply locked again. A lock held by a
     live process raises :class:`LockedError` naming ``what`` and that process. The lock
     file records the holder's PID (for that message) and is removed on release. A process
-    may take a lock it already holds (nested blocks).
+    may take a lock it already holds (nested blocks). With ``wait`` (a callable, e.g. one
+    that prints "waiting for ..."), a held lock is waited for instead: ``wait()`` is called
+    once, then the lock is taken when its holder releases it.
 
     Raises
     ------
     LockedError
-        Another process holds the lock.
+        Another process holds the lock (and ``wait`` is not given).
     OSError
         The lock file cannot be created (e.g. the folder is not writable).
     """
@@ -209,7 +229,8 @@ def file_lock(path: str | Path, *, what: str) -> Iterator[None]:
         return
 
     advice = "wait for it to finish or stop it, or use another folder."
-    fd = _locked(path, fcntl.LOCK_EX, read_only=False, refusal=(f"{what} is in use by", advice))
+    refusal = (f"{what} is in use by", advice)
+    fd = _locked(path, fcntl.LOCK_EX, read_only=False, refusal=refusal, wait=wait)
     assert fd is not None  # only read_only gives None
     try:
         _record_pid(fd)

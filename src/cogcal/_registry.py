@@ -52,6 +52,9 @@ class Registry(Generic[T]):
         ``known`` (the names, comma-separated), ``known_repr`` (the same, quoted) and ``who`` (```argument``` in Python, the
         flag on the command line). A template without ``{who}`` gets ``"FLAG: "`` in front
         on the command line.
+    cutoff : float
+        How close (``difflib`` ratio, 0-1) a known name must be to an unknown one to be
+        suggested.
     """
 
     def __init__(
@@ -62,12 +65,14 @@ class Registry(Generic[T]):
         flag: str | None = None,
         sort: bool = True,
         unknown: str = "unknown {kind} {name!r}.{hint} Known: {known}.",
+        cutoff: float = 0.6,
     ) -> None:
         self.kind = kind
         self.argument = argument or kind
         self.flag = flag or f"--{self.argument}"
         self._sort = sort
         self._unknown = unknown
+        self._cutoff = cutoff
         self._entries: dict[str, T] = {}
 
     @overload
@@ -143,7 +148,8 @@ class Registry(Generic[T]):
         if key is not None:
             return key
         names = self.names()
-        close = difflib.get_close_matches(str(name).casefold(), [n.casefold() for n in names], n=1)
+        folded = [n.casefold() for n in names]
+        close = difflib.get_close_matches(str(name).casefold(), folded, n=1, cutoff=self._cutoff)
         match = next((n for n in names if close and n.casefold() == close[0]), None)
         hint = f" Did you mean {match!r}?" if match else ""
         fields = {

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import cogcal
 from cogcal._errors import ArgumentError, Interrupted, cli_message
+from cogcal._version import __version__
 from cogcal.commands import tune
 from cogcal.commands._common import UserError, default_out
 from cogcal.data import list_datasets
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_names_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"cogcal {cogcal.__version__}")
+    parser.add_argument("--version", action="version", version=f"cogcal {__version__}")
     parser.add_argument(
         "--debug", action="store_true", help="show full tracebacks for errors (for bug reports)"
     )

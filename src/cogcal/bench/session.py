@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-import cogcal
 from cogcal import _io
 from cogcal._errors import ArgumentError, Interrupted
+from cogcal._version import __version__
 from cogcal.bench.budget import FAMILIES, family_of, floor_epoch
 from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool, check_reachable
 from cogcal.bench.plan import Blocked, Plan, tuning_method
@@ -473,7 +473,7 @@ def _meta(
         "jobs": jobs,
         "cpu_count": os.cpu_count(),
         "threads_per_worker": max(1, (os.cpu_count() or 1) // jobs),
-        "cogcal": cogcal.__version__,
+        "cogcal": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),

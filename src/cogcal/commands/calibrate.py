@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import cogcal
 from cogcal._errors import ArgumentError
+from cogcal._version import __version__
 from cogcal.commands._common import UserError
 from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
@@ -286,7 +286,7 @@ def calibrate_files(
             raise _err(v.path, str(err)) from None
         folder.prepare(overwrite=overwrite)
         meta: dict[str, Any] = {
-            CALIBRATION_MARK: CALIBRATION_FORMAT, "status": "writing", "cogcal": cogcal.__version__,
+            CALIBRATION_MARK: CALIBRATION_FORMAT, "status": "writing", "cogcal": __version__,
             "val": _inputs(v), "test": _inputs(t) if t is not None else None,
         }  # fmt: skip
         folder.write("calibration.json", meta)

@@ -271,7 +271,7 @@ class DatasetEntry:
 
 #: The registered datasets, name (lower case) -> :class:`DatasetEntry`.
 DATASETS: Registry[DatasetEntry] = Registry(
-    "dataset", unknown="unknown {kind} {name!r}; known datasets: {known}.{hint}"
+    "dataset", unknown="unknown {kind} {name!r}; known datasets: {known}.{hint}", cutoff=0.5
 )
 
 #: Values of ``augment`` in a training configuration (``"none"``: no augmentation).

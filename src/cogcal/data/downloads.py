@@ -33,20 +33,16 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no flock
-    fcntl = None  # type: ignore[assignment]
-
 from tqdm import tqdm
 
-from cogcal import __version__
+from cogcal import _io
 from cogcal._errors import ArgumentError
+from cogcal._version import __version__
 from cogcal.data.corruptions import CIFAR_C_CORRUPTIONS
 
 __all__ = [
@@ -576,32 +572,21 @@ def _install(entry: RemoteFile, path: Path, progress: bool) -> None:
     path.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _lock(path: Path, what: str, progress: bool) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (POSIX ``flock``; released on exit or death).
+def _lock(path: Path, what: str, progress: bool) -> contextlib.AbstractContextManager[None]:
+    """Hold the download lock ``path`` (:func:`cogcal._io.file_lock`), waiting for another
+    process downloading the same dataset into the same data root (e.g. the parallel runs of
+    a benchmark all started with ``--download``) rather than refusing."""
 
-    Serialises the downloads of one dataset into one data root across processes (e.g. the
-    parallel runs of a benchmark all started with ``--download``).
-    """
-    if fcntl is None:  # pragma: no cover - Windows: no flock; concurrent downloads unsupported
-        yield
-        return
+    def tell() -> None:
+        if progress:
+            print(
+                f"waiting for another process downloading {what} into {path.parent} ...",
+                file=sys.stderr,
+                flush=True,
+            )
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if progress:
-                print(
-                    f"waiting for another process downloading {what} into {path.parent} ...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return _io.file_lock(path, what=f"the download of {what}", wait=tell)
 
 
 def download(

@@ -122,7 +122,7 @@ class ModelInfo:
 
 #: The registered backbones, name -> :class:`ModelInfo` (names matched case-insensitively).
 MODELS: Registry[ModelInfo] = Registry(
-    "model", unknown="unknown {kind} {name!r}.{hint} Available models: {known}."
+    "model", unknown="unknown {kind} {name!r}.{hint} Available models: {known}.", cutoff=0.4
 )
 
 F = TypeVar("F", bound=Callable[..., nn.Module])

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-import cogcal
 from cogcal import _io
+from cogcal._version import __version__
 from cogcal.runs.identity import MARK
 from cogcal.runs.integrity import Integrity
 from cogcal.runs.layout import (
@@ -195,7 +195,7 @@ class RunDir(Integrity, Resume):
         """Record the resolved configuration (and mark the folder as a cogcal run)."""
         _io.write_json(
             self.config_path,
-            {MARK: FORMAT, "cogcal_version": cogcal.__version__, **dict(resolved)},
+            {MARK: FORMAT, "cogcal_version": __version__, **dict(resolved)},
         )
 
     def write_record(self, record: RunRecord) -> None:
