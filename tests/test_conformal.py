@@ -53,7 +53,7 @@ def test_scores_equal_a_hand_computation(method, randomized):
     p, y = _well_specified(40, 6, seed=1)
     p[3] = [0.3, 0.3, 0.1, 0.1, 0.1, 0.1]  # ties: ranked by class index
     y[3] = 1
-    u = np.random.default_rng(2).random(40) if randomized else None
+    u = np.random.default_rng(2).random(40) if randomized and method != "lac" else None
     ours = conformity_scores(probs=p, labels=y, method=method, k_reg=2, lam=0.25, u=u)
     hand = [
         _hand_score(
@@ -338,6 +338,8 @@ def test_bad_draws_sets_and_thresholds_are_one_error_each():
         conformity_scores(probs=p, labels=y, method="aps", u=np.r_[-1.0, np.full(19, 0.5)])
     with pytest.raises(ValueError, match="`u` has 3 entries; expected one draw per row"):
         conformity_scores(probs=p, labels=y, method="aps", u=[0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="applies to method='aps' and 'raps'"):
+        conformity_scores(probs=p, labels=y, u=np.full(20, 0.5))
     with pytest.raises(ValueError, match="`threshold` must be a number"):
         prediction_sets(probs=p, threshold="0.5")
     with pytest.raises(ValueError, match=r"`sets` has shape \(3,\)"):

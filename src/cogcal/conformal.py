@@ -32,9 +32,9 @@ p_{(2)} \ge \dots` sorted, :math:`r(y)` the 1-based rank of class :math:`y` and
 :math:`u` is 0 by default (deterministic sets: the set of a row depends on its
 probabilities only, and thresholds of two fits are comparable numbers); with
 ``randomized=True`` it is drawn uniformly in [0, 1], once per row, as in the references
-(MAPIE and torch-uncertainty subtract :math:`u\,p_y` the same way), which brings the
-coverage of APS and RAPS down to :math:`1 - \alpha` exactly in expectation when the
-deterministic sets would over-cover. LAC scores are continuous and never randomised.
+(MAPIE and torch-uncertainty subtract :math:`u\,p_y` the same way): that breaks the ties
+of the scores, so that coverage stays within :math:`1/(n+1)` of :math:`1 - \alpha` where
+deterministic sets over-cover. LAC scores are continuous and never randomised.
 Ties between probabilities rank the lower class index first.
 
 A set may be empty (no class fits the row well enough at level :math:`\alpha`; e.g.
@@ -148,10 +148,15 @@ def _probabilities_and_labels(
     return _to_probabilities(z, name), y, isinstance(x, torch.Tensor)
 
 
-def _check_u(u: Any, n: int, device: torch.device) -> torch.Tensor | None:
+def _check_u(u: Any, n: int, device: torch.device, method: str) -> torch.Tensor | None:
     """``u`` as float64 draws in [0, 1] of shape (N,), or ``None`` (deterministic)."""
     if u is None:
         return None
+    if method == "lac":
+        raise ValueError(
+            "`u` (randomised scores) applies to method='aps' and 'raps'; LAC scores "
+            "(1 - p_y) are never randomised."
+        )
     t = as_float_tensor(u, "u", 1)
     if t.shape[0] != n:
         raise input_error("u", f"has {t.shape[0]} entries", f"one draw per row ({n})")
@@ -237,7 +242,7 @@ def conformity_scores(
     """
     method, k_reg, lam = _check_score(method, k_reg, lam)
     p, y, as_tensor = _probabilities_and_labels(logits, labels, probs)
-    u_ = _check_u(u, p.shape[0], p.device)
+    u_ = _check_u(u, p.shape[0], p.device, method)
     s = _label_scores(p, method, k_reg, lam, u_).gather(1, y[:, None])[:, 0]
     return _output(s, as_tensor, p.device)
 
@@ -374,7 +379,7 @@ def prediction_sets(
     if isinstance(threshold, bool) or not isinstance(threshold, int | float | np.number):
         raise ValueError(f"`threshold` must be a number, got {threshold!r}.")
     p, as_tensor, device = _probabilities(logits, probs)
-    u_ = _check_u(u, p.shape[0], p.device)
+    u_ = _check_u(u, p.shape[0], p.device, spec[0])
     return _output(_sets(p, float(threshold), spec, u_, include_top), as_tensor, device)
 
 
