@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cogcal.losses",
         "cogcal.cog",
         "cogcal.posthoc",
+        "cogcal.conformal",
         "cogcal.health",
         "cogcal.models",
     ),
