@@ -65,12 +65,20 @@ from cogcal.calibrators._base import (
     SeparableDataWarning,
 )
 from cogcal.calibrators._factory import KINDS as KINDS
-from cogcal.calibrators._factory import make_calibrator
+from cogcal.calibrators._factory import PENDING_KINDS as PENDING_KINDS
+from cogcal.calibrators._factory import auto_candidates, make_calibrator
 from cogcal.calibrators._folds import CV_SEED
 from cogcal.calibrators.affine import MatrixScaling, TaskAffine, VectorScaling
+from cogcal.calibrators.bbq import BBQ
+from cogcal.calibrators.binary import BetaCalibration, Platt
 from cogcal.calibrators.dirichlet import Dirichlet
 from cogcal.calibrators.heads import TSTHead, VTSTHead, default_latent_dim
 from cogcal.calibrators.nonparametric import HistogramBinning, Isotonic
+from cogcal.calibrators.structured import (
+    LaplaceTemperature,
+    StructuredMatrixScaling,
+    StructuredVectorScaling,
+)
 from cogcal.calibrators.temperature import (
     TaskTemperature,
     Temperature,
@@ -85,12 +93,19 @@ __all__ = [
     "Dirichlet",
     "Isotonic",
     "HistogramBinning",
+    "LaplaceTemperature",
+    "StructuredVectorScaling",
+    "StructuredMatrixScaling",
+    "BBQ",
+    "Platt",
+    "BetaCalibration",
     "TaskTemperature",
     "TaskAffine",
     "TSTHead",
     "VTSTHead",
     "default_latent_dim",
     "make_calibrator",
+    "auto_candidates",
     "separable_temperature_floor",
     "DEFAULT_L2_GRID",
     "CV_SEED",
