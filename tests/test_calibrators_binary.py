@@ -27,10 +27,6 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return torch.log_softmax(torch.as_tensor(z, dtype=torch.float64), dim=1).numpy()
 
 
-def _nll(p1: np.ndarray, y: np.ndarray) -> float:
-    return float(-np.mean(np.where(y == 1, np.log(p1), np.log1p(-p1))))
-
-
 def test_unpenalised_platt_is_logistic_regression_on_the_logit_difference():
     z, y = _data(3000, seed=0)
     zt, _ = _data(1000, seed=1)
