@@ -15,10 +15,17 @@ affine map ``a * z + b`` (Platt form, :class:`TaskAffine`) per task. The paramet
 multiclass ones are :class:`Temperature`, :class:`VectorScaling`, :class:`MatrixScaling`
 and :class:`Dirichlet` (an affine map of the log-probabilities).
 
-Two non-parametric multiclass calibrators, :class:`Isotonic` and :class:`HistogramBinning`,
-are post hoc only and fitted differently: no parameters and no L-BFGS, ``fit`` computes
-one-vs-rest maps of the class probabilities in closed form and keeps them in buffers; their
-output is the log of the clipped, renormalised calibrated probabilities (docs/method.md §2).
+Three non-parametric multiclass calibrators, :class:`Isotonic`, :class:`HistogramBinning`
+and :class:`BBQ` (Bayesian binning into quantiles), are post hoc only and fitted
+differently: no parameters and no L-BFGS, ``fit`` computes one-vs-rest maps of the class
+probabilities in closed form and keeps them in buffers; their output is the log of the
+clipped, renormalised calibrated probabilities (docs/method.md §2).
+
+:class:`LaplaceTemperature` (temperature scaling mixed with the uniform distribution) and
+the structured maps :class:`StructuredVectorScaling` and :class:`StructuredMatrixScaling`
+(SVS, SMS: vector or matrix scaling of its log-probabilities, penalised toward the
+identity) follow Berta et al. (2026). :class:`Platt` and :class:`BetaCalibration` take two
+classes only.
 
 Post-hoc fitting is a penalised (MAP) fit. With ``n`` NLL terms :math:`\ell_i` (``n = N``
 samples for multiclass, ``n = N T`` binary terms for multi-label) and parameters
@@ -50,8 +57,10 @@ The package holds one concept per module: :mod:`~cogcal.calibrators._base` (the 
 :mod:`~cogcal.calibrators.temperature`, :mod:`~cogcal.calibrators.affine` (vector and matrix
 scaling, per-task affine maps), :mod:`~cogcal.calibrators.dirichlet`,
 :mod:`~cogcal.calibrators.nonparametric` (isotonic regression, histogram binning),
+:mod:`~cogcal.calibrators.bbq`, :mod:`~cogcal.calibrators.structured` (Laplace-smoothed
+temperature scaling, SVS, SMS), :mod:`~cogcal.calibrators.binary` (Platt, Beta),
 :mod:`~cogcal.calibrators.heads` (the TST heads) and the registry of kinds behind
-:func:`make_calibrator` (:data:`KINDS`).
+:func:`make_calibrator` (:data:`KINDS`, :data:`PENDING_KINDS`, :func:`auto_candidates`).
 """
 
 from __future__ import annotations
@@ -65,12 +74,20 @@ from cogcal.calibrators._base import (
     SeparableDataWarning,
 )
 from cogcal.calibrators._factory import KINDS as KINDS
-from cogcal.calibrators._factory import make_calibrator
+from cogcal.calibrators._factory import PENDING_KINDS as PENDING_KINDS
+from cogcal.calibrators._factory import auto_candidates, make_calibrator
 from cogcal.calibrators._folds import CV_SEED
 from cogcal.calibrators.affine import MatrixScaling, TaskAffine, VectorScaling
+from cogcal.calibrators.bbq import BBQ
+from cogcal.calibrators.binary import BetaCalibration, Platt
 from cogcal.calibrators.dirichlet import Dirichlet
 from cogcal.calibrators.heads import TSTHead, VTSTHead, default_latent_dim
 from cogcal.calibrators.nonparametric import HistogramBinning, Isotonic
+from cogcal.calibrators.structured import (
+    LaplaceTemperature,
+    StructuredMatrixScaling,
+    StructuredVectorScaling,
+)
 from cogcal.calibrators.temperature import (
     TaskTemperature,
     Temperature,
@@ -85,12 +102,19 @@ __all__ = [
     "Dirichlet",
     "Isotonic",
     "HistogramBinning",
+    "LaplaceTemperature",
+    "StructuredVectorScaling",
+    "StructuredMatrixScaling",
+    "BBQ",
+    "Platt",
+    "BetaCalibration",
     "TaskTemperature",
     "TaskAffine",
     "TSTHead",
     "VTSTHead",
     "default_latent_dim",
     "make_calibrator",
+    "auto_candidates",
     "separable_temperature_floor",
     "DEFAULT_L2_GRID",
     "CV_SEED",

@@ -1,9 +1,10 @@
 """The registry of calibrator kinds (:data:`KINDS`) and :func:`make_calibrator`.
 
 A kind is a short name (``"ts"``, ``"dirichlet"``) mapped to the builders of its calibrator
-for multiclass and, where one exists, multi-label logits. Every registered kind is a
-post-hoc method: :data:`cogcal.posthoc.POSTHOC_METHODS` lists them in registration order
-(simplest first).
+for multiclass and, where one exists, multi-label logits, with the numbers of classes it
+takes and those for which ``method="auto"`` tries it (:func:`auto_candidates`). Every
+registered kind is a post-hoc method: :data:`cogcal.posthoc.POSTHOC_METHODS` lists them in
+registration order (simplest first).
 """
 
 from __future__ import annotations
@@ -14,8 +15,15 @@ from typing import NamedTuple
 from cogcal._registry import Registry
 from cogcal.calibrators._base import Calibrator
 from cogcal.calibrators.affine import MatrixScaling, TaskAffine, VectorScaling
+from cogcal.calibrators.bbq import BBQ
+from cogcal.calibrators.binary import BetaCalibration, Platt, two_class_error
 from cogcal.calibrators.dirichlet import Dirichlet
 from cogcal.calibrators.nonparametric import HistogramBinning, Isotonic
+from cogcal.calibrators.structured import (
+    LaplaceTemperature,
+    StructuredMatrixScaling,
+    StructuredVectorScaling,
+)
 from cogcal.calibrators.temperature import TaskTemperature, Temperature
 
 #: A builder: the number of outputs (classes or tasks; ``None`` defers it to ``fit``) to a
@@ -25,10 +33,28 @@ Builder = Callable[[int | None], Calibrator]
 
 class CalibratorKind(NamedTuple):
     """The builders of one kind: for (N, K) multiclass logits, and for (N, T) multi-label
-    logits (``None``: multiclass only)."""
+    logits (``None``: multiclass only).
+
+    ``two_class``: the multiclass builder takes ``K = 2`` only. ``auto_max_classes``: the
+    largest ``K`` for which ``method="auto"`` tries the kind (``None``: any ``K``; ``0``:
+    never).
+    """
 
     multiclass: Builder
     multilabel: Builder | None = None
+    two_class: bool = False
+    auto_max_classes: int | None = None
+
+
+def _two_class(cls: Callable[[], Calibrator]) -> Builder:
+    """A builder of the two-class calibrator ``cls`` that refuses any other width."""
+
+    def build(num_outputs: int | None) -> Calibrator:
+        if num_outputs is not None and num_outputs != 2:
+            raise two_class_error(cls.__name__, num_outputs)
+        return cls()
+
+    return build
 
 
 #: The calibrator kinds, in registration order (simplest first; it breaks ties in
@@ -40,6 +66,37 @@ KINDS.register("ms", CalibratorKind(MatrixScaling, TaskAffine))
 KINDS.register("dirichlet", CalibratorKind(Dirichlet))
 KINDS.register("isotonic", CalibratorKind(Isotonic))
 KINDS.register("histogram", CalibratorKind(HistogramBinning))
+KINDS.register("ts-laplace", CalibratorKind(lambda k: LaplaceTemperature()))
+KINDS.register("svs", CalibratorKind(StructuredVectorScaling))
+KINDS.register("sms", CalibratorKind(StructuredMatrixScaling))
+
+#: Kinds built and flagged but not yet registered in :data:`KINDS`: BBQ (one-vs-rest binning
+#: with dozens of models per class: slow, and accuracy-changing, for many classes) and the
+#: two-class calibrators, all tried by ``"auto"`` for two classes only. They join
+#: :data:`KINDS` (``for name, kind in PENDING_KINDS: KINDS.register(name, kind)``) once
+#: :func:`cogcal.posthoc.calibrate` takes its ``"auto"`` candidates from
+#: :func:`auto_candidates` rather than from every kind.
+PENDING_KINDS: tuple[tuple[str, CalibratorKind], ...] = (
+    ("bbq", CalibratorKind(BBQ, auto_max_classes=2)),
+    ("platt", CalibratorKind(_two_class(Platt), two_class=True, auto_max_classes=2)),
+    ("beta", CalibratorKind(_two_class(BetaCalibration), two_class=True, auto_max_classes=2)),
+)
+
+
+def auto_candidates(num_classes: int) -> tuple[str, ...]:
+    """The kinds of :data:`KINDS` that ``method="auto"`` tries on ``num_classes`` classes,
+    in registration order: those whose ``auto_max_classes`` admits ``num_classes`` (and, if
+    two-class, only for 2).
+
+    >>> auto_candidates(10)
+    ('ts', 'vs', 'ms', 'dirichlet', 'isotonic', 'histogram', 'ts-laplace', 'svs', 'sms')
+    """
+    return tuple(
+        name
+        for name, entry in KINDS.items()
+        if (entry.auto_max_classes is None or num_classes <= entry.auto_max_classes)
+        and (not entry.two_class or num_classes == 2)
+    )
 
 
 def make_calibrator(
@@ -48,9 +105,13 @@ def make_calibrator(
     """A new calibrator of ``kind`` for ``task``.
 
     Multiclass kinds: ``"ts"`` (:class:`Temperature`), ``"vs"`` (:class:`VectorScaling`),
-    ``"ms"`` (:class:`MatrixScaling`), ``"dirichlet"`` (:class:`Dirichlet`), and the
+    ``"ms"`` (:class:`MatrixScaling`), ``"dirichlet"`` (:class:`Dirichlet`), the
     non-parametric ``"isotonic"`` (:class:`Isotonic`) and ``"histogram"``
-    (:class:`HistogramBinning`, 15 bins). For ``task="multilabel"``, ``"ts"`` is one
+    (:class:`HistogramBinning`, 15 bins), ``"ts-laplace"`` (:class:`LaplaceTemperature`),
+    ``"svs"`` (:class:`StructuredVectorScaling`), ``"sms"``
+    (:class:`StructuredMatrixScaling`); once registered (:data:`PENDING_KINDS`),
+    ``"bbq"`` (:class:`BBQ`) and, for two classes only, ``"platt"`` (:class:`Platt`) and
+    ``"beta"`` (:class:`BetaCalibration`), which refuse ``num_outputs`` other than 2. For ``task="multilabel"``, ``"ts"`` is one
     temperature per task and ``"vs"``/``"ms"`` one affine map per task; the other kinds are
     multiclass only.
 
