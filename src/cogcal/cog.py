@@ -443,7 +443,7 @@ def _affine_of(cal: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | Non
     def f64(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device="cpu", dtype=torch.float64)
 
-    if isinstance(cal, Temperature | TaskTemperature):
+    if type(cal) in (Temperature, TaskTemperature):  # not a subclass (Laplace smoothing)
         if getattr(cal, "num_outputs", 0) is None:
             return None
         return torch.exp(-f64(cal.log_temperature)), None

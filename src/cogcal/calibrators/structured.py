@@ -38,7 +38,10 @@ def _smoothed_log_probs(
     k = logits.shape[-1]
     a = _cast(smoothing, logits.dtype)
     logp = torch.log_softmax(logits / _cast(log_temperature.exp(), logits.dtype), dim=-1)
-    return torch.logaddexp(logp + torch.log1p(-a), torch.log(a) - math.log(k))
+    x, y = logp + torch.log1p(-a), torch.log(a) - math.log(k)
+    # logaddexp(x, y), written with operators ONNX exports (it has no logaddexp)
+    high = torch.maximum(x, y)
+    return high + torch.log1p(torch.exp(-(x - y).abs()))
 
 
 class LaplaceTemperature(Temperature):
