@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cogcal._checks import check_multiclass, warn_if_probabilities
+from cogcal._checks import check_classes_present, check_multiclass, warn_if_probabilities
 from cogcal.calibrators import KINDS, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
 
@@ -124,6 +124,9 @@ def cross_validated_nll(
     for f in range(cv):
         held = folds == f
         cal = make_calibrator(method)
+        # a class with one sample is missing from one fold's training part: that fit is
+        # scored honestly on its held-out fold (calibrate refuses classes absent from all)
+        cal._require_every_class = False
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -169,8 +172,9 @@ def calibrate(
     Raises
     ------
     ValueError
-        Logits that are not a finite (N, K) float array, labels out of range or of one
-        class only, an unknown method, or too few samples for ``cv`` folds.
+        Logits that are not a finite (N, K) float array, labels out of range, of one
+        class only or missing a class (every class ``0 .. K-1`` must occur), an unknown
+        method, or too few samples for ``cv`` folds.
 
     Examples
     --------
@@ -205,6 +209,7 @@ def calibrate(
             f"`labels` hold one class only ({int(present[0])}); a calibrator needs held-out "
             "samples of at least two classes."
         )
+    check_classes_present(y, int(z.shape[1]))
     z = z.detach().to(torch.float64)
     k = int(z.shape[1])
     scores: dict[str, float] = {}

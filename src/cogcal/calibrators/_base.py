@@ -16,6 +16,7 @@ from torch import nn
 
 from cogcal._checks import (
     as_float_tensor,
+    check_classes_present,
     check_multiclass,
     check_multilabel,
     warn_if_probabilities,
@@ -232,6 +233,9 @@ class Calibrator(nn.Module):
     # leave the biases unpenalised -- the form of scikit-learn's L2 LogisticRegression.
     _weights_toward_identity: bool = True
     _penalize_bias: bool = True
+    # fit refuses labels missing a class (check_classes_present); only the fold fits of
+    # cogcal.posthoc's cross-validation, scored on held-out data, switch it off
+    _require_every_class: bool = True
 
     def __init__(
         self,
@@ -352,6 +356,22 @@ class Calibrator(nn.Module):
             return check_multilabel(logits, labels)
         return check_multiclass(logits, labels)
 
+    def _check_labels_cover(self, labels: torch.Tensor, width: int) -> None:
+        """Refuse labels missing a class (multi-label: a task's 0s or 1s) after the shape
+        checks. Labels of a single class are the degenerate case the penalty (or, for the
+        non-parametric maps, the floor) keeps finite and are fitted as before;
+        :func:`cogcal.posthoc.calibrate` refuses them too."""
+        one_class = not self.multilabel and bool((labels == labels[0]).all())
+        if self._require_every_class and labels.numel() and not one_class:
+            check_classes_present(labels, width, multilabel=self.multilabel)
+
+    def _check_cv_samples(self, n: int) -> None:
+        if self.l2 == "cv" and n < self.cv:
+            raise ValueError(
+                f"`l2='cv'` with cv={self.cv} folds needs at least {self.cv} samples, got {n}; "
+                "pass a smaller `cv` or a fixed `l2`."
+            )
+
     def _nll(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self._nll_of(self._forward(logits), labels)
 
@@ -424,12 +444,7 @@ class Calibrator(nn.Module):
         return _stratified_folds(labels, self.cv)
 
     def _cross_validate(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
-        n = labels.shape[0]
-        if n < self.cv:
-            raise ValueError(
-                f"`l2='cv'` with cv={self.cv} folds needs at least {self.cv} samples, got {n}; "
-                "pass a smaller `cv` or a fixed `l2`."
-            )
+        self._check_cv_samples(labels.shape[0])
         grid = np.asarray(_check_grid(self.l2_grid))
         folds = self._folds(labels).to(labels.device)
         held_out = [folds == f for f in range(self.cv)]
@@ -530,7 +545,8 @@ class Calibrator(nn.Module):
         ------
         ValueError
             For logits that are not a finite 2-D floating array, labels of the wrong shape,
-            dtype or range, or ``l2="cv"`` with fewer than ``cv`` samples.
+            dtype or range, labels in which a class never occurs (multi-label: a task
+            without both 0s and 1s), or ``l2="cv"`` with fewer than ``cv`` samples.
         RuntimeError
             If the fit diverges to non-finite parameters.
         """
@@ -544,6 +560,8 @@ class Calibrator(nn.Module):
         width = z.shape[1]
         self._build(width)
         self._check_width(width)
+        self._check_cv_samples(z.shape[0])
+        self._check_labels_cover(y, width)
         device = self._device()
         original_dtype = next(self.parameters()).dtype
         z64 = z.detach().to(device=device, dtype=torch.float64)

@@ -183,8 +183,8 @@ class _NonParametric(Calibrator):
         ------
         ValueError
             For logits that are not a finite 2-D floating array with K >= 2 columns, labels
-            of the wrong shape, dtype or range, or logits of another width than
-            ``num_classes``.
+            of the wrong shape, dtype or range or missing a class, or logits of another
+            width than ``num_classes``.
         """
         self._validate_hyperparameters()
         z, y = self._check(logits, labels)
@@ -196,6 +196,7 @@ class _NonParametric(Calibrator):
         n, k = z.shape
         self._check_width(k)
         self._check_data(n)
+        self._check_labels_cover(y, k)
         columns = torch.softmax(z.detach().cpu().double(), dim=1).T.contiguous().numpy()
         labels_np = y.cpu().numpy()
         maps = [
