@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lbfgs import _strong_wolfe  # a plain function: no optimiser, no dynamo
 
 from cogcal._checks import (
     as_float_tensor,
@@ -155,6 +156,79 @@ class _Problem(NamedTuple):
 
 #: An L-BFGS closure: returns the objective, leaves the gradient in the variables' ``.grad``.
 _Closure = Callable[[], torch.Tensor]
+
+#: The objective on a flat vector: ``x -> (value, gradient)``.
+_Objective = Callable[[torch.Tensor], tuple[float, torch.Tensor]]
+
+
+def _two_loop(g: torch.Tensor, history: list[tuple[torch.Tensor, torch.Tensor, float]], h0: float):
+    """The L-BFGS direction ``-H g`` from the ``(y, s, 1 / y.s)`` pairs, oldest first."""
+    q = g.neg()
+    alphas = []
+    for y, s, rho in reversed(history):
+        a = float(s.dot(q)) * rho
+        q.add_(y, alpha=-a)
+        alphas.append(a)
+    r = q.mul_(h0)
+    for (y, s, rho), a in zip(history, reversed(alphas), strict=True):
+        r.add_(s, alpha=a - float(y.dot(r)) * rho)
+    return r
+
+
+def _lbfgs(
+    objective: _Objective,
+    x: torch.Tensor,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+    history_size: int = 20,
+) -> tuple[torch.Tensor, int]:
+    """Minimise ``objective`` from ``x`` by L-BFGS with a strong-Wolfe line search; return
+    the minimiser and the iterations.
+
+    The algorithm of ``torch.optim.LBFGS(lr=1, line_search_fn="strong_wolfe")`` step for
+    step (its stopping rules, first step ``min(1, 1 / |g|_1)``, at most ``1.25 max_iter``
+    evaluations), on one flat vector and without an optimiser object: the first
+    ``torch.optim`` optimiser of a process imports ``torch._dynamo`` (about 1 s), which a
+    post-hoc fit need not pay.
+    """
+    loss, g = objective(x)
+    if float(g.abs().max()) <= tolerance_grad:
+        return x, 0
+    history: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+    h0, evals, n_iter = 1.0, 1, 0
+    d, t, prev_g = g.neg(), 1.0, g
+    while n_iter < max_iter:
+        n_iter += 1
+        if n_iter > 1:
+            y, s = g - prev_g, d * t
+            ys = float(y.dot(s))
+            if ys > 1e-10:
+                if len(history) == history_size:
+                    history.pop(0)
+                history.append((y, s, 1.0 / ys))
+                h0 = ys / float(y.dot(y))
+            d = _two_loop(g, history, h0)
+        prev_g, prev_loss = g, loss
+        t = min(1.0, 1.0 / float(g.abs().sum())) if n_iter == 1 else 1.0
+        gtd = float(g.dot(d))
+        if gtd > -tolerance_change:
+            break
+        loss, g, t, ls_evals = _strong_wolfe(
+            lambda x0, step, direction: objective(x0 + step * direction), x, t, d, loss, g, gtd
+        )
+        x = x + t * d
+        evals += ls_evals
+        if (
+            n_iter == max_iter
+            or evals >= max_iter * 5 // 4
+            or float(g.abs().max()) <= tolerance_grad
+            or float((d * t).abs().max()) <= tolerance_change
+            or abs(loss - prev_loss) < tolerance_change
+        ):
+            break
+    return x, n_iter
 
 
 def _one_hot_columns(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -402,25 +476,39 @@ class Calibrator(nn.Module):
         variables = {
             k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()
         }
-        opt = torch.optim.LBFGS(
-            list(variables.values()),
-            lr=1.0,
-            max_iter=self.max_iter,
-            tolerance_grad=1e-6 if scoring else 1e-8,
-            tolerance_change=1e-12 if scoring else 1e-15,
-            history_size=20,
-            line_search_fn="strong_wolfe",
-        )
-
+        closure = self._closure(variables, _Problem(logits, labels, stats, weight))
+        x0 = torch.cat([v.detach().reshape(-1) for v in variables.values()])
         with torch.enable_grad():
-            opt.step(self._closure(variables, _Problem(logits, labels, stats, weight)))
+            x, n_iter = _lbfgs(
+                self._flat(variables, closure), x0, max_iter=self.max_iter,
+                tolerance_grad=1e-6 if scoring else 1e-8,
+                tolerance_change=1e-12 if scoring else 1e-15,
+            )  # fmt: skip
+            self._flat(variables, None)(x)  # leave the variables at the minimiser
         with torch.no_grad():
             decoded = self._canonical(self._decode(variables, stats))
             solution = {k: v.detach() for k, v in decoded.items()}
             for name, value in solution.items():
                 getattr(self, name).copy_(value)
         self._solution = solution
-        return int(opt.state[next(iter(variables.values()))].get("n_iter", 0))
+        return n_iter
+
+    @staticmethod
+    def _flat(variables: dict[str, torch.Tensor], closure: _Closure | None) -> _Objective:
+        """``closure`` as a function of the variables laid end to end (``None``: only set
+        them)."""
+        sizes = [v.numel() for v in variables.values()]
+
+        def objective(x: torch.Tensor) -> tuple[float, torch.Tensor]:
+            with torch.no_grad():
+                for v, part in zip(variables.values(), x.split(sizes), strict=True):
+                    v.copy_(part.view_as(v))
+            if closure is None:
+                return 0.0, x
+            loss = float(closure())
+            return loss, torch.cat([v.grad.reshape(-1) for v in variables.values()])
+
+        return objective
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """The L-BFGS closure: :math:`J_\\lambda` at ``variables``, their ``.grad`` set."""
