@@ -31,7 +31,7 @@ DEFAULT_L2_GRID: tuple[float, ...] = (0.0, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e
 
 # Cross-validation walks the grid from the strongest penalty down and stops once the pooled
 # held-out NLL has failed to improve on its best at this many consecutive weaker strengths.
-_CV_PATIENCE = 2
+_CV_PATIENCE = 1
 
 #: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
 #: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
@@ -605,10 +605,10 @@ class Calibrator(nn.Module):
         with the fixed seed :data:`CV_SEED`. Walking ``l2_grid`` from the strongest penalty
         down, the calibrator is fitted on each fold's complement (each fit starting from that
         fold's previous solution) and scored by the mean NLL of the held-out fold; the scores
-        are pooled over all samples. The walk stops early once the pooled score has failed
-        to improve on its best at two consecutive weaker strengths (those fits are the
-        slowest and, past a minimum of the usual U-shaped curve, cannot win; the skipped
-        strengths score ``nan``). The strength with the smallest pooled held-out NLL is
+        are pooled over all samples. The walk stops early at the first weaker strength
+        whose pooled score fails to improve on the best (those fits are the slowest and,
+        past the minimum of the usual U-shaped curve, cannot win; the skipped strengths
+        score ``nan``). The strength with the smallest pooled held-out NLL is
         refitted on all the data. A choice at an edge of the grid is recorded in
         ``l2_at_edge_`` (see the class docstring).
 
