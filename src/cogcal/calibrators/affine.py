@@ -188,6 +188,15 @@ class _ClassScaling(_AffineScaling):
             num_classes, max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid, name="num_classes"
         )
 
+    def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Fix the penalty's centre and, for vector scaling, start the fit there
+        (``w = 1 / T_0``, ``b = 0``): fewer L-BFGS iterations than from the identity."""
+        super()._prepare(logits, labels)
+        if not self._full_matrix and self._target_temperature is not None:
+            with torch.no_grad():
+                self.weight.fill_(1.0 / self._target_temperature)
+                self.bias.zero_()
+
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
 
