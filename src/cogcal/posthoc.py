@@ -175,6 +175,22 @@ def _score_candidates(
     return scores, fitted
 
 
+def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
+    """``method`` normalised, after checking it, ``candidates`` and ``cv``."""
+    names = (AUTO, *POSTHOC_METHODS)
+    if not isinstance(method, str) or method.strip().lower() not in names:
+        raise ValueError(f"`method` must be one of {', '.join(names)}; got {method!r}.")
+    unknown = [c for c in candidates if c not in POSTHOC_METHODS]
+    if isinstance(candidates, str) or not candidates or unknown:
+        raise ValueError(
+            f"`candidates` must be a non-empty sequence of {', '.join(POSTHOC_METHODS)}; "
+            f"got {candidates!r}."
+        )
+    if isinstance(cv, bool) or not isinstance(cv, int) or cv < 2:
+        raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {cv!r}.")
+    return method.strip().lower()
+
+
 def calibrate(
     logits: Any,
     labels: Any,
@@ -224,18 +240,7 @@ def calibrate(
     >>> cal.method in ("ts", "ms"), sorted(cal.cv_nll), cal.folds
     (True, ['ms', 'ts'], 5)
     """
-    names = (AUTO, *POSTHOC_METHODS)
-    if not isinstance(method, str) or method.strip().lower() not in names:
-        raise ValueError(f"`method` must be one of {', '.join(names)}; got {method!r}.")
-    method = method.strip().lower()
-    unknown = [c for c in candidates if c not in POSTHOC_METHODS]
-    if isinstance(candidates, str) or not candidates or unknown:
-        raise ValueError(
-            f"`candidates` must be a non-empty sequence of {', '.join(POSTHOC_METHODS)}; "
-            f"got {candidates!r}."
-        )
-    if isinstance(cv, bool) or not isinstance(cv, int) or cv < 2:
-        raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {cv!r}.")
+    method = _checked_method(method, candidates, cv)
     z, y = check_multiclass(np.asarray(logits) if isinstance(logits, list) else logits, labels)
     warn_if_probabilities(
         z, "logits", "calibrate needs logits (the model's outputs before softmax), not "
