@@ -10,6 +10,7 @@ import torch
 
 import cogcal
 from cogcal.calibrators import KINDS, Temperature, make_calibrator
+from cogcal.cli import main
 
 
 def _logits(n: int = 300, k: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -78,3 +79,17 @@ def test_auto_tolerates_a_class_with_one_sample() -> None:
     y[0] = 3
     cal = cogcal.calibrate(z, y, candidates=("ts", "vs"))
     assert set(cal.cv_nll) == {"ts", "vs"}
+
+
+@pytest.mark.parametrize("method", ["auto", "ms"])
+def test_cli_refuses_a_class_missing_from_validation(tmp_path, capsys, method: str) -> None:
+    # issue 40: present in the test split, absent from the validation split
+    z, y = _logits(n=400, k=4)
+    np.savez(tmp_path / "val.npz", logits=z, labels=np.where(y == 2, 0, y))
+    np.savez(tmp_path / "test.npz", logits=z, labels=y)
+    out = tmp_path / "cal"
+    args = ["calibrate", "--val", str(tmp_path / "val.npz"), "--test", str(tmp_path / "test.npz")]
+    assert main([*args, "--out", str(out), "--method", method]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no sample of class 2 (of 4 classes)" in err[0], err
+    assert "val.npz" in err[0] and not out.exists()
