@@ -26,6 +26,7 @@ process, the first and a second temperature-scaling fit.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from torch import nn
 
 import cogcal
 from cogcal.calibrators import KINDS, make_calibrator
+from cogcal.data.tabular import make_mnist1d
 from cogcal.metrics import evaluate
 
 #: (fit(z, y) -> fitted object, predict(fitted, z) -> probabilities) of one calibrator
@@ -81,8 +83,6 @@ def _mlp(d: int, k: int, width: int = 256) -> nn.Module:
 
 
 def _mnist1d() -> dict[str, np.ndarray]:
-    from cogcal.data.tabular import make_mnist1d  # the generator, only for this set
-
     data = make_mnist1d(num_samples=4000)
     return _logits_of(_mlp(40, 10), data["x"], data["y"], 2400, 800, epochs=60)
 
@@ -169,8 +169,6 @@ def _torch_uncertainty(name: str) -> Entry:
 
 
 def _netcal(module: str, name: str, **kwargs: object) -> Entry:
-    import importlib  # optional peer, imported by name
-
     cls = getattr(importlib.import_module(f"netcal.{module}"), name)
 
     def fit(z: np.ndarray, y: np.ndarray) -> object:

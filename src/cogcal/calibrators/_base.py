@@ -161,7 +161,9 @@ _Closure = Callable[[], torch.Tensor]
 _Objective = Callable[[torch.Tensor], tuple[float, torch.Tensor]]
 
 
-def _two_loop(g: torch.Tensor, history: list[tuple[torch.Tensor, torch.Tensor, float]], h0: float):
+def _two_loop(
+    g: torch.Tensor, history: list[tuple[torch.Tensor, torch.Tensor, float]], h0: float
+) -> torch.Tensor:
     """The L-BFGS direction ``-H g`` from the ``(y, s, 1 / y.s)`` pairs, oldest first."""
     q = g.neg()
     alphas = []
