@@ -350,19 +350,22 @@ class HistogramBinning(_NonParametric):
     * Binary (``K = 2``): the bins are those of :math:`p_1`, each predicting the frequency
       of class 1, :math:`q_1 = f(p_1)` clipped to :math:`[\epsilon, 1 - \epsilon]` and
       :math:`q_0 = 1 - q_1`.
-    * Multiclass (``K > 2``): **top-label** binning. The bins are those of the confidence
-      :math:`c = \max_k p_k`, each predicting the accuracy of its samples (the fraction
-      whose label is their arg-max class :math:`\hat y`): :math:`q_{\hat y} = f(c)`, clipped
-      to :math:`[\epsilon, 1 - \epsilon]`; the other classes share the rest in the
-      proportions of :math:`p`, :math:`q_k = (1 - q_{\hat y})\,p_k / (1 - c)`. The ranking
-      of the other classes is kept, and the top label changes only where the bin's accuracy
-      is below the share the runner-up then gets, i.e. where the fitting data say the
-      top label is wrong more often than the runner-up is right. One-vs-rest binning (the
-      older form, and netcal's and torch-uncertainty's) puts most of each class's bins near
-      :math:`p_k = 0`; after renormalising, rows tie between classes and a tie goes to the
-      lowest index, which costs accuracy (docs/method.md §2). One map serves every
-      predicted class; its bins are stored once per class (rows of ``knots`` and
-      ``values``, row :math:`\hat y` applied to rows predicted as :math:`\hat y`).
+    * Multiclass (``K > 2``): **top-label** binning (Gupta & Ramdas, 2022). The bins are
+      those of the confidence :math:`c = \max_k p_k`, each predicting the accuracy of its
+      samples (the fraction whose label is their arg-max class :math:`\hat y`):
+      :math:`q_{\hat y} = f(c)`, clipped to :math:`[(1 + 10^{-6})/K, 1 - \epsilon]`. The
+      other classes share the rest, :math:`q_k = (1 - q_{\hat y})\,s_k`, in shares
+      :math:`s_k = p_k / (1 - c)` flattened toward uniform,
+      :math:`s_k \leftarrow \alpha s_k + (1 - \alpha)/(K - 1)`, with the largest
+      :math:`\alpha \le 1` that keeps every :math:`q_k` below :math:`q_{\hat y}` (by a
+      relative :math:`10^{-6}`). So a row's top label never changes (accuracy is the
+      model's), the others keep their order, and where the bin's accuracy is low the rest
+      is spread more evenly. One-vs-rest binning with equal-mass bins (this class's older
+      form) puts most of each class's bins near :math:`p_k = 0`; after renormalising,
+      rows tie between classes and a tie goes to the lowest index, which cost up to half
+      the accuracy (docs/method.md §2). One map serves every predicted class; its bins are
+      stored once per class (rows of ``knots`` and ``values``, row :math:`\hat y` applied
+      to rows predicted as :math:`\hat y`).
 
     The output is :math:`\log q` (floored at :math:`\epsilon`, renormalised).
 
