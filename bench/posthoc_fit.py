@@ -66,8 +66,7 @@ def main() -> None:
     sizes = SIZES
     if args.sizes:
         sizes = tuple(tuple(int(v) for v in s.split("x")) for s in args.sizes.split(","))
-    # the first torch optimiser of a process imports torch._dynamo (~2 s of CPU), which a
-    # training run has paid before its post-hoc fit, as scikit-learn's imports are paid here
+    # warm up both (first calls, caches), as scikit-learn's imports are paid here
     z, y = logits_of(100, 3)
     MatrixScaling().fit(z, y)
     print(stamp())

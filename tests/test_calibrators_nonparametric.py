@@ -118,16 +118,44 @@ def test_binary_histogram_binning_equals_direct_equal_mass_bins(n_bins):
         np.testing.assert_allclose(q[:, 0], 1.0 - q[:, 1], rtol=0, atol=1e-14)
 
 
-def test_multiclass_histogram_binning_is_one_vs_rest_and_renormalised():
+def test_multiclass_histogram_binning_is_top_label_with_the_others_scaled():
+    # top-label binning (Gupta & Ramdas 2022), by hand: equal-mass bins of the confidence,
+    # each predicting its accuracy; the others share the rest in the proportions of p
     k = 4
     z, y = _data(800, k, seed=8)
     cal = HistogramBinning(n_bins=10, eps=1e-4).fit(z, y)
     logits = _new_logits(k, seed=9)
     p, p_new = _softmax(z), _softmax(logits)
-    ref = np.stack([_equal_mass_reference(p[:, c], y == c, 10, p_new[:, c]) for c in range(k)], 1)
+    correct = (p.argmax(1) == y).astype(float)
+    q_top = _equal_mass_reference(p.max(1), correct, 10, p_new.max(1))
+    q_top = np.clip(q_top, (1 + 1e-6) / k, 1 - 1e-4)
+    top = p_new.argmax(1)
+    share = p_new.copy()
+    share[np.arange(len(top)), top] = 0
+    share /= share.sum(1, keepdims=True)
+    limit = q_top * (1 - 1e-6) / (1 - q_top)
+    peak = share.max(1)
+    mix = np.where(peak <= limit, 1.0, (limit - 1 / (k - 1)) / (peak - 1 / (k - 1)))
+    ref = (1 - q_top)[:, None] * (mix[:, None] * share + (1 - mix[:, None]) / (k - 1))
+    ref[np.arange(len(top)), top] = q_top
     ref = np.maximum(ref, 1e-4)
     ref /= ref.sum(1, keepdims=True)
-    np.testing.assert_allclose(cal.predict_proba(logits), ref, rtol=0, atol=1e-12)
+    q = cal.predict_proba(logits)
+    np.testing.assert_allclose(q, ref, rtol=0, atol=1e-12)
+    assert (q.argmax(1) == top).all()  # the top label is kept on every row
+
+
+@pytest.mark.parametrize("k", [3, 10, 40])
+def test_histogram_binning_keeps_accuracy_and_beats_one_vs_rest_nll(k):
+    # an over-confident model: one-vs-rest binning ties rows and loses accuracy; top-label
+    # binning keeps each row's top label and improves the NLL over the raw logits
+    z, y = _data(40 * k, k, seed=30 + k)
+    zt, yt = _data(4000, k, seed=60 + k)
+    q = HistogramBinning().fit(z, y).predict_proba(zt)
+    assert (q.argmax(1) == _softmax(zt).argmax(1)).all()
+    nll = -np.log(q[np.arange(len(yt)), yt]).mean()
+    raw = -np.log(_softmax(zt)[np.arange(len(yt)), yt]).mean()
+    assert nll < raw
 
 
 def test_histogram_bins_never_split_tied_probabilities():
@@ -217,15 +245,17 @@ def test_every_float_dtype_in_and_out(cls, dtype):
 
 
 def test_one_class_present_gives_constant_maps():
-    # as Temperature and MatrixScaling: no error; every map is constant, absent classes
-    # get the floor
+    # as Temperature and MatrixScaling: no error; every isotonic map is constant, absent
+    # classes get the floor; top-label histogram binning keeps each row's top label
     z, _ = _data(100, 3, seed=19)
     y = np.zeros(100, dtype=int)
-    for cls in (Isotonic, HistogramBinning):
-        q = cls().fit(z, y).predict_proba(_new_logits(3, seed=20))
-        floor = 1 / 200
-        np.testing.assert_allclose(q[:, 1:], floor / (1 + 2 * floor))
-        assert bool((q.argmax(1) == 0).all())
+    logits = _new_logits(3, seed=20)
+    q = Isotonic().fit(z, y).predict_proba(logits)
+    floor = 1 / 200
+    np.testing.assert_allclose(q[:, 1:], floor / (1 + 2 * floor))
+    assert bool((q.argmax(1) == 0).all())
+    q = HistogramBinning().fit(z, y).predict_proba(logits)
+    assert np.isfinite(q).all() and (q.argmax(1) == logits.argmax(1)).all()
 
 
 def test_errors_are_specific():
@@ -262,3 +292,18 @@ def test_make_calibrator_kinds_and_multilabel_refusal():
             make_calibrator(kind, "multilabel", 3)
     with pytest.raises(ValueError, match="'dirichlet', 'isotonic', 'histogram'"):
         make_calibrator("platt")
+
+
+def test_histogram_binning_nll_at_least_netcals():
+    # netcal's HistogramBinning (15 equal-width bins, one-vs-rest) on the same logits
+    binning = pytest.importorskip("netcal.binning")
+    k = 10
+    z, y = _data(1500, k, seed=70)
+    zt, yt = _data(4000, k, seed=71)
+    rows = np.arange(len(yt))
+    ours = HistogramBinning().fit(z, y).predict_proba(zt)[rows, yt]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = binning.HistogramBinning(bins=15).fit(_softmax(z), y).transform(_softmax(zt))
+    theirs = np.clip(theirs / theirs.sum(1, keepdims=True), 1e-12, None)[rows, yt]
+    assert -np.log(ours).mean() <= -np.log(theirs).mean()

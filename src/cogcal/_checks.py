@@ -28,6 +28,7 @@ __all__ = [
     "check_multiclass",
     "check_multilabel",
     "check_binary",
+    "check_classes_present",
     "check_eps",
     "check_task",
     "input_error",
@@ -287,6 +288,52 @@ def check_multilabel(
         )
     _check_binary_targets(y, labels_name)
     return z, y.to(z.device)
+
+
+def _listed(values: list[int], limit: int = 10) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def check_classes_present(
+    labels: torch.Tensor, width: int, *, multilabel: bool = False, name: str = "labels"
+) -> None:
+    """Refuse held-out labels that miss a class (or, multi-label, a task's 0s or 1s).
+
+    A calibrator fitted on labels in which class ``k < K`` never occurs learns to give
+    ``k`` almost no probability, and a test sample of class ``k`` then costs an NLL in the
+    hundreds. Multiclass: every class ``0 .. width - 1`` must occur (for ``K = 2``, both 0
+    and 1); multi-label: every task must have both a 0 and a 1.
+
+    >>> check_classes_present(torch.tensor([0, 2, 2, 0]), 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: `labels` has no sample of class 1 (of 3 classes); expected every class among the held-out labels a calibrator is fitted on. Hold out samples of every class (e.g. a stratified validation split) or pass logits with one column per class that occurs.
+    """
+    if multilabel:
+        positives = labels.sum(0)
+        bad = torch.nonzero((positives == 0) | (positives == labels.shape[0])).flatten()
+        if bad.numel():
+            tasks = bad.tolist()
+            raise input_error(
+                name,
+                f"has only 0s or only 1s in task{'s' if len(tasks) > 1 else ''} "
+                f"{_listed(tasks)} (of {width} tasks)",
+                "both 0s and 1s in every task of the held-out labels a calibrator is fitted on",
+                "Hold out samples with both outcomes of every task, or leave such a task out.",
+            )
+        return
+    counts = torch.bincount(labels.detach().flatten().cpu(), minlength=width)
+    missing = torch.nonzero(counts[:width] == 0).flatten().tolist()
+    if missing:
+        raise input_error(
+            name,
+            f"has no sample of class{'es' if len(missing) > 1 else ''} {_listed(missing)} "
+            f"(of {width} classes)",
+            "every class among the held-out labels a calibrator is fitted on",
+            "Hold out samples of every class (e.g. a stratified validation split) or pass "
+            "logits with one column per class that occurs.",
+        )
 
 
 def check_eps(eps: Any, *, upper: float = 1.0, message: str = "") -> float | None:

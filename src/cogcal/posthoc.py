@@ -5,7 +5,12 @@ wrapped in a :class:`Calibration` that says which calibrator it is and how it wa
 ``method="auto"`` chooses among :data:`POSTHOC_METHODS` by **cross-validated NLL on the data
 given** (``cv`` stratified folds, fixed seed): each candidate is fitted on the other folds
 and scored on the held-out fold, the pooled mean NLL over all samples is compared, and the
-winner is refitted on all of it. The test split is never an input.
+winner is refitted on all of it. The candidates that choose their penalty by the same
+cross-validation (vector and matrix scaling, Dirichlet: ``l2="cv"``) are not cross-validated
+twice: each is fitted once on all the data, and its score is the pooled held-out NLL of the
+strength it chose (so ``auto`` costs about the sum of the candidates' own fits; that score
+is the minimum over the penalty grid, a little optimistic next to a nested estimate). The
+test split is never an input.
 
 >>> import torch, cogcal
 >>> g = torch.Generator().manual_seed(0)
@@ -31,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cogcal._checks import check_multiclass, warn_if_probabilities
+from cogcal._checks import check_classes_present, check_multiclass, warn_if_probabilities
 from cogcal.calibrators import KINDS, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
 
@@ -64,7 +69,8 @@ class Calibration:
         K, the width of the logits it takes.
     cv_nll : dict of str to float
         With ``method="auto"``: the pooled held-out NLL of each candidate (``inf`` for
-        one that failed to fit on a fold); empty when ``method`` was given.
+        one that failed to fit on a fold; for ``l2="cv"`` candidates, that of the penalty
+        strength their own cross-validation chose); empty when ``method`` was given.
     folds : int or None
         The number of cross-validation folds of ``method="auto"`` (``None`` otherwise).
     nll_before, nll_after : float
@@ -124,6 +130,9 @@ def cross_validated_nll(
     for f in range(cv):
         held = folds == f
         cal = make_calibrator(method)
+        # a class with one sample is missing from one fold's training part: that fit is
+        # scored honestly on its held-out fold (calibrate refuses classes absent from all)
+        cal._require_every_class = False
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -132,6 +141,54 @@ def cross_validated_nll(
             return math.inf
         total += _held_out_nll(cal, logits[held], labels[held]) * int(held.sum())
     return total / labels.shape[0]
+
+
+def _score_candidates(
+    z: torch.Tensor, y: torch.Tensor, candidates: Sequence[str], cv: int
+) -> tuple[dict[str, float], dict[str, tuple[nn.Module, list]]]:
+    """The cross-validated NLL of each candidate, and those fitted on all the data.
+
+    A calibrator that chooses its penalty by cross-validation (``l2="cv"``) on the same
+    ``cv`` stratified folds (seed 0) already computes, while fitting on all the data, the
+    pooled held-out NLL of each strength: its score is that of the strength it chose, and
+    the fit is kept (with its warnings) for the case it wins. The others are scored by
+    :func:`cross_validated_nll`.
+    """
+    scores: dict[str, float] = {}
+    fitted: dict[str, tuple[nn.Module, list]] = {}
+    for name in dict.fromkeys(candidates):
+        cal = make_calibrator(name)
+        if getattr(cal, "l2", None) != "cv":
+            scores[name] = cross_validated_nll(z, y, name, cv=cv)
+            continue
+        cal.cv = cv
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cal.fit(z, y)
+        except RuntimeError:  # diverged: the candidate cannot be trusted
+            scores[name] = math.inf
+            continue
+        chosen = cal.cv_scores_[list(cal.l2_grid_).index(cal.l2_)]
+        scores[name] = float(chosen) if math.isfinite(chosen) else math.inf
+        fitted[name] = (cal, list(caught))
+    return scores, fitted
+
+
+def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
+    """``method`` normalised, after checking it, ``candidates`` and ``cv``."""
+    names = (AUTO, *POSTHOC_METHODS)
+    if not isinstance(method, str) or method.strip().lower() not in names:
+        raise ValueError(f"`method` must be one of {', '.join(names)}; got {method!r}.")
+    unknown = [c for c in candidates if c not in POSTHOC_METHODS]
+    if isinstance(candidates, str) or not candidates or unknown:
+        raise ValueError(
+            f"`candidates` must be a non-empty sequence of {', '.join(POSTHOC_METHODS)}; "
+            f"got {candidates!r}."
+        )
+    if isinstance(cv, bool) or not isinstance(cv, int) or cv < 2:
+        raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {cv!r}.")
+    return method.strip().lower()
 
 
 def calibrate(
@@ -169,8 +226,9 @@ def calibrate(
     Raises
     ------
     ValueError
-        Logits that are not a finite (N, K) float array, labels out of range or of one
-        class only, an unknown method, or too few samples for ``cv`` folds.
+        Logits that are not a finite (N, K) float array, labels out of range, of one
+        class only or missing a class (every class ``0 .. K-1`` must occur), an unknown
+        method, or too few samples for ``cv`` folds.
 
     Examples
     --------
@@ -182,18 +240,7 @@ def calibrate(
     >>> cal.method in ("ts", "ms"), sorted(cal.cv_nll), cal.folds
     (True, ['ms', 'ts'], 5)
     """
-    names = (AUTO, *POSTHOC_METHODS)
-    if not isinstance(method, str) or method.strip().lower() not in names:
-        raise ValueError(f"`method` must be one of {', '.join(names)}; got {method!r}.")
-    method = method.strip().lower()
-    unknown = [c for c in candidates if c not in POSTHOC_METHODS]
-    if isinstance(candidates, str) or not candidates or unknown:
-        raise ValueError(
-            f"`candidates` must be a non-empty sequence of {', '.join(POSTHOC_METHODS)}; "
-            f"got {candidates!r}."
-        )
-    if isinstance(cv, bool) or not isinstance(cv, int) or cv < 2:
-        raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {cv!r}.")
+    method = _checked_method(method, candidates, cv)
     z, y = check_multiclass(np.asarray(logits) if isinstance(logits, list) else logits, labels)
     warn_if_probabilities(
         z, "logits", "calibrate needs logits (the model's outputs before softmax), not "
@@ -205,9 +252,11 @@ def calibrate(
             f"`labels` hold one class only ({int(present[0])}); a calibrator needs held-out "
             "samples of at least two classes."
         )
+    check_classes_present(y, int(z.shape[1]))
     z = z.detach().to(torch.float64)
     k = int(z.shape[1])
     scores: dict[str, float] = {}
+    fitted: dict[str, tuple[nn.Module, list]] = {}
     folds = None
     if method == AUTO:
         n = int(y.shape[0])
@@ -217,7 +266,7 @@ def calibrate(
                 f"samples ({_MIN_PER_FOLD} per fold), got {n}: pass a smaller `cv` or a "
                 "method (e.g. method='ts')."
             )
-        scores = {c: cross_validated_nll(z, y, c, cv=cv) for c in dict.fromkeys(candidates)}
+        scores, fitted = _score_candidates(z, y, candidates, cv)
         finite = {c: s for c, s in scores.items() if math.isfinite(s)}
         if not finite:
             raise ValueError(
@@ -226,7 +275,12 @@ def calibrate(
             )
         method = min(finite, key=finite.__getitem__)  # first of equal scores: simpler
         folds = cv
-    cal = make_calibrator(method).fit(z, y)
+    if method in fitted:  # fitted on all the data while scoring it: its warnings now
+        cal, caught = fitted[method]
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=2)
+    else:
+        cal = make_calibrator(method).fit(z, y)
     before = float(F.cross_entropy(z, y))
     return Calibration(
         method=method, calibrator=cal, num_classes=k, cv_nll=scores, folds=folds,

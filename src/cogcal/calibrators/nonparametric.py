@@ -22,6 +22,10 @@ _EPS_MESSAGE = (
 )
 
 
+#: Relative margin by which :class:`HistogramBinning` keeps a row's top label ahead.
+_TOP_MARGIN = 1e-6
+
+
 def _tie_groups(xs: np.ndarray, resolution: float = 1e-15) -> np.ndarray:
     """Start indices of the groups of tied values in the sorted float64 ``xs``.
 
@@ -183,8 +187,8 @@ class _NonParametric(Calibrator):
         ------
         ValueError
             For logits that are not a finite 2-D floating array with K >= 2 columns, labels
-            of the wrong shape, dtype or range, or logits of another width than
-            ``num_classes``.
+            of the wrong shape, dtype or range or missing a class, or logits of another
+            width than ``num_classes``.
         """
         self._validate_hyperparameters()
         z, y = self._check(logits, labels)
@@ -196,12 +200,10 @@ class _NonParametric(Calibrator):
         n, k = z.shape
         self._check_width(k)
         self._check_data(n)
+        self._check_labels_cover(y, k)
         columns = torch.softmax(z.detach().cpu().double(), dim=1).T.contiguous().numpy()
         labels_np = y.cpu().numpy()
-        maps = [
-            self._fit_map(columns[c], (labels_np == c).astype(np.float64))
-            for c in ([1] if k == 2 else range(k))
-        ]
+        maps = self._fit_maps(columns, labels_np)
         device, dtype = self._device(), self.values.dtype
         for i, name in enumerate(("knots", "values")):
             # rows padded with their last entry: a knot or edge repeated changes nothing (a
@@ -225,6 +227,17 @@ class _NonParametric(Calibrator):
             self.nll_before_ = float(F.cross_entropy(z64, y))
             self.nll_after_ = float(self._nll(z64, y))
         return self
+
+    def _fit_maps(
+        self, columns: np.ndarray, labels: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The maps of ``(K, N)`` probabilities: one of ``p_1`` for ``K = 2``, else one per
+        class, one-vs-rest."""
+        k = columns.shape[0]
+        return [
+            self._fit_map(columns[c], (labels == c).astype(np.float64))
+            for c in ([1] if k == 2 else range(k))
+        ]
 
     def _check_data(self, n: int) -> None:
         return None
@@ -325,16 +338,36 @@ class Isotonic(_NonParametric):
 
 
 class HistogramBinning(_NonParametric):
-    r"""Histogram binning, one-vs-rest, with equal-mass bins (Zadrozny & Elkan, 2001).
+    r"""Histogram binning with equal-mass bins (Zadrozny & Elkan, 2001), of the top-label
+    confidence for K > 2 classes (Gupta & Ramdas, 2022).
 
-    With :math:`p = \mathrm{softmax}(z)`, each class's probabilities on the fitting data
-    are split into ``n_bins`` bins holding equal numbers of samples (sizes differing by at
-    most one; bins never split tied probabilities, so heavy ties can merge bins); new
-    probabilities fall into bins by the midpoints between neighbouring bins, and each bin
-    predicts the frequency of its class among its fitting samples, :math:`f_k(p_k)`. As for
-    :class:`Isotonic`, :math:`q_k = \max(f_k(p_k), \epsilon)` renormalised, binary
-    (``K = 2``) exact with one map of :math:`p_1` clipped to :math:`[\epsilon, 1 - \epsilon]`
-    and :math:`q_0 = 1 - q_1`, and the output is :math:`\log q`.
+    With :math:`p = \mathrm{softmax}(z)`, probabilities on the fitting data are split into
+    ``n_bins`` bins holding equal numbers of samples (sizes differing by at most one; bins
+    never split tied probabilities, so heavy ties can merge bins); new probabilities fall
+    into bins by the midpoints between neighbouring bins, and each bin predicts a frequency
+    of its fitting samples.
+
+    * Binary (``K = 2``): the bins are those of :math:`p_1`, each predicting the frequency
+      of class 1, :math:`q_1 = f(p_1)` clipped to :math:`[\epsilon, 1 - \epsilon]` and
+      :math:`q_0 = 1 - q_1`.
+    * Multiclass (``K > 2``): **top-label** binning (Gupta & Ramdas, 2022). The bins are
+      those of the confidence :math:`c = \max_k p_k`, each predicting the accuracy of its
+      samples (the fraction whose label is their arg-max class :math:`\hat y`):
+      :math:`q_{\hat y} = f(c)`, clipped to :math:`[(1 + 10^{-6})/K, 1 - \epsilon]`. The
+      other classes share the rest, :math:`q_k = (1 - q_{\hat y})\,s_k`, in shares
+      :math:`s_k = p_k / (1 - c)` flattened toward uniform,
+      :math:`s_k \leftarrow \alpha s_k + (1 - \alpha)/(K - 1)`, with the largest
+      :math:`\alpha \le 1` that keeps every :math:`q_k` below :math:`q_{\hat y}` (by a
+      relative :math:`10^{-6}`). So a row's top label never changes (accuracy is the
+      model's), the others keep their order, and where the bin's accuracy is low the rest
+      is spread more evenly. One-vs-rest binning with equal-mass bins (this class's older
+      form) puts most of each class's bins near :math:`p_k = 0`; after renormalising,
+      rows tie between classes and a tie goes to the lowest index, which cost up to half
+      the accuracy (docs/method.md §2). One map serves every predicted class; its bins are
+      stored once per class (rows of ``knots`` and ``values``, row :math:`\hat y` applied
+      to rows predicted as :math:`\hat y`).
+
+    The output is :math:`\log q` (floored at :math:`\epsilon`, renormalised).
 
     Non-parametric: :meth:`fit` computes the bins in closed form (no L-BFGS); they live in
     buffers (``knots``: the bin edges, ``values``: the frequencies, ``floor``:
@@ -390,6 +423,56 @@ class HistogramBinning(_NonParametric):
 
     def _fit_map(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _histogram_bins(x, y, self.n_bins)
+
+    def _fit_maps(
+        self, columns: np.ndarray, labels: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        k = columns.shape[0]
+        if k == 2:
+            return super()._fit_maps(columns, labels)
+        top = columns.argmax(0)
+        edges, freq = _histogram_bins(
+            columns.max(0), (top == labels).astype(np.float64), self.n_bins
+        )
+        return [(edges, freq)] * k
+
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
+        k = logits.shape[-1]
+        if k == 2:
+            return super()._forward(logits)
+        self._require_built()
+        work = torch.promote_types(logits.dtype, self.values.dtype)
+        knots, values, floor = (_cast(b, work) for b in (self.knots, self.values, self.floor))
+        p = torch.softmax(logits.reshape(-1, k).to(work), dim=1)
+        conf, top = p.max(1, keepdim=True)
+        f = self._evaluate_rows(conf, top, knots, values)
+        # above chance (1 / K) by a hair, so that the others can stay below it
+        q_top = f.clamp(min=(1.0 + _TOP_MARGIN) / k, max=1.0 - float(self.floor))
+        q_top = torch.maximum(q_top, floor)
+        others = p.scatter(1, top, 0.0)
+        share = others / others.sum(1, keepdim=True).clamp_min(torch.finfo(work).tiny)
+        # flatten the others' shares toward uniform just enough that none reaches q_top
+        uniform = 1.0 / (k - 1)
+        limit = q_top * (1.0 - _TOP_MARGIN) / (1.0 - q_top)
+        peak = share.amax(1, keepdim=True)
+        mix = ((limit - uniform) / (peak - uniform).clamp_min(1e-300)).clamp(0.0, 1.0)
+        mix = torch.where(peak <= limit, torch.ones_like(mix), mix)
+        q = (1.0 - q_top) * (mix * share + (1.0 - mix) * uniform)
+        q = q.scatter(1, top, q_top)
+        q = torch.maximum(q, floor)
+        q = q / q.sum(1, keepdim=True)
+        return torch.log(q).reshape(logits.shape).to(logits.dtype)
+
+    def _evaluate_rows(
+        self, conf: torch.Tensor, top: torch.Tensor, knots: torch.Tensor, values: torch.Tensor
+    ) -> torch.Tensor:
+        """The map of each row's predicted class at its confidence, shape (N, 1): the
+        number of that class's edges below the confidence picks the bin (comparisons, which
+        ONNX exports as they are)."""
+        row_knots = knots.index_select(0, top[:, 0])  # (N, B - 1)
+        row_values = values.index_select(0, top[:, 0])  # (N, B)
+        bins = (conf > row_knots).sum(1, keepdim=True)
+        return row_values.gather(1, bins)
 
     def _evaluate(self, p: torch.Tensor, knots: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         if torch.onnx.is_in_onnx_export():  # ONNX has no searchsorted: count comparisons

@@ -149,6 +149,21 @@ class Temperature(Calibrator):
     ) -> None:
         super().__init__(max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid)
         self.log_temperature = nn.Parameter(torch.zeros(()))
+        #: K of the logits of the last :meth:`fit` (``None`` before: any width is taken,
+        #: e.g. as the COG calibrator trained with the model).
+        self.num_classes_: int | None = None
+
+    def _build(self, num_outputs: int) -> None:
+        self.num_classes_ = num_outputs  # each fit (re)sets the width it takes
+
+    def _check_width(self, width: int) -> None:
+        expected = self.num_classes_
+        if expected is not None and width != expected:
+            raise ValueError(
+                f"`logits` has {width} columns but Temperature was fitted on {expected} "
+                "classes; pass logits of the model it was fitted for, or fit it again on "
+                "these."
+            )
 
     @property
     def temperature(self) -> float:
