@@ -39,9 +39,21 @@ __all__ = ["Scores", "calibrate_files", "read_scores", "run"]
 
 #: Probabilities are turned into logits as ``log(max(p, PROB_FLOOR))``.
 PROB_FLOOR = 1e-12
-#: How far a row of probabilities may be from summing to 1 (probabilities rounded to two
-#: decimals); each row is divided by its sum before the log.
+#: How far a row of probabilities may be from summing to 1: 0.005 per class (each value
+#: rounded to two decimals), at least 0.01 and at most 0.05 (:func:`sum_tolerance`); each row
+#: is divided by its sum before the log.
 SUM_TOLERANCE = 0.01
+
+
+def sum_tolerance(k: int) -> float:
+    """How far a row of ``k`` probabilities may be from summing to 1 (:data:`SUM_TOLERANCE`).
+
+    >>> sum_tolerance(2), sum_tolerance(3), sum_tolerance(100)
+    (0.01, 0.015, 0.05)
+    """
+    return min(0.05, max(SUM_TOLERANCE, 0.005 * k))
+
+
 SCORE_KINDS = ("logits", "probs")
 
 
@@ -176,7 +188,8 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
     or ``"probs"``); labels equal to the score columns' names are matched by name (columns
     ``1,0``: label ``1`` is the first), other labels are indices, refused when the columns
     are named by other numbers. Probabilities must lie in [0, 1] with rows summing to 1
-    (within 0.01: rounded ones); they become logits ``log(max(p / sum, 1e-12))``.
+    (within 0.005 per class, at least 0.01, at most 0.05: rounded ones); they become logits
+    ``log(max(p / sum, 1e-12))``.
 
     Raises
     ------
@@ -221,7 +234,7 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
     sums = scores.sum(1)
     in_unit = (scores >= 0) & (scores <= 1)
     if kind == "probs":
-        rows = np.flatnonzero(~in_unit.all(1) | (np.abs(sums - 1) > SUM_TOLERANCE))
+        rows = np.flatnonzero(~in_unit.all(1) | (np.abs(sums - 1) > sum_tolerance(k)))
         if rows.size:
             r = int(rows[0])
             raise _err(
@@ -230,7 +243,7 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
                 "must sum to 1; for logits use --scores logits (a table) or the key `logits`."
             )  # fmt: skip
         scores = np.log(np.maximum(scores / sums[:, None], PROB_FLOOR))
-    elif in_unit.all() and np.allclose(sums, 1.0, rtol=0, atol=SUM_TOLERANCE):
+    elif in_unit.all() and np.allclose(sums, 1.0, rtol=0, atol=sum_tolerance(k)):
         raise _err(
             path, "every row lies in [0, 1] and sums to 1: these look like probabilities (rounded "
             "ones too), not logits; pass --scores probs (a table) or store them under `probs` (an .npz)."
