@@ -127,13 +127,14 @@ def _truncate(name: str):
         (_nan, "calibrator.pt", ("non-finite",)),
         (_truncate("calibrator.pt"), "calibrator.pt", ("cannot be loaded",)),
         (_truncate("metrics.json"), "metrics.json", ("cannot be read",)),
+        (_truncate("calibration.json"), "calibration.json", ("damaged or truncated",)),
         (_truncate("test_logits.npz"), "test_logits.npz", ("truncated",)),
         (lambda out: _edit(out / "metrics.json", lambda d: d["test"].update(nll=0.001)),
          "metrics.json", ("edited",)),
         (lambda out: _edit(out / "calibration.json", lambda d: d.pop("integrity")),
          "calibration.json", ("older cogcal", "cogcal calibrate again")),
     ],
-    ids=["edit", "swap", "link", "nan", "trunc-pt", "trunc-metrics", "trunc-npz",
+    ids=["edit", "swap", "link", "nan", "trunc-pt", "trunc-metrics", "trunc-json", "trunc-npz",
          "edit-metrics", "no-digests"],
 )  # fmt: skip
 def test_an_altered_calibration_is_refused(calibrations, tmp_path, capsys, change, name, words):

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal._errors import ArgumentError
 from cogcal.report._common import save_figure
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num
 from cogcal.report.diagrams import plot_reliability
@@ -92,8 +91,6 @@ def build_calibration_report(path: str | Path) -> Path:
     """Write ``report.md`` and ``report.html`` (and ``reliability.png``) into a finished
     ``cogcal calibrate`` folder and return the path of ``report.html``."""
     folder = CalibrationFolder(path)
-    if folder.read_meta() is None:
-        raise ArgumentError(f"{folder.path} holds no finished calibration (calibration.json).")
     meta, metrics = check_calibration(folder.path)  # refuses what cannot be loaded
     method = str(meta.get("method"))
     test = metrics.get("test")

@@ -83,8 +83,13 @@ def _err(path: Path, what: str) -> ArgumentError:
 
 
 def is_calibration_folder(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` holds a ``calibration.json`` with the mark of ``cogcal calibrate``."""
-    return CalibrationFolder(path).read_meta() is not None
+    """Whether ``path`` holds a ``calibration.json`` with the mark of ``cogcal calibrate``, or
+    a damaged one (not JSON) beside a ``calibrator.pt`` (:meth:`CalibrationFolder.check`
+    names the damage)."""
+    folder = CalibrationFolder(path)
+    return folder.read_meta() is not None or (
+        folder.unreadable_meta() is not None and (folder.path / "calibrator.pt").is_file()
+    )
 
 
 class CalibrationFolder:
@@ -105,6 +110,16 @@ class CalibrationFolder:
             if isinstance(data, dict) and data.get(CALIBRATION_MARK) == CALIBRATION_FORMAT
             else None
         )
+
+    def unreadable_meta(self) -> str | None:
+        """Why ``calibration.json`` cannot be read as JSON (``None``: it can, or is absent)."""
+        try:
+            _io.read_json(self.path / "calibration.json")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            return type(err).__name__
+        return None
 
     def read_metrics(self) -> dict[str, Any]:
         """``metrics.json``, checked: a JSON object of splits, each a mapping of metric names
@@ -220,7 +235,12 @@ class CalibrationFolder:
                     self.path / name, "is a symbolic link, not a file cogcal calibrate wrote; "
                     f"{_AGAIN}."
                 )  # fmt: skip
-        meta = self.read_meta()
+        meta, damage = self.read_meta(), self.unreadable_meta()
+        if meta is None and damage is not None:
+            raise _err(
+                self.path / "calibration.json", f"cannot be read ({damage}): it is damaged or "
+                f"truncated; {_AGAIN}."
+            )  # fmt: skip
         if meta is None:
             raise ArgumentError(
                 f"{self.path} is not a folder written by cogcal calibrate (no calibration.json "
