@@ -142,6 +142,14 @@ def test_an_altered_calibration_is_refused(calibrations, tmp_path, capsys, chang
     change = {"swap": _swap(calibrations), "link": _link(calibrations)}.get(change, change)
     change(out)
     _refused(out, capsys, name, *words)
+    # the advice works: calibrate again with --overwrite; the user's other files stay
+    (out / "notes.txt").write_text("mine")
+    root = calibrations
+    args = ["calibrate", "--val", str(root / "val.npz"), "--test", str(root / "test.npz"),
+            "--method", "vs", "--out", str(out), "--overwrite"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    assert cogcal.load_calibrator(out).method == "vs"
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 # --------------------------------------------------------------------------- 40.3 damaged values

@@ -174,7 +174,7 @@ class CalibrationFolder:
         entries = sorted(p.name for p in self.path.iterdir() if p.name != LOCK_NAME)
         if not entries:
             return
-        if self.read_meta() is None:
+        if not is_calibration_folder(self.path):  # a damaged calibration.json is one of ours
             shown = ", ".join(entries[:6]) + (" ..." if len(entries) > 6 else "")
             raise ArgumentError(
                 f"output folder {self.path} holds files not written by cogcal calibrate "
