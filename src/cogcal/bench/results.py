@@ -8,7 +8,8 @@
   ``"shift"`` gives ``{condition: {severity: {metric: value}}}`` (or ``{condition:
   {metric: value}}``); ``"ood"`` gives ``{ood_set: {metric: value}}``. Non-finite values
   (stored as ``null``) are written as ``nan``. Method names are never decorated.
-* ``runs.csv``: one row per planned seed run (:data:`~cogcal.runs.columns.RUN_COLUMNS`).
+* ``runs.csv``: one row per planned seed run (:data:`~cogcal.runs.columns.RUN_COLUMNS`),
+  also those not started yet (status ``not started``: an interrupted bench).
 * ``tuning.csv``: one row per trained grid point of every tuning group
   (:data:`~cogcal.runs.columns.TUNING_COLUMNS`); the effect's own group has protocol
   ``effect``.
@@ -30,6 +31,7 @@ from typing import Any
 
 from cogcal import _io
 from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.bench import NOT_STARTED
 from cogcal.runs.columns import EFFECT_COLUMNS, RESULT_COLUMNS, RUN_COLUMNS, TUNING_COLUMNS
 
 __all__ = [
@@ -147,8 +149,29 @@ def _record(job: Any) -> RunRecord | None:
     return RunDir(job.out).read_record() if job.status == "complete" else None
 
 
-def run_rows(jobs: Iterable[Any], blocked: Iterable[Any], out: Path) -> list[dict[str, Any]]:
-    """``runs.csv`` rows: every seed run that has a final status, and the blocked ones."""
+def run_rows(
+    jobs: Iterable[Any],
+    blocked: Iterable[Any],
+    out: Path,
+    planned: Iterable[tuple[str, str, str, int, Path]] = (),
+) -> list[dict[str, Any]]:
+    """``runs.csv`` rows: every seed run that has a final status, the blocked ones, then every
+    other ``planned`` run ``(protocol, dataset, method, seed, run_dir)``, with the status
+    :data:`NOT_STARTED` (an interrupted bench lists what it has not run yet)."""
+    rows = _final_rows(jobs, blocked, out)
+    seen = {(r["protocol"], r["dataset"], r["method"], int(r["seed"])) for r in rows}
+    for protocol, dataset, method, seed, run_dir in planned:
+        if (protocol, dataset, method, int(seed)) in seen:
+            continue
+        seen.add((protocol, dataset, method, int(seed)))
+        row = dict.fromkeys(RUN_COLUMNS, "")
+        row.update(dataset=dataset, method=method, protocol=protocol, seed=seed,
+                   status=NOT_STARTED, run_dir=_rel(run_dir, out))  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _final_rows(jobs: Iterable[Any], blocked: Iterable[Any], out: Path) -> list[dict[str, Any]]:
     rows = []
     for job in jobs:
         if job.kind != "seed" or not job.final:
@@ -303,8 +326,15 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) 
     return _io.write_text(path, _csv_text(rows, columns))
 
 
-def write_tables(out: Path, jobs: list[Any], groups: list[Any], blocked: list[Any]) -> Path:
-    """Write ``results.csv``, ``runs.csv``, ``tuning.csv`` and ``effect.csv`` into ``out``.
+def write_tables(
+    out: Path,
+    jobs: list[Any],
+    groups: list[Any],
+    blocked: list[Any],
+    planned: Iterable[tuple[str, str, str, int, Path]] = (),
+) -> Path:
+    """Write ``results.csv``, ``runs.csv``, ``tuning.csv`` and ``effect.csv`` into ``out``
+    (``planned``: every seed run of the suite, listed in ``runs.csv`` even if not started).
 
     Returns
     -------
@@ -312,7 +342,7 @@ def write_tables(out: Path, jobs: list[Any], groups: list[Any], blocked: list[An
         The path of ``results.csv``.
     """
     out = Path(out)
-    write_csv(out / "runs.csv", run_rows(jobs, blocked, out), RUN_COLUMNS)
+    write_csv(out / "runs.csv", run_rows(jobs, blocked, out, planned), RUN_COLUMNS)
     write_csv(out / "tuning.csv", tuning_rows(groups), TUNING_COLUMNS)
     write_csv(out / "effect.csv", effect_rows(jobs), EFFECT_COLUMNS)
     return write_csv(out / "results.csv", result_rows(jobs), RESULT_COLUMNS)

@@ -37,7 +37,7 @@ from cogcal._errors import ArgumentError, Interrupted
 from cogcal._version import __version__
 from cogcal.bench.budget import FAMILIES, family_of, floor_epoch
 from cogcal.bench.executor import DEFAULT_RUNNER, Job, Scheduler, check_pool, check_reachable
-from cogcal.bench.plan import Blocked, Plan, tuning_method
+from cogcal.bench.plan import Blocked, Plan, dataset_folder, tuning_method
 from cogcal.bench.results import write_tables
 from cogcal.bench.suites import Suite, load_suite
 from cogcal.data import default_model, load_dataset
@@ -413,7 +413,7 @@ def _run_locked(
     counts = {k: scheduler.counts.get(k, 0) for k in COUNT_KEYS}
     counts["blocked"] = len(plan.blocked)
     failed_path = _write_failures(out, scheduler.all_jobs, plan.blocked)
-    write_tables(out, scheduler.all_jobs, plan.groups, plan.blocked)
+    write_tables(out, scheduler.all_jobs, plan.groups, plan.blocked, planned_runs(suite, out))
     sessions.append(
         {
             "started": started_at,
@@ -443,6 +443,19 @@ def _run_locked(
     if interrupted is not None:
         raise interrupted
     return summary
+
+
+def planned_runs(suite: Suite, out: Path) -> list[tuple[str, str, str, int, Path]]:
+    """Every seed run of ``suite`` as ``(protocol, dataset, method, seed, run folder)``, in
+    the order :class:`~cogcal.bench.plan.Plan` plans them (``runs.csv`` lists them all)."""
+    return [
+        (protocol, entry.name, method, seed,
+         out / "runs" / protocol / dataset_folder(entry.name) / method / f"seed{seed}")
+        for protocol in suite.protocols
+        for entry in suite.datasets
+        for method in suite.methods_of(entry)
+        for seed in suite.seeds
+    ]  # fmt: skip
 
 
 def _write_failures(out: Path, jobs: list[Job], blocked: list[Blocked]) -> Path:

@@ -39,8 +39,21 @@ __all__ = ["Scores", "calibrate_files", "read_scores", "run"]
 
 #: Probabilities are turned into logits as ``log(max(p, PROB_FLOOR))``.
 PROB_FLOOR = 1e-12
-#: How far a row of probabilities may be from summing to 1.
-SUM_TOLERANCE = 1e-3
+#: How far a row of probabilities may be from summing to 1: 0.005 per class (each value
+#: rounded to two decimals), at least 0.01 and at most 0.05 (:func:`sum_tolerance`); each row
+#: is divided by its sum before the log.
+SUM_TOLERANCE = 0.01
+
+
+def sum_tolerance(k: int) -> float:
+    """How far a row of ``k`` probabilities may be from summing to 1 (:data:`SUM_TOLERANCE`).
+
+    >>> sum_tolerance(2), sum_tolerance(3), sum_tolerance(100)
+    (0.01, 0.015, 0.05)
+    """
+    return min(0.05, max(SUM_TOLERANCE, 0.005 * k))
+
+
 SCORE_KINDS = ("logits", "probs")
 
 
@@ -86,14 +99,25 @@ def _from_npz(path: Path, raw: bytes) -> tuple[np.ndarray, np.ndarray, str]:
             path, f"`{kinds[0]}` has shape {scores.shape} and dtype {scores.dtype}; expected "
             "a 2-D float array (N, K)."
         )  # fmt: skip
-    if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        if labels.dtype.kind == "f" and labels.ndim == 1 and np.array_equal(labels, labels.round()):
-            labels = labels.astype(np.int64)
-        else:
-            raise _err(
-                path, f"`labels` has shape {labels.shape} and dtype {labels.dtype}; expected "
-                "1-D integer class indices (N,)."
-            )  # fmt: skip
+    if labels.ndim != 1 or labels.dtype.kind not in "iuf":
+        raise _err(
+            path, f"`labels` has shape {labels.shape} and dtype {labels.dtype}; expected "
+            "1-D integer class indices (N,)."
+        )  # fmt: skip
+    k = scores.shape[1]
+    with np.errstate(invalid="ignore"):  # NaN and inf are named below, never cast
+        bad = (labels < 0) | (labels >= k)
+        if labels.dtype.kind == "f":
+            bad |= ~np.isfinite(labels) | (labels != np.round(labels))
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        value = labels[r].item()
+        what = (
+            f"is outside [0, {k - 1}] for {k} classes"
+            if math.isfinite(value) and value == round(value)
+            else "is not an integer class index"
+        )
+        raise _err(path, f"row {r}: label {value!r} {what}.")
     return scores.astype(np.float64), labels.astype(np.int64), kinds[0]
 
 
@@ -124,19 +148,33 @@ def _from_table(
                     f"column but {label_column!r} holds the {kind} of one class."
                 ) from None  # fmt: skip
     raw = [row[j] for row in table.rows]
+    return values, _table_labels(path, raw, table.lines, names, label_column), names
+
+
+def _table_labels(path: Path, raw: list[str], lines: list[int], names: list[str],
+                  label_column: str) -> np.ndarray:  # fmt: skip
+    """The class index of each label as written: by name when every label is the name of a
+    score column (columns named ``1,0`` are classes 1 and 0), else as an index (0-based
+    column position), which is refused when the columns are named by other integers."""
+    index = {n: i for i, n in enumerate(names)}
+    if all(v in index for v in raw):
+        return np.asarray([index[v] for v in raw], dtype=np.int64)
+    line, v = next((ln, v) for v, ln in zip(raw, lines, strict=True) if v not in index)
     try:
         labels = np.asarray([int(v) for v in raw], dtype=np.int64)
     except (ValueError, OverflowError):
-        index = {n: i for i, n in enumerate(names)}
-        bad = [(line, v) for v, line in zip(raw, table.lines, strict=True) if v not in index]
-        if bad:
-            line, v = bad[0]
-            raise _err(
-                path, f"line {line}, column {label_column!r}: {v!r} is neither a class index "
-                f"nor one of the class columns ({', '.join(names)})."
-            ) from None  # fmt: skip
-        labels = np.asarray([index[v] for v in raw], dtype=np.int64)
-    return values, labels, names
+        raise _err(
+            path, f"line {line}, column {label_column!r}: {v!r} is neither a class index "
+            f"nor one of the class columns ({', '.join(names)})."
+        ) from None  # fmt: skip
+    if any(n.strip().lstrip("+-").isdigit() for n in names):
+        raise _err(
+            path, f"line {line}, column {label_column!r}: label {v!r} is not the name of a "
+            f"score column, yet the columns are named by numbers ({', '.join(names)}): it is "
+            "ambiguous whether labels are column names or positions; name the columns by the "
+            "labels (a label k in a column named k)."
+        )  # fmt: skip
+    return labels
 
 
 def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
@@ -147,8 +185,11 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
     the scores are. Any other file is a table (comma-, or for ``.tsv`` tab-separated) with
     a header: the ``label_column`` (class indices, or class names equal to the score
     columns' names) and one score column per class, whose kind is ``kind`` (``"logits"``
-    or ``"probs"``). Probabilities must lie in [0, 1] with rows summing to 1 (within
-    1e-3); they become logits ``log(max(p, 1e-12))``.
+    or ``"probs"``); labels equal to the score columns' names are matched by name (columns
+    ``1,0``: label ``1`` is the first), other labels are indices, refused when the columns
+    are named by other numbers. Probabilities must lie in [0, 1] with rows summing to 1
+    (within 0.005 per class, at least 0.01, at most 0.05: rounded ones); they become logits
+    ``log(max(p / sum, 1e-12))``.
 
     Raises
     ------
@@ -193,7 +234,7 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
     sums = scores.sum(1)
     in_unit = (scores >= 0) & (scores <= 1)
     if kind == "probs":
-        rows = np.flatnonzero(~in_unit.all(1) | (np.abs(sums - 1) > SUM_TOLERANCE))
+        rows = np.flatnonzero(~in_unit.all(1) | (np.abs(sums - 1) > sum_tolerance(k)))
         if rows.size:
             r = int(rows[0])
             raise _err(
@@ -201,11 +242,11 @@ def read_scores(path: str | os.PathLike[str], *, kind: str = "logits",
                 f"{sums[r]:.4g}) are not a distribution: each must lie in [0, 1] and a row "
                 "must sum to 1; for logits use --scores logits (a table) or the key `logits`."
             )  # fmt: skip
-        scores = np.log(np.maximum(scores, PROB_FLOOR))
-    elif in_unit.all() and np.allclose(sums, 1.0, atol=SUM_TOLERANCE):
+        scores = np.log(np.maximum(scores / sums[:, None], PROB_FLOOR))
+    elif in_unit.all() and np.allclose(sums, 1.0, rtol=0, atol=sum_tolerance(k)):
         raise _err(
-            path, "every row lies in [0, 1] and sums to 1: these look like probabilities, not "
-            "logits; pass --scores probs (a table) or store them under `probs` (an .npz)."
+            path, "every row lies in [0, 1] and sums to 1: these look like probabilities (rounded "
+            "ones too), not logits; pass --scores probs (a table) or store them under `probs` (an .npz)."
         )  # fmt: skip
     digest = hashlib.sha256(raw).hexdigest()
     return Scores(path, scores, labels, names, kind, digest)
@@ -265,7 +306,7 @@ def calibrate_files(
     probs = [str(s.path) for s in (v, t) if s is not None and s.kind == "probs"]
     if probs:
         say(
-            f"{' and '.join(probs)} hold probabilities: calibrated as logits log(p) (p clipped at {PROB_FLOOR:g})"
+            f"{' and '.join(probs)} hold probabilities: calibrated as logits log(p) (each row divided by its sum, p clipped at {PROB_FLOOR:g})"
         )
     if np.unique(v.labels).size < 2:
         raise ArgumentError(
@@ -311,7 +352,7 @@ def calibrate_files(
             folds=cal.folds,
             cv_nll={m: (x if math.isfinite(x) else None) for m, x in cal.cv_nll.items()}, nll_before=cal.nll_before, nll_after=cal.nll_after,
         )  # fmt: skip
-        folder.write("calibration.json", meta)
+        folder.write("calibration.json", folder.seal(meta))  # last: binds the files above
         if report:
             build_calibration_report(folder.path)
     return metrics

@@ -215,6 +215,8 @@ def section_verdict(ctx: BenchContext) -> Section:
     # after the per-dataset answers: ce's test ECE-15 and direction, per dataset
     regime = R.regime_table(ctx.regimes, ctx.classes)
     sec.blocks[1:1] = [regime] if regime is not None else []
+    notice = O.unfinished_notice(ctx.runs, ctx.meta)  # first: the verdict is partial
+    sec.blocks[0:0] = [notice] if notice is not None else []
     return sec
 
 

@@ -1,5 +1,9 @@
 """The report of a ``cogcal calibrate`` folder: ``report.md`` and ``report.html`` in it.
 
+Nothing is rendered before the folder is checked entirely
+(:func:`cogcal.runs.calibration.check_calibration`: its values, its integrity and that its
+calibrator loads).
+
 Everything comes from the folder through :class:`cogcal.runs.calibration.CalibrationFolder`:
 what was fitted and how it was chosen (``calibration.json``), the metrics before and after
 (``metrics.json``) and the saved test logits, drawn as ``reliability.png``.
@@ -11,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal._errors import ArgumentError
 from cogcal.report._common import save_figure
 from cogcal.report.blocks import Cell, Figure, Paragraph, Section, Table, num
 from cogcal.report.diagrams import plot_reliability
 from cogcal.report.render import render_html, render_markdown
-from cogcal.runs.calibration import CalibrationFolder
+from cogcal.runs.calibration import CalibrationFolder, check_calibration
 from cogcal.runs.columns import METRIC_LABELS as LABELS
 
 __all__ = ["build_calibration_report"]
@@ -88,10 +91,7 @@ def build_calibration_report(path: str | Path) -> Path:
     """Write ``report.md`` and ``report.html`` (and ``reliability.png``) into a finished
     ``cogcal calibrate`` folder and return the path of ``report.html``."""
     folder = CalibrationFolder(path)
-    meta = folder.read_meta()
-    if meta is None or meta.get("status") != "complete":
-        raise ArgumentError(f"{folder.path} holds no finished calibration (calibration.json).")
-    metrics = folder.read_metrics()
+    meta, metrics = check_calibration(folder.path)  # refuses what cannot be loaded
     method = str(meta.get("method"))
     test = metrics.get("test")
     who = f"post-hoc {method} on {meta['val']['path']} ({meta['val']['samples']} samples)"

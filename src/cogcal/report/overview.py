@@ -3,7 +3,9 @@
 The overview states the suite, the training budgets per protocol and method family
 (``bench.json`` ``budgets``), the run counts, the datasets, methods and seeds, and which
 files were not found. The failures section lists every run that failed, diverged or was
-interrupted, and every cell with fewer seeds than planned.
+interrupted, and every cell with fewer seeds than planned. :func:`unfinished_notice` is what
+a report of an unfinished bench (interrupted, or runs not started) says first: which
+datasets and methods have no results yet, and that the verdict covers only what finished.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from cogcal.report._common import method_order
 from cogcal.report.blocks import Link, Paragraph, Section, Table, Text, plain
 from cogcal.report.frame import SeedPlan, aggregate, protocol_order, rows
 from cogcal.report.tables import cell
+from cogcal.runs.bench import NOT_STARTED
 
 PROTOCOL_TEXT = {
     "paper": "baselines at lr 1e-4 without a schedule as in the paper, COG learning rates "
@@ -34,6 +37,8 @@ _BUDGET_LABELS = {
     "floor_epoch": "All rates < 1e-8 from epoch",
 }
 FAILED_STATUSES = ("failed", "interrupted", "diverged")
+#: ``runs.csv`` statuses of planned runs without a result yet: the bench is unfinished.
+UNFINISHED_STATUSES = ("interrupted", NOT_STARTED)
 
 
 def budget_table(meta: Mapping[str, Any] | None) -> Table | None:
@@ -110,7 +115,9 @@ def overview_section(
         status = runs["status"].value_counts()
         reused = int(((runs["status"] == "complete") & (runs["copied_from"] != "")).sum())
         parts = [f"{int(status.get('complete', 0))} complete ({reused} of them reused)"]
-        parts += [f"{int(status[s])} {s}" for s in FAILED_STATUSES if status.get(s, 0)]
+        parts += [
+            f"{int(status[s])} {s}" for s in (*FAILED_STATUSES, NOT_STARTED) if status.get(s, 0)
+        ]
         text = f"runs.csv: {len(runs)} planned run(s) — " + ", ".join(parts) + ". Failures: "
         items.append([text, Link("failures", "failures"), "."])
     seeds = ", ".join(map(str, sorted(int(s) for s in set(df["seed"])))) or "—"
@@ -134,6 +141,52 @@ def overview_section(
     if budgets is not None:
         sec.blocks.append(budgets)
     return sec
+
+
+def _without_results(runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """``protocol/dataset: methods`` with no finished run, and with some runs unfinished."""
+    done = runs[runs["status"].isin(("complete", "diverged"))]
+    finished = set(zip(done["protocol"], done["dataset"], done["method"], strict=True))
+    pending = runs[runs["status"].isin(UNFINISHED_STATUSES)]
+    none: dict[str, list[str]] = {}
+    some: dict[str, list[str]] = {}
+    for p, ds, m in dict.fromkeys(zip(pending["protocol"], pending["dataset"], pending["method"], strict=True)):  # fmt: skip
+        (some if (p, ds, m) in finished else none).setdefault(f"{ds} ({p})", []).append(str(m))
+    return [f"{k}: {', '.join(v)}" for k, v in none.items()], [
+        f"{k}: {', '.join(v)}" for k, v in some.items()
+    ]
+
+
+def unfinished_notice(
+    runs: pd.DataFrame | None, meta: Mapping[str, Any] | None
+) -> Paragraph | None:
+    """What a report of an unfinished bench says first (``None`` when it finished): that it
+    was stopped, which datasets and methods have no results yet (``runs.csv`` lists the
+    runs not started), and that the verdict covers only what finished."""
+    sessions = (meta or {}).get("sessions") or []
+    last = sessions[-1] if sessions and isinstance(sessions[-1], Mapping) else {}
+    stopped = last.get("interrupted")
+    pending = runs[runs["status"].isin(UNFINISHED_STATUSES)] if runs is not None else None
+    if not stopped and not last.get("not_started") and (pending is None or pending.empty):
+        return None
+    items: list[Text] = []
+    head = "This bench is unfinished" + (f": it was stopped by {stopped}" if stopped else "")
+    if pending is not None and not pending.empty:
+        counts = pending["status"].value_counts()
+        head += (
+            f"; {len(pending)} of its {len(runs)} planned runs have no result yet ("
+            + ", ".join(f"{int(counts[s])} {s}" for s in UNFINISHED_STATUSES if counts.get(s, 0))
+            + ")"
+        )
+    items.append(head + ".")
+    none, some = _without_results(runs) if runs is not None else ([], [])
+    items += [f"No results yet: {'; '.join(none)}."] if none else []
+    items += [f"Some seeds without results: {'; '.join(some)}."] if some else []
+    items.append(
+        "The verdict and every table below cover only the runs that finished; `cogcal bench` "
+        "on the same folder runs the rest."
+    )
+    return Paragraph(items=items)
 
 
 def failures_section(

@@ -1,6 +1,7 @@
 """The bench folder: ``bench.json`` with the mark of ``cogcal bench``, the lock of
 :func:`cogcal.runs.lock_folder`, the tables (:mod:`cogcal.runs.columns`) and one run folder
-per planned run under ``runs/``."""
+per planned run under ``runs/``. ``runs.csv`` lists every planned seed run: those a bench
+has not started yet (it was interrupted) with the status :data:`NOT_STARTED`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any
 
 from cogcal import _io
 
-__all__ = ["BENCH_FORMAT", "BENCH_MARK", "is_bench_folder", "write_bench_meta"]
+__all__ = ["BENCH_FORMAT", "BENCH_MARK", "NOT_STARTED", "is_bench_folder", "write_bench_meta"]
 
 #: The key of ``bench.json`` that marks a folder as written by ``cogcal bench``.
 BENCH_MARK = "cogcal_bench"
 BENCH_FORMAT = 1
+#: The ``runs.csv`` status of a planned run that has not started (an interrupted bench).
+NOT_STARTED = "not started"
 
 
 def is_bench_folder(path: str | os.PathLike[str]) -> bool:

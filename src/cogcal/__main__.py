@@ -1,0 +1,49 @@
+"""The ``cogcal`` command (``python -m cogcal`` too): SIGINT and SIGTERM are honoured from
+the first moment.
+
+Importing the command line takes a second or two (torch). The handlers are installed before
+anything heavy is imported (``import cogcal`` imports nothing heavy; :mod:`cogcal._errors`
+only :mod:`signal`), so a signal while Python is still importing ends the command as one
+during a command does: the one line ``cogcal: interrupted (SIGINT)`` (or ``SIGTERM``) and the
+exit status 128 + the signal's number (130, 143; docs/cli.md), never a traceback or a silent
+death. Once :mod:`cogcal.cli` is imported SIGINT raises ``KeyboardInterrupt`` again and
+:func:`cogcal.cli.main` handles both signals while a command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+from collections.abc import Sequence
+
+from cogcal._errors import Interrupted
+
+__all__ = ["main"]
+
+
+def _raise(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Install the handlers, import the command line and run it; returns the exit status."""
+    with_handlers = True
+    try:
+        previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread (an embedding program): leave signals alone
+        with_handlers = False
+    try:
+        # imported here, not at the top: the handlers above must be in place first
+        cli = importlib.import_module("cogcal.cli")
+        if with_handlers:  # Ctrl-C raises KeyboardInterrupt again (cli.main handles it)
+            signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        return int(cli.main(argv))
+    except (KeyboardInterrupt, Interrupted) as err:  # before or after cli.main's own handling
+        signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
+        print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + signum
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
