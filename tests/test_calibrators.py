@@ -234,4 +234,4 @@ def test_make_calibrator_builds_each_kind_and_refuses_unknown_ones():
     assert isinstance(make_calibrator("ts", "multilabel", 4), TaskTemperature)
     assert isinstance(make_calibrator("ms", "multilabel", 4), TaskAffine)
     with pytest.raises(ValueError, match="'ts', 'vs', 'ms'"):
-        make_calibrator("platt")
+        make_calibrator("gamma")

@@ -291,7 +291,7 @@ def test_make_calibrator_kinds_and_multilabel_refusal():
         with pytest.raises(ValueError, match="multiclass only.*'ts', 'vs', 'ms'"):
             make_calibrator(kind, "multilabel", 3)
     with pytest.raises(ValueError, match="'dirichlet', 'isotonic', 'histogram'"):
-        make_calibrator("platt")
+        make_calibrator("gamma")
 
 
 def test_histogram_binning_nll_at_least_netcals():

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal._checks import check_classes_present, check_multiclass, warn_if_probabilities
-from cogcal.calibrators import KINDS, make_calibrator
+from cogcal.calibrators import KINDS, auto_candidates, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
 
 __all__ = ["AUTO", "POSTHOC_METHODS", "Calibration", "calibrate", "cross_validated_nll"]
@@ -197,7 +197,7 @@ def calibrate(
     method: str = AUTO,
     *,
     cv: int = 5,
-    candidates: Sequence[str] = POSTHOC_METHODS,
+    candidates: Sequence[str] | None = None,
 ) -> Calibration:
     r"""Fit a post-hoc calibrator to held-out ``logits`` of a trained model.
 
@@ -215,7 +215,9 @@ def calibrate(
         Folds of ``method="auto"`` (at least 2; stratified by class, seed 0). Each fold
         must hold at least 10 samples.
     candidates : sequence of str
-        The calibrators ``"auto"`` chooses among (default: all of :data:`POSTHOC_METHODS`).
+        The calibrators ``"auto"`` chooses among (default:
+        :func:`~cogcal.calibrators.auto_candidates` of K: every kind, the two-class ones and
+        BBQ for K = 2 only).
 
     Returns
     -------
@@ -240,8 +242,10 @@ def calibrate(
     >>> cal.method in ("ts", "ms"), sorted(cal.cv_nll), cal.folds
     (True, ['ms', 'ts'], 5)
     """
-    method = _checked_method(method, candidates, cv)
     z, y = check_multiclass(np.asarray(logits) if isinstance(logits, list) else logits, labels)
+    if candidates is None:
+        candidates = auto_candidates(int(z.shape[1]))
+    method = _checked_method(method, candidates, cv)
     warn_if_probabilities(
         z, "logits", "calibrate needs logits (the model's outputs before softmax), not "
         "probabilities: pass np.log(p), which are valid logits.", rows=True, stacklevel=3,

@@ -60,7 +60,7 @@ scaling, per-task affine maps), :mod:`~cogcal.calibrators.dirichlet`,
 :mod:`~cogcal.calibrators.bbq`, :mod:`~cogcal.calibrators.structured` (Laplace-smoothed
 temperature scaling, SVS, SMS), :mod:`~cogcal.calibrators.binary` (Platt, Beta),
 :mod:`~cogcal.calibrators.heads` (the TST heads) and the registry of kinds behind
-:func:`make_calibrator` (:data:`KINDS`, :data:`PENDING_KINDS`, :func:`auto_candidates`).
+:func:`make_calibrator` (:data:`KINDS`, :func:`auto_candidates`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,6 @@ from cogcal.calibrators._base import (
     SeparableDataWarning,
 )
 from cogcal.calibrators._factory import KINDS as KINDS
-from cogcal.calibrators._factory import PENDING_KINDS as PENDING_KINDS
 from cogcal.calibrators._factory import auto_candidates, make_calibrator
 from cogcal.calibrators._folds import CV_SEED
 from cogcal.calibrators.affine import MatrixScaling, TaskAffine, VectorScaling

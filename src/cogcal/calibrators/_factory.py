@@ -70,16 +70,12 @@ KINDS.register("ts-laplace", CalibratorKind(lambda k: LaplaceTemperature()))
 KINDS.register("svs", CalibratorKind(StructuredVectorScaling))
 KINDS.register("sms", CalibratorKind(StructuredMatrixScaling))
 
-#: Kinds built and flagged but not yet registered in :data:`KINDS`: BBQ (one-vs-rest binning
-#: with dozens of models per class: slow, and accuracy-changing, for many classes) and the
-#: two-class calibrators, all tried by ``"auto"`` for two classes only. They join
-#: :data:`KINDS` (``for name, kind in PENDING_KINDS: KINDS.register(name, kind)``) once
-#: :func:`cogcal.posthoc.calibrate` takes its ``"auto"`` candidates from
-#: :func:`auto_candidates` rather than from every kind.
-PENDING_KINDS: tuple[tuple[str, CalibratorKind], ...] = (
-    ("bbq", CalibratorKind(BBQ, auto_max_classes=2)),
-    ("platt", CalibratorKind(_two_class(Platt), two_class=True, auto_max_classes=2)),
-    ("beta", CalibratorKind(_two_class(BetaCalibration), two_class=True, auto_max_classes=2)),
+# BBQ (one-vs-rest binning with dozens of models per class: slow, and accuracy-changing,
+# for many classes) and the two-class calibrators: ``"auto"`` tries them for two classes only.
+KINDS.register("bbq", CalibratorKind(BBQ, auto_max_classes=2))
+KINDS.register("platt", CalibratorKind(_two_class(Platt), two_class=True, auto_max_classes=2))
+KINDS.register(
+    "beta", CalibratorKind(_two_class(BetaCalibration), two_class=True, auto_max_classes=2)
 )
 
 
@@ -109,8 +105,7 @@ def make_calibrator(
     non-parametric ``"isotonic"`` (:class:`Isotonic`) and ``"histogram"``
     (:class:`HistogramBinning`, 15 bins), ``"ts-laplace"`` (:class:`LaplaceTemperature`),
     ``"svs"`` (:class:`StructuredVectorScaling`), ``"sms"``
-    (:class:`StructuredMatrixScaling`); once registered (:data:`PENDING_KINDS`),
-    ``"bbq"`` (:class:`BBQ`) and, for two classes only, ``"platt"`` (:class:`Platt`) and
+    (:class:`StructuredMatrixScaling`), ``"bbq"`` (:class:`BBQ`) and, for two classes only, ``"platt"`` (:class:`Platt`) and
     ``"beta"`` (:class:`BetaCalibration`), which refuse ``num_outputs`` other than 2. For ``task="multilabel"``, ``"ts"`` is one
     temperature per task and ``"vs"``/``"ms"`` one affine map per task; the other kinds are
     multiclass only.

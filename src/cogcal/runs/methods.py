@@ -248,6 +248,9 @@ for _m in (
     ),
     Method("svs", "cross-entropy + post-hoc structured vector scaling (SVS)", "ce", posthoc="svs"),
     Method("sms", "cross-entropy + post-hoc structured matrix scaling (SMS)", "ce", posthoc="sms"),
+    Method(
+        "bbq", "cross-entropy + post-hoc Bayesian binning into quantiles (BBQ)", "ce", posthoc="bbq"
+    ),
     Method("tst", "two-stage training (new TST head on the frozen body)", "ce", stage2="tst"),
     Method("vtst", "variational two-stage training (V-TST, 10 samples)", "ce", stage2="vtst"),
     Method("cog-fc", "COG: final linear layer as calibrator", "ce", cog="fc"),
