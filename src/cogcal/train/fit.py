@@ -22,6 +22,7 @@ from cogcal._errors import ArgumentError
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data import SPLIT_SEED, stratified_split
 from cogcal.health import CalibrationWarning, HealthReport
+from cogcal.train.choice import COG_SIDE, METHOD_GIVEN
 from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget, field_default
 from cogcal.train.runner import execute
 from cogcal.train.sources import EVAL_BATCH, LoaderSource
@@ -143,7 +144,7 @@ def fit(
     train_data: Any,
     val_data: Any = None,
     *,
-    method: str = field_default("method"),
+    method: str | None = None,
     epochs: int | None = field_default("epochs"),
     lr: float | None = field_default("lr"),
     calibrator_lr: float | None = field_default("calibrator_lr"),
@@ -174,8 +175,12 @@ def fit(
         ``val_fraction`` of the training data (fixed seed) for validation, stated in
         :attr:`FitResult.validation`. Validation data is used for checkpoint choice and, for
         post-hoc methods, to fit the calibrator — never for the gradient steps of COG.
-    method : str
-        A method of the registry (``cogcal.train.list_methods()``), default ``"cog-fc"``.
+    method : str, optional
+        A method of the registry (``cogcal.train.list_methods()``). Unset, with ``lr`` unset
+        too (the default path): ``"cog-fc"`` weighed against cross-entropy + post-hoc
+        calibration on the validation data, the one with the lower validation NLL kept
+        (:mod:`cogcal.train.choice`; recorded in :attr:`FitResult.selection`
+        ``["choice"]``); unset with ``lr``: ``"cog-fc"``.
     epochs, lr, calibrator_lr, batch_size, seed
         As in ``cogcal train``. Left unset (``preset="auto"``, the default), the batch size
         and the epochs come from the training-set size (at least 1,500 optimizer steps,
@@ -222,11 +227,13 @@ def fit(
         preset=options.get("preset", field_default("preset")),
     )  # fmt: skip
     validation = source.info["validation"]
+    if method is not None:  # given: trained alone, never weighed against another
+        options["extra"] = {**options.get("extra", {}), METHOD_GIVEN: True}
     with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
         config = TrainConfig.from_dict(
             {
                 "dataset": "python:data", "model": f"python:{type(model).__name__}",
-                "method": method, "epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr,
+                "method": method or COG_SIDE, "epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr,
                 "batch_size": batch_size, "seed": seed, "progress": progress,
                 "out": str(out) if out is not None else str(Path(tmp) / "run"), **options,
             }
