@@ -227,22 +227,31 @@ def fit(
         preset=options.get("preset", field_default("preset")),
     )  # fmt: skip
     validation = source.info["validation"]
-    if method is not None:  # given: trained alone, never weighed against another
-        options["extra"] = {**options.get("extra", {}), METHOD_GIVEN: True}
     with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
-        config = TrainConfig.from_dict(
-            {
-                "dataset": "python:data", "model": f"python:{type(model).__name__}",
-                "method": method or COG_SIDE, "epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr,
-                "batch_size": batch_size, "seed": seed, "progress": progress,
-                "out": str(out) if out is not None else str(Path(tmp) / "run"), **options,
-            }
-        )  # fmt: skip
+        fields = {"epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr, "seed": seed}
+        fields.update(batch_size=batch_size, progress=progress, **options)
+        config = _config(model, method, out if out is not None else Path(tmp) / "run", fields)
         record, trained = execute(
             config, resume=resume, overwrite=overwrite, data=source, model=model
         )
         history = _history(Path(config.out))
     return _result(record, trained, history, config, out=out, validation=validation)
+
+
+def _config(
+    model: nn.Module, method: str | None, out: str | Path, fields: dict[str, Any]
+) -> TrainConfig:
+    """The configuration :func:`fit` runs: ``method`` unset is the default path (COG-FC,
+    weighed against cross-entropy + post hoc without ``lr``); a method given is trained
+    alone (:data:`~cogcal.train.choice.METHOD_GIVEN`)."""
+    if method is not None:
+        fields["extra"] = {**fields.get("extra", {}), METHOD_GIVEN: True}
+    return TrainConfig.from_dict(
+        {
+            "dataset": "python:data", "model": f"python:{type(model).__name__}",
+            "method": method or COG_SIDE, "out": str(out), **fields,
+        }
+    )  # fmt: skip
 
 
 def _result(

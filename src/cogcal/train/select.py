@@ -6,13 +6,16 @@ COG methods choose λ_f and the ratio λ_c/λ_f one axis at a time on small log 
 grow while the choice is at an edge (:func:`default_search`, a
 :class:`~cogcal.train.search.Search`: the driver ``cogcal tune`` and the bench run too):
 
-1. λ_f on :data:`COG_LRS` at the ratio :data:`BASE_RATIO` (one extension at most);
-2. the ratio on :data:`COG_RATIOS` at the chosen λ_f (the point of step 1 is reused; one
-   extension at most, never to 1).
+1. λ_f on :data:`COG_LRS` at the ratio :data:`BASE_RATIO`;
+2. the ratio on :data:`COG_RATIOS` at the chosen λ_f (the point of step 1 is reused; never
+   to 1).
 
-Other methods choose λ on :data:`BASELINE_LRS` (one extension at most). So at most
-:data:`MAX_RUNS` points are tried (3 for one-rate methods), each one exactly the run
-``lr=`` would train.
+Other methods choose λ on :data:`BASELINE_LRS`. Each step's grid is extended in the
+direction of its edge while the choice sits there, at most :data:`MAX_EXTENSIONS` times
+(the budget), so at most :data:`MAX_RUNS` points are tried (:data:`BASELINE_MAX_RUNS` for
+one-rate methods), each one exactly the run ``lr=`` would train. Without a method, the
+default path runs this search for COG-FC and for cross-entropy and keeps one of the two
+(:mod:`cogcal.train.choice`).
 
 How far each point is trained is ``TrainConfig.selection``:
 
@@ -93,7 +96,9 @@ __all__ = [
     "COG_LRS",
     "COG_RATIOS",
     "HALVING_RUNGS",
+    "MAX_EXTENSIONS",
     "MAX_RUNS",
+    "BASELINE_MAX_RUNS",
     "TrainRun",
     "adopt_run",
     "default_search",
