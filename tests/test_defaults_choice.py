@@ -28,6 +28,7 @@ from cogcal.train.choice import (
     COG_SIDE,
     METHOD_GIVEN,
     choose,
+    paired_gain,
     sides_folder,
     weighs,
 )
@@ -51,24 +52,42 @@ def _cal(cv: dict[str, float], in_sample: float = 0.01) -> Calibration:
 # --------------------------------------------------------------------------- the rule
 
 
-def test_the_lower_validation_nll_wins_and_ties_go_to_cog():
+def test_post_hoc_replaces_cog_only_when_clearly_lower():
     cog, ce = _records(0.30)
-    low = choose(cog, ce, _cal({"ts": 0.25, "vs": 0.27}), {"nll": 0.2, "ece_15": 0.01})
+    low = choose(
+        cog, ce, _cal({"ts": 0.25, "vs": 0.27}), {"nll": 0.2, "ece_15": 0.01}, (0.05, 0.01)
+    )
     assert (low["chosen"], low["side"]) == ("ts", "posthoc")
     assert low["posthoc"]["val_nll_cv"] == 0.25 and low["cog"]["val_nll"] == 0.30
     assert low["posthoc"]["lr"] == 1e-3 and low["cog"]["calibrator_lr"] == 1e-3
-    high = choose(cog, ce, _cal({"ts": 0.35}), {})
-    assert (high["chosen"], high["side"]) == (COG_SIDE, "cog")
-    tie = choose(cog, ce, _cal({"ts": 0.30}), {})
-    assert tie["side"] == "cog"
+    assert (low["gain"], low["gain_se"]) == (0.05, 0.01)
+    # lower, but within two standard errors of the paired difference: COG-FC kept
+    noisy = choose(cog, ce, _cal({"ts": 0.25}), {}, (0.05, 0.03))
+    assert (noisy["chosen"], noisy["side"]) == (COG_SIDE, "cog")
+    assert "not more than 2 standard errors" in noisy["reason"]
+    higher = choose(cog, ce, _cal({"ts": 0.35}), {}, (-0.05, 0.001))
+    assert higher["side"] == "cog"
+    assert choose(cog, ce, _cal({"ts": 0.30}), {}, (0.0, 0.0))["side"] == "cog"  # a tie
     assert "test split is not used" in low["rule"] and "cross-validated" in low["reason"]
+
+
+def test_the_paired_gain_is_the_cross_validated_nll_difference():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(300) % 3
+    z = 4.0 * nn.functional.one_hot(y, 3).double() + torch.randn(
+        300, 3, generator=g, dtype=torch.float64
+    )
+    cal = cogcal.calibrate(z, y, "auto")
+    mean, se = paired_gain(z, z, y, cal.method, 5)  # COG-FC's logits: the same, uncalibrated
+    nll = float(nn.functional.cross_entropy(z, y))
+    assert mean == pytest.approx(nll - cal.cv_nll[cal.method], rel=1e-9) and se > 0
 
 
 def test_the_post_hoc_side_is_judged_by_its_cross_validated_nll_not_in_sample():
     """A calibrator fitted on validation looks better on validation than it is: its
     in-sample NLL (0.01 here) must not decide."""
     cog, ce = _records(0.30)
-    made = choose(cog, ce, _cal({"dirichlet": 0.31}, in_sample=0.01), {"nll": 0.01})
+    made = choose(cog, ce, _cal({"dirichlet": 0.31}, in_sample=0.01), {"nll": 0.01}, (-0.01, 0.001))
     assert made["side"] == "cog" and made["posthoc"]["val_nll_in_sample"] == 0.01
 
 
@@ -84,13 +103,18 @@ def test_only_the_default_method_at_the_default_path_is_weighed():
 
 def test_the_report_line_names_the_choice_and_both_figures():
     cog, ce = _records(0.30)
-    made = choose(cog, ce, _cal({"ts": 0.25}), {"nll": 0.2, "ece_15": 0.012})
+    made = choose(cog, ce, _cal({"ts": 0.25}), {"nll": 0.2, "ece_15": 0.012}, (0.05, 0.01))
     line = choice_line({"choice": made})
     assert line == (
         "default path: chose cross-entropy + ts by validation NLL (COG-FC 0.3000, ECE-15 "
         "0.0500; cross-entropy + ts 0.2500 cross-validated, ECE-15 0.0120 in-sample)"
     )
     assert choice_line({"table": []}) is None and choice_line(None) is None
+    kept = choice_module._kept(cog, "12 validation samples: too few to cross-validate")
+    assert choice_line({"choice": kept}) == (
+        "default path: COG-FC, validation NLL 0.3000 (12 validation samples: too few to "
+        "cross-validate; COG-FC kept)"
+    )
     record = RunRecord(config={}, val={}, test={}, selection={"table": [], "choice": made})
     section = health_section(record)
     assert section is not None
@@ -126,8 +150,8 @@ def _fit(out: Path, **kwargs):
 def _force(monkeypatch, side: str) -> None:
     real = choice_module.choose
 
-    def forced(cog, ce, cal, calibrated):
-        made = real(cog, ce, cal, calibrated)
+    def forced(cog, ce, cal, calibrated, gain):
+        made = real(cog, ce, cal, calibrated, gain)
         made["side"], made["chosen"] = side, (cal.method if side == "posthoc" else COG_SIDE)
         return made
 

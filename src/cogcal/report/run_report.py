@@ -145,7 +145,9 @@ def choice_line(selection: Mapping[str, Any] | None) -> str | None:
     choice = (selection or {}).get("choice")
     if not choice:
         return None
-    cog, post = choice["cog"], choice["posthoc"]
+    cog, post = choice["cog"], choice.get("posthoc")
+    if not post:  # not weighed (too few validation samples)
+        return f"default path: COG-FC, validation NLL {num(cog['val_nll'])} ({choice['reason']})"
     name = f"cross-entropy + {post['method']}"
     won = "COG-FC" if choice["side"] == "cog" else name
     cog_ece, post_ece = cog.get("val_ece_15"), post.get("val_ece_15_in_sample")

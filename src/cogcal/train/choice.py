@@ -10,11 +10,15 @@ rate chosen by the default search (:mod:`cogcal.train.select`):
   calibrator is chosen among :data:`cogcal.posthoc.POSTHOC_METHODS` by cross-validated
   NLL on the validation logits (:func:`cogcal.posthoc.calibrate` with ``method="auto"``).
 
-It keeps the side with the lower validation NLL. A post-hoc calibrator fitted on the
+COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
+validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
 validation split and judged by its NLL on the same split is judged optimistically, so the
 cross-entropy side is judged by the **cross-validated** NLL of the chosen calibrator (each
-fold's calibrator fitted on the other folds); COG-FC by its validation NLL (no parameter
-of it is fitted on validation). Ties go to COG-FC. The test split plays no part.
+sample scored by the calibrator fitted on the other folds); COG-FC by its validation NLL
+(no parameter of it is fitted on validation). "Clearly": the mean per-sample difference
+exceeds :data:`Z_SWITCH` standard errors (:func:`paired_gain`), so that a few hundred
+nearly perfectly classified validation samples do not swap the model on noise. The test
+split plays no part.
 
 The sides live in ``<out>.sides/``: ``cog-fc/`` and ``ce/`` (each a finished run with its
 points in ``cog-fc.select/`` and ``ce.select/``) and, when cross-entropy + post-hoc is
@@ -33,19 +37,24 @@ import contextlib
 import copy
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cogcal import _io
+from cogcal.calibrators import make_calibrator
+from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
 from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
 from cogcal.posthoc import AUTO, Calibration, calibrate
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import TrainConfig
-from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness, predict_logits
+from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
 from cogcal.train.select import (
     TrainRun,
     adopt_run,
@@ -61,6 +70,7 @@ __all__ = [
     "METHOD_GIVEN",
     "POSTHOC_SIDE",
     "choose",
+    "paired_gain",
     "sides_folder",
     "weigh_and_train",
     "weighs",
@@ -71,11 +81,16 @@ __all__ = [
 METHOD_GIVEN = "method_given"
 COG_SIDE = "cog-fc"  # the default method
 POSTHOC_SIDE = "ce"  # the network of the other side, calibrated post hoc
-CV_FOLDS = 5
+CV_FOLDS = 5  # at most; fewer when the validation split holds under 10 samples a fold
+MIN_PER_FOLD = 10  # as cogcal.posthoc.calibrate requires
+Z_SWITCH = 2.0  # standard errors of the paired NLL difference needed to leave COG-FC
 CHOICE_RULE = (
-    "the lower validation NLL: COG-FC's, against cross-entropy + post-hoc calibration's "
-    f"cross-validated on the validation split ({CV_FOLDS} folds; the calibrator chosen "
-    "among the post-hoc methods by that NLL); ties to COG-FC; the test split is not used"
+    "cross-entropy + post-hoc calibration replaces COG-FC when its validation NLL, "
+    "cross-validated on the validation split (the calibrator chosen among the post-hoc "
+    f"methods by that NLL; {CV_FOLDS} folds, fewer below {CV_FOLDS * MIN_PER_FOLD} samples, "
+    f"none below {2 * MIN_PER_FOLD}: COG-FC kept), is lower than COG-FC's by more than "
+    f"{Z_SWITCH:g} standard errors of the paired per-sample difference; else COG-FC is kept; "
+    "the test split is not used"
 )
 
 
@@ -134,24 +149,46 @@ def _side(
     )
 
 
-def _val_logits(
-    model: nn.Module, source: DataSource, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    batches = source.split("val")
-    assert batches is not None
-    return predict_logits(model, batches, device=device, seed=seed)
+def paired_gain(
+    cog_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, method: str, folds: int
+) -> tuple[float, float]:
+    """How much lower the post-hoc side's held-out NLL is than COG-FC's, sample by sample
+    on the validation split: the mean and the standard error of ``nll_cog - nll_cv`` where
+    ``nll_cv`` of a sample is that of the calibrator ``method`` fitted on the other folds
+    (the folds of :func:`cogcal.posthoc.calibrate`, so the mean of ``nll_cv`` is its
+    ``cv_nll``)."""
+    z, y = logits.double(), labels
+    held_out = torch.empty(len(y), dtype=torch.float64)
+    fold = _stratified_folds(y, folds, 0)
+    for f in range(folds):
+        held = fold == f
+        cal = make_calibrator(method)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the final fit's warnings were shown already
+            cal.fit(z[~held], y[~held])
+        with torch.no_grad():
+            held_out[held] = F.cross_entropy(cal(z[held]).double(), y[held], reduction="none")
+    cog = F.cross_entropy(cog_logits.double(), y, reduction="none")
+    diff = cog - held_out
+    se = float(diff.std()) / math.sqrt(len(diff)) if len(diff) > 1 else math.inf
+    return float(diff.mean()), se
 
 
 def choose(
-    cog: dict[str, Any], ce: dict[str, Any], cal: Calibration, calibrated: dict[str, float]
-) -> dict[str, Any]:
+    cog: dict[str, Any], ce: dict[str, Any], cal: Calibration, calibrated: dict[str, float],
+    gain: tuple[float, float],
+) -> dict[str, Any]:  # fmt: skip
     """The choice between the COG side's record ``cog`` and the cross-entropy side's
-    record ``ce`` calibrated by ``cal`` (:data:`CHOICE_RULE`); ``calibrated``: the
-    validation metrics after the calibrator (in-sample, shown, not compared)."""
+    record ``ce`` calibrated by ``cal`` (:data:`CHOICE_RULE`); ``gain``: the mean and
+    standard error of the paired validation NLL difference (:func:`paired_gain`);
+    ``calibrated``: the validation metrics after the calibrator (in-sample, shown, not
+    compared)."""
     cog_nll = float(cog["val"]["nll"])
     cv_nll = float(cal.cv_nll.get(cal.method, math.inf))
-    chosen = cal.method if cv_nll < cog_nll else COG_SIDE
+    mean, se = gain
+    clear = math.isfinite(cv_nll) and mean > 0 and mean > Z_SWITCH * se
+    chosen = cal.method if clear else COG_SIDE
+    verdict = "more" if clear else "not more"
     ccfg, ecfg = cog["config"], ce["config"]
     return {
         "rule": CHOICE_RULE,
@@ -159,8 +196,11 @@ def choose(
         "side": "posthoc" if chosen != COG_SIDE else "cog",
         "reason": (
             f"validation NLL {cog_nll:.4f} (COG-FC) vs {cv_nll:.4f} (cross-entropy + "
-            f"{cal.method}, cross-validated)"
+            f"{cal.method}, cross-validated): lower by {mean:.4f}, {verdict} than "
+            f"{Z_SWITCH:g} standard errors ({se:.4f})"
         ),
+        "gain": mean,
+        "gain_se": se,
         "cog": {
             "method": COG_SIDE, "lr": ccfg.get("lr"), "calibrator_lr": ccfg.get("calibrator_lr"),
             "val_nll": cog_nll, "val_ece_15": cog["val"].get("ece_15"),
@@ -213,6 +253,47 @@ def _posthoc_run(
     return train(kcfg, resume=True, data=source, model=net)
 
 
+def _kept(cog: dict[str, Any], why: str) -> dict[str, Any]:
+    """The choice of COG-FC without weighing (``why``: the reason)."""
+    return {
+        "rule": CHOICE_RULE, "chosen": COG_SIDE, "side": "cog", "reason": f"{why}; COG-FC kept",
+        "cog": {"method": COG_SIDE, "lr": cog["config"].get("lr"),
+                "calibrator_lr": cog["config"].get("calibrator_lr"),
+                "val_nll": float(cog["val"]["nll"]), "val_ece_15": cog["val"].get("ece_15"),
+                "val_acc": cog["val"].get("acc")},
+        "posthoc": None,
+    }  # fmt: skip
+
+
+def _weigh(
+    config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
+    model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool,
+) -> tuple[dict[str, Any], tuple[Path, CalibratedModel | None, Any] | None]:  # fmt: skip
+    """Train the cross-entropy side, calibrate its validation logits post hoc and choose;
+    returns the choice and, when cross-entropy + post hoc wins, its run folder, model and
+    selection record."""
+    ce_cfg = _side_config(config, POSTHOC_SIDE, sides)
+    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
+    z, y = (torch.from_numpy(a) for a in RunDir(ce_cfg.out).read_logits("val"))
+    try:
+        cal = calibrate(z, y, AUTO, cv=folds)
+    except ValueError as err:  # e.g. one class only in the validation split
+        return _kept(cog, f"no post-hoc calibrator could be cross-validated ({err})"), None
+    with torch.no_grad():
+        calibrated = evaluate(cal.calibrator(z.double()).float(), y)
+    cog_z, cog_y = RunDir(cog["config"]["out"]).read_logits("val")
+    if not np.array_equal(cog_y, y.numpy()):
+        raise RunFolderError(f"{sides}: the two sides were validated on different samples.")
+    gain = paired_gain(torch.from_numpy(cog_z), z, y, cal.method, folds)
+    choice = choose(cog, ce, cal, calibrated, gain)
+    if choice["side"] == "cog":
+        return choice, None
+    _, trained = _posthoc_run(
+        Path(ce_cfg.out), cal.method, ce_cfg, source, model, train=train, overwrite=overwrite
+    )
+    return choice, (sides / cal.method, trained, ce["selection"])
+
+
 def weigh_and_train(
     config: TrainConfig,
     source: DataSource,
@@ -235,25 +316,22 @@ def weigh_and_train(
             _side_config(config, COG_SIDE, sides), source, copy.deepcopy(model), train=train,
             overwrite=overwrite,
         )  # fmt: skip
-        ce_cfg = _side_config(config, POSTHOC_SIDE, sides)
-        ce, ce_model = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
-        assert ce_model is not None and cog_model is not None
-        z, y = _val_logits(ce_model, source, config.seed)
-        cal = calibrate(z, y, AUTO, cv=CV_FOLDS)
-        with torch.no_grad():
-            calibrated = evaluate(cal.calibrator(z.double()).float(), y)
-        choice = choose(cog, ce, cal, calibrated)
-        choice["folder"] = str(sides)
-        won = "COG-FC" if choice["side"] == "cog" else f"cross-entropy + {cal.method}"
-        _say(config, f"default path: chose {won}: {choice['reason']}")
-        if choice["side"] == "cog":
-            path, trained, selection = Path(cog["config"]["out"]), cog_model, cog["selection"]
+        assert cog_model is not None
+        path, trained, selection = Path(cog["config"]["out"]), cog_model, cog["selection"]
+        n = len(RunDir(path).read_logits("val")[1])
+        folds = min(CV_FOLDS, n // MIN_PER_FOLD)
+        if folds < 2:  # too few validation samples to judge a post-hoc calibrator honestly
+            choice = _kept(
+                cog, f"{n} validation samples: too few to cross-validate a post-hoc calibrator"
+            )
         else:
-            _, trained = _posthoc_run(
-                Path(ce_cfg.out), cal.method, ce_cfg, source, model, train=train,
-                overwrite=overwrite,
-            )  # fmt: skip
-            path, selection = sides / cal.method, ce["selection"]
+            choice, found = _weigh(config, sides, cog, source, model, train=train, folds=folds,
+                                   overwrite=overwrite)  # fmt: skip
+            if found is not None:
+                path, trained, selection = found
+        choice["folder"] = str(sides)
+        won = "COG-FC" if choice["side"] == "cog" else f"cross-entropy + {choice['chosen']}"
+        _say(config, f"default path: chose {won}: {choice['reason']}")
         record = adopt_run(path, out, config, {**(selection or {}), "choice": choice})
         if model is not None and trained is not None:
             model.load_state_dict(trained.network.state_dict())
