@@ -51,7 +51,7 @@ from cogcal.calibrators import make_calibrator
 from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
 from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, Calibration, calibrate
+from cogcal.posthoc import AUTO, POSTHOC_METHODS, Calibration, calibrate
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
@@ -83,6 +83,7 @@ COG_SIDE = "cog-fc"  # the default method
 POSTHOC_SIDE = "ce"  # the network of the other side, calibrated post hoc
 CV_FOLDS = 5  # at most; fewer when the validation split holds under 10 samples a fold
 MIN_PER_FOLD = 10  # as cogcal.posthoc.calibrate requires
+NONPARAMETRIC = ("isotonic", "histogram")  # need more samples per fold than the others
 Z_SWITCH = 2.0  # standard errors of the paired NLL difference needed to leave COG-FC
 CHOICE_RULE = (
     "cross-entropy + post-hoc calibration replaces COG-FC when its validation NLL, "
@@ -265,6 +266,17 @@ def _kept(cog: dict[str, Any], why: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
+    """``calibrate(method="auto")`` with ``folds`` folds; when a candidate cannot be fitted
+    on folds this small (the non-parametric ones need more samples), among the parametric
+    ones only."""
+    try:
+        return calibrate(z, y, AUTO, cv=folds)
+    except ValueError:
+        parametric = tuple(c for c in POSTHOC_METHODS if c not in NONPARAMETRIC)
+        return calibrate(z, y, AUTO, cv=folds, candidates=parametric)
+
+
 def _weigh(
     config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
     model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool,
@@ -276,7 +288,7 @@ def _weigh(
     ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
     z, y = (torch.from_numpy(a) for a in RunDir(ce_cfg.out).read_logits("val"))
     try:
-        cal = calibrate(z, y, AUTO, cv=folds)
+        cal = _calibrate(z, y, folds)
     except ValueError as err:  # e.g. one class only in the validation split
         return _kept(cog, f"no post-hoc calibrator could be cross-validated ({err})"), None
     with torch.no_grad():
