@@ -4,6 +4,9 @@ defaults"; "a cheaper default path").
 
     python bench/defaults.py [--datasets digits,mnist1d,wine,breast_cancer] [--seeds 1]
                              [--columns one,new,full,old,tuned,ce,ce-ts] [--out results/defaults]
+    git archive <commit of main> src | tar -x -C /tmp/before   # the default path before
+    python bench/defaults.py --columns one,before,after --before-src /tmp/before/src
+    python bench/defaults.py --datasets mnist1d-60k --columns one,after,plain-ts
 
 Columns (every run on the test split; nothing is chosen on it):
 
@@ -20,7 +23,19 @@ Columns (every run on the test split; nothing is chosen on it):
   (``cogcal tune``: λ_f 3.33e-4, 1e-3, 3e-3 x λ_c/λ_f 0.1, 0.3, 0.9, grown once at an
   edge);
 * ``ce`` and ``ce-ts``: cross-entropy at λ 1e-3 with the same automatic budget, then
-  temperature scaling fitted on validation (``--method ts``).
+  temperature scaling fitted on validation (``--method ts``);
+* ``before`` and ``after``: ``cogcal train`` with no flag at all (no ``--method``), with
+  the code of ``--before-src`` (a ``src`` folder of an earlier commit, e.g. today's main:
+  COG-FC alone, grids grown once) and with this tree's (COG-FC weighed against
+  cross-entropy + post-hoc calibration, grids grown at most twice; docs/method.md §1);
+* ``plain-ts``: a plain loop, cross-entropy at Adam 1e-3 with constant rates for 20
+  epochs, then temperature scaling fitted on the validation split (``--method ts --lr
+  1e-3 --schedule none --epochs 20``): the reference of issue 41.
+
+``mnist1d-60k`` is the largest stand-in available offline for a 60,000-row image table:
+100,000 mnist1d samples (generator seed 42) written as a CSV (40 columns and ``label``),
+split by the ``csv:`` rule into 64,000 training, 16,000 validation and 20,000 test rows;
+trained as ``csv:`` with the tables' ``mlp`` backbone.
 
 It prints, per dataset, the test NLL and ECE-15 (mean over seeds), the health-check
 warnings of the ``new`` runs, the runs, wall and CPU seconds each column cost, the
@@ -61,8 +76,10 @@ DATASETS = {
     "mnist1d": {"dataset": "mnist1d", "model": "mlp"},
     "wine": {"csv": "load_wine"},
     "breast_cancer": {"csv": "load_breast_cancer"},
+    "mnist1d-60k": {"generate": 100_000},
 }
-COLUMNS = ("one", "new", "full", "old", "tuned", "ce", "ce-ts")
+COLUMNS = ("one", "new", "full", "old", "tuned", "ce", "ce-ts", "before", "after", "plain-ts")
+NO_METHOD = ("before", "after")  # `cogcal train` without --method
 NLL_BOUND = {"digits": 1.6}  # the issue's bound for digits; 1.3 elsewhere
 
 
@@ -79,8 +96,26 @@ def _csv(name: str, loader: str, folder: Path) -> dict[str, str]:
     return {"dataset": f"csv:{path}", "target": "label"}
 
 
+def _generated(name: str, samples: int, folder: Path) -> dict[str, str]:
+    """Write ``samples`` mnist1d samples as CSV (40 columns and ``label``)."""
+    import pandas as pd  # optional heavy dependency: only this stand-in needs it
+
+    from cogcal.data import make_mnist1d
+
+    path = folder / f"{name}.csv"
+    if not path.is_file():
+        made = make_mnist1d(num_samples=samples)
+        frame = pd.DataFrame(made["x"], columns=[f"x{i}" for i in range(made["x"].shape[1])])
+        frame["label"] = made["y"]
+        folder.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(path, index=False, float_format="%.6g")
+    return {"dataset": f"csv:{path}", "target": "label"}
+
+
 def _fields(name: str, out: Path) -> dict[str, Any]:
     spec = DATASETS[name]
+    if "generate" in spec:
+        return _generated(name, spec["generate"], out / "data")
     if "csv" in spec:
         return _csv(name, spec["csv"], out / "data")
     return dict(spec)
@@ -93,7 +128,7 @@ def _record(folder: Path) -> dict[str, Any]:
 
 
 def _train(
-    fields: dict[str, Any], out: Path, data_root: str
+    fields: dict[str, Any], out: Path, data_root: str, src: str | None = None
 ) -> tuple[dict[str, Any], float, float]:
     """One ``cogcal train`` in a fresh process, as a user runs it (reused when finished):
     its record, CPU and wall seconds (start-up and data loading included, once per
@@ -105,6 +140,8 @@ def _train(
         argv += [f"--{key.replace('_', '-')}", str(value)]
     argv += ["--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if src is not None:  # another tree's code (the default path before)
+        env["PYTHONPATH"] = src
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -135,6 +172,24 @@ def _mean(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def _column_fields(column: str, base: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The ``cogcal train`` fields of one column (the module docstring)."""
+    fields = {**base, "seed": seed}
+    if column == "old":
+        fields.update(preset="paper", epochs=30)
+    elif column in ("ce", "ce-ts"):
+        fields.update(method="ce" if column == "ce" else "ts", lr=1e-3)
+    elif column == "one":
+        fields.update(lr=1e-3)
+    elif column == "full":
+        fields.update(selection="full")
+    elif column in NO_METHOD:
+        del fields["method"]
+    elif column == "plain-ts":
+        fields.update(method="ts", lr=1e-3, schedule="none", epochs=20)
+    return fields
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="digits,mnist1d,wine,breast_cancer")
@@ -142,6 +197,7 @@ def main() -> None:
     parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--out", default="results/defaults", help="run folders (reused)")
     parser.add_argument("--data-root", default="data")
+    parser.add_argument("--before-src", default=None, help="src folder of the `before` code")
     args = parser.parse_args()
     import torch
 
@@ -150,6 +206,8 @@ def main() -> None:
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     for bad in [d for d in names if d not in DATASETS] + [c for c in columns if c not in COLUMNS]:
         parser.error(f"unknown dataset or column {bad!r}")
+    if "before" in columns and not args.before_src:
+        parser.error("the `before` column needs --before-src")
     out = Path(args.out)
     print(stamp())
     print(f"command: python bench/defaults.py {' '.join(sys.argv[1:])}")
@@ -162,28 +220,24 @@ def main() -> None:
         for seed in range(args.seeds):
             here = out / name / f"seed{seed}"
             for column in columns:
-                fields = {**base, "seed": seed}
-                if column == "old":
-                    fields.update(preset="paper", epochs=30)
-                elif column in ("ce", "ce-ts"):
-                    fields.update(method="ce" if column == "ce" else "ts", lr=1e-3)
-                elif column == "one":
-                    fields.update(lr=1e-3)
-                elif column == "full":
-                    fields.update(selection="full")
+                fields = _column_fields(column, base, seed)
                 if column == "tuned":
                     record, seconds, elapsed, runs[column] = _tuned(
                         fields, here / "tuned", args.data_root
                     )
                 else:
-                    record, seconds, elapsed = _train(fields, here / column, args.data_root)
+                    src = args.before_src if column == "before" else None
+                    record, seconds, elapsed = _train(fields, here / column, args.data_root, src)
                     runs[column] = (record.get("selection") or {}).get("runs", 1)
                 results[column].append(record)
                 cost[column].append(seconds)
                 wall[column].append(elapsed)
         print(f"\n## {name}  ({args.seeds} seed(s); test split)\n")
-        print("| column | test NLL | test ECE-15 | λ_f, λ_c chosen | runs | wall s | CPU s |")
-        print("|---|---|---|---|---|---|---|")
+        print(
+            "| column | method | test acc | test NLL | test ECE-15 | λ_f, λ_c chosen | runs | "
+            "wall s | CPU s |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for column in columns:
             recs = results[column]
             cfg = recs[0]["config"]
@@ -191,7 +245,8 @@ def main() -> None:
                 f", {cfg['calibrator_lr']:g}" if cfg.get("calibrator_lr") else ""
             )
             print(
-                f"| {column} | {_mean([r['test']['nll'] for r in recs])} | "
+                f"| {column} | {cfg['method']} | {_mean([r['test']['acc'] for r in recs])} | "
+                f"{_mean([r['test']['nll'] for r in recs])} | "
                 f"{_mean([r['test']['ece_15'] for r in recs])} | {rates} | {runs[column]} | "
                 f"{sum(wall[column]):.0f} | {sum(cost[column]):.0f} |"
             )
@@ -218,6 +273,13 @@ def main() -> None:
                 )
         if {"new", "full"} <= set(columns):
             _compare(name, results, wall, columns)
+        for rec in results.get("after", []):
+            if made := (rec.get("selection") or {}).get("choice"):
+                print(f"- after: chose {made['chosen']}: {made['reason']}")
+        if "one" in columns and any(wall["one"]):
+            for column in ("before", "after", "plain-ts"):
+                if column in columns and any(wall[column]):
+                    print(f"- wall {column} / one: {sum(wall[column]) / sum(wall['one']):.2f}x")
 
 
 def _chosen(record: dict[str, Any]) -> str:

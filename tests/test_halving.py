@@ -56,6 +56,7 @@ def _fit(out: Path, **kwargs):
     x, y = _problem()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # under-trained, and the edge of the grid
+        kwargs.setdefault("method", "cog-fc")  # given: COG-FC alone (not weighed)
         return cogcal.fit(
             _net(), (x, y), epochs=6, out=out, progress=False, checkpoint_seconds=0, **kwargs
         )
@@ -171,7 +172,7 @@ def test_halving_stops_the_worst_points_and_continues_the_best_from_their_checkp
         )
     # the edge warning follows the final choice (here λ_f 1e-2, the top of the grid tried)
     assert selection["at_edge"] and selection["edges"][0] == "lr high"
-    assert "train with `lr=0.03`" in edge_warning(selection, python=True)
+    assert "train with `lr=0.1`" in edge_warning(selection, python=True)
 
     # the full search trains every point to the end; its run of the chosen point is the
     # same run, bit for bit: pausing and resuming changed nothing

@@ -32,6 +32,7 @@ from cogcal.commands._common import UserError
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 from cogcal.data.tables import read_table
+from cogcal.report.run_report import choice_line
 from cogcal.train.assemble import LoadedRun, load_run
 from cogcal.train.sources import EVAL_BATCH
 
@@ -444,6 +445,8 @@ def predict(
     probs = torch.sigmoid(z) if run.task == "multilabel" else torch.softmax(z, dim=1)
     names = run.class_names or [str(k) for k in range(z.shape[1])]
     result = Predictions(probs.numpy(), names, run.task, ids=inputs.ids)
+    if line := choice_line(run.record.selection):  # the default path's choice
+        result.notes.append(f"{run.config.method} model; {line}")
     if inputs.target is not None:
         name, values = inputs.target
         note = f"the target column {name!r} is not used to predict"

@@ -22,7 +22,7 @@ from cogcal.runs import RunDir, RunFolderError
 from cogcal.runs.calibration import is_calibration_folder
 from cogcal.runs.columns import METRIC_LABELS as LABELS
 
-__all__ = ["build_run_report", "report_kind"]
+__all__ = ["build_run_report", "choice_line", "report_kind"]
 
 _METRICS = (
     "acc",
@@ -138,6 +138,28 @@ def _robustness(record: Any) -> Section:
     return sec
 
 
+def choice_line(selection: Mapping[str, Any] | None) -> str | None:
+    """One line saying which side the default path chose (COG-FC or cross-entropy +
+    post-hoc calibration, docs/method.md §1) and the validation figures of both; None for
+    a run that made no such choice (``selection["choice"]`` in ``metrics.json``)."""
+    choice = (selection or {}).get("choice")
+    if not choice:
+        return None
+    cog, post = choice["cog"], choice.get("posthoc")
+    if not post:  # not weighed (too few validation samples)
+        return f"default path: COG-FC, validation NLL {num(cog['val_nll'])} ({choice['reason']})"
+    name = f"cross-entropy + {post['method']}"
+    won = "COG-FC" if choice["side"] == "cog" else name
+    cog_ece, post_ece = cog.get("val_ece_15"), post.get("val_ece_15_in_sample")
+    return (
+        f"default path: chose {won} by validation NLL (COG-FC {num(cog['val_nll'])}"
+        + (f", ECE-15 {num(cog_ece)}" if cog_ece is not None else "")
+        + f"; {name} {num(post['val_nll_cv'])} cross-validated"
+        + (f", ECE-15 {num(post_ece)} in-sample" if post_ece is not None else "")
+        + ")"
+    )
+
+
 def health_section(record: Any) -> Section | None:
     """The run's calibration health check (validation only; ``health`` in ``metrics.json``)
     and, when its learning rates were chosen by validation cross-entropy, that choice;
@@ -178,6 +200,9 @@ def health_section(record: Any) -> Section | None:
         ]
         header = ["λ_f", "λ_c/λ_f", "validation NLL"]
         section.blocks.append(Table("Learning rates tried", header, rows, notes, "selection"))
+        if line := choice_line(selection):
+            rule = selection["choice"].get("rule", "")
+            section.blocks.append(Paragraph(f"{line[0].upper()}{line[1:]}; rule: {rule}."))
     return section
 
 

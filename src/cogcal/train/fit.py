@@ -22,6 +22,7 @@ from cogcal._errors import ArgumentError
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data import SPLIT_SEED, stratified_split
 from cogcal.health import CalibrationWarning, HealthReport
+from cogcal.train.choice import COG_SIDE, METHOD_GIVEN
 from cogcal.train.config import PAPER_BATCH, TrainConfig, auto_budget, field_default
 from cogcal.train.runner import execute
 from cogcal.train.sources import EVAL_BATCH, LoaderSource
@@ -143,7 +144,7 @@ def fit(
     train_data: Any,
     val_data: Any = None,
     *,
-    method: str = field_default("method"),
+    method: str | None = None,
     epochs: int | None = field_default("epochs"),
     lr: float | None = field_default("lr"),
     calibrator_lr: float | None = field_default("calibrator_lr"),
@@ -174,8 +175,12 @@ def fit(
         ``val_fraction`` of the training data (fixed seed) for validation, stated in
         :attr:`FitResult.validation`. Validation data is used for checkpoint choice and, for
         post-hoc methods, to fit the calibrator — never for the gradient steps of COG.
-    method : str
-        A method of the registry (``cogcal.train.list_methods()``), default ``"cog-fc"``.
+    method : str, optional
+        A method of the registry (``cogcal.train.list_methods()``). Unset, with ``lr`` unset
+        too (the default path): ``"cog-fc"`` weighed against cross-entropy + post-hoc
+        calibration on the validation data, the one with the lower validation NLL kept
+        (:mod:`cogcal.train.choice`; recorded in :attr:`FitResult.selection`
+        ``["choice"]``); unset with ``lr``: ``"cog-fc"``.
     epochs, lr, calibrator_lr, batch_size, seed
         As in ``cogcal train``. Left unset (``preset="auto"``, the default), the batch size
         and the epochs come from the training-set size (at least 1,500 optimizer steps,
@@ -223,19 +228,30 @@ def fit(
     )  # fmt: skip
     validation = source.info["validation"]
     with tempfile.TemporaryDirectory(prefix="cogcal-fit-") as tmp:
-        config = TrainConfig.from_dict(
-            {
-                "dataset": "python:data", "model": f"python:{type(model).__name__}",
-                "method": method, "epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr,
-                "batch_size": batch_size, "seed": seed, "progress": progress,
-                "out": str(out) if out is not None else str(Path(tmp) / "run"), **options,
-            }
-        )  # fmt: skip
+        fields = {"epochs": epochs, "lr": lr, "calibrator_lr": calibrator_lr, "seed": seed}
+        fields.update(batch_size=batch_size, progress=progress, **options)
+        config = _config(model, method, out if out is not None else Path(tmp) / "run", fields)
         record, trained = execute(
             config, resume=resume, overwrite=overwrite, data=source, model=model
         )
         history = _history(Path(config.out))
     return _result(record, trained, history, config, out=out, validation=validation)
+
+
+def _config(
+    model: nn.Module, method: str | None, out: str | Path, fields: dict[str, Any]
+) -> TrainConfig:
+    """The configuration :func:`fit` runs: ``method`` unset is the default path (COG-FC,
+    weighed against cross-entropy + post hoc without ``lr``); a method given is trained
+    alone (:data:`~cogcal.train.choice.METHOD_GIVEN`)."""
+    if method is not None:
+        fields["extra"] = {**fields.get("extra", {}), METHOD_GIVEN: True}
+    return TrainConfig.from_dict(
+        {
+            "dataset": "python:data", "model": f"python:{type(model).__name__}",
+            "method": method or COG_SIDE, "out": str(out), **fields,
+        }
+    )  # fmt: skip
 
 
 def _result(

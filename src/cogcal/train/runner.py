@@ -40,6 +40,7 @@ from cogcal.runs.methods import METHODS, Method, get_method
 from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model, stage2_model
 from cogcal.train.checkpoints import CheckpointWriter
 from cogcal.train.checkup import run_health
+from cogcal.train.choice import weigh_and_train, weighs
 from cogcal.train.config import ConfigError, TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
@@ -144,6 +145,10 @@ def execute(
     # the budget left unset: from the training-set size (auto) or the paper's (fields given
     # are kept, so a fully specified configuration is unchanged)
     config = config.with_budget(train_size(source), task=source.task)
+    if weighs(config, source.task):  # no method, no lr: COG-FC or cross-entropy + post hoc
+        return weigh_and_train(
+            config, source, model, train=execute, resume=resume, overwrite=overwrite
+        )
     if config.selects_learning_rates:  # no lr given: chosen by validation cross-entropy
         return select_and_train(
             config, source, model, train=execute, resume=resume, overwrite=overwrite

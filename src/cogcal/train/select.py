@@ -6,13 +6,16 @@ COG methods choose λ_f and the ratio λ_c/λ_f one axis at a time on small log 
 grow while the choice is at an edge (:func:`default_search`, a
 :class:`~cogcal.train.search.Search`: the driver ``cogcal tune`` and the bench run too):
 
-1. λ_f on :data:`COG_LRS` at the ratio :data:`BASE_RATIO` (one extension at most);
-2. the ratio on :data:`COG_RATIOS` at the chosen λ_f (the point of step 1 is reused; one
-   extension at most, never to 1).
+1. λ_f on :data:`COG_LRS` at the ratio :data:`BASE_RATIO`;
+2. the ratio on :data:`COG_RATIOS` at the chosen λ_f (the point of step 1 is reused; never
+   to 1).
 
-Other methods choose λ on :data:`BASELINE_LRS` (one extension at most). So at most
-:data:`MAX_RUNS` points are tried (3 for one-rate methods), each one exactly the run
-``lr=`` would train.
+Other methods choose λ on :data:`BASELINE_LRS`. Each step's grid is extended in the
+direction of its edge while the choice sits there, at most :data:`MAX_EXTENSIONS` times
+(the budget), so at most :data:`MAX_RUNS` points are tried (:data:`BASELINE_MAX_RUNS` for
+one-rate methods), each one exactly the run ``lr=`` would train. Without a method, the
+default path runs this search for COG-FC and for cross-entropy and keeps one of the two
+(:mod:`cogcal.train.choice`).
 
 How far each point is trained is ``TrainConfig.selection``:
 
@@ -93,23 +96,29 @@ __all__ = [
     "COG_LRS",
     "COG_RATIOS",
     "HALVING_RUNGS",
+    "MAX_EXTENSIONS",
     "MAX_RUNS",
+    "BASELINE_MAX_RUNS",
     "TrainRun",
+    "adopt_run",
     "default_search",
     "describe_budget",
+    "load_back",
     "rung_nll",
     "rungs",
     "select_and_train",
     "selection_folder",
+    "take_out",
     "train_size",
 ]
 
-COG_LRS = (1e-3, 3e-3)  # λ_f, step 1 (one extension, half-decade: 3e-4 or 1e-2)
+COG_LRS = (1e-3, 3e-3)  # λ_f, step 1 (extensions by half-decades: 3e-4, 1e-4 or 1e-2, 3e-2)
 BASE_RATIO = 0.1  # λ_c/λ_f during step 1: the paper's default
-COG_RATIOS = (0.1, 0.3)  # step 2 (one extension: 0.03; 1 is the bound)
-BASELINE_LRS = (3e-4, 1e-3)  # λ of one-rate methods (one extension: 1e-4 or 3e-3)
-MAX_EXTENSIONS = 1
-MAX_RUNS = 5  # COG: 2 + 1 (λ_f) + 1 + 1 (ratio); one-rate methods: 3
+COG_RATIOS = (0.1, 0.3)  # step 2 (extensions: 0.03, 0.01 or 0.9; 1 is the bound)
+BASELINE_LRS = (3e-4, 1e-3)  # λ of one-rate methods (extensions: 1e-4, 3e-5 or 3e-3, 1e-2)
+MAX_EXTENSIONS = 2  # each step's grid grows at most twice while its choice is at an edge
+MAX_RUNS = 7  # COG: 2 + 2 (λ_f) + 1 + 2 (ratio); one-rate methods: 4
+BASELINE_MAX_RUNS = 4
 
 
 class TrainRun(Protocol):
@@ -307,7 +316,7 @@ def select_and_train(
     fabric = launch(config)  # once: every point trains in these processes
     out = RunDir(config.out)
     folder = selection_folder(config.out)
-    max_runs = MAX_RUNS if method.is_cog else 3
+    max_runs = MAX_RUNS if method.is_cog else BASELINE_MAX_RUNS
     plan = rungs(int(config.epochs or 1), config.selection)
     config = config.replace(extra={**config.extra, SELECTED: SELECTION_RULE})
     # the points skip the OOD and shift sets; the chosen one is evaluated on them below
@@ -385,11 +394,11 @@ def _finish(
         f"{summary['seconds']:.0f} s",
     )
     selection = {key: summary[key] for key in _RECORDED}
-    record = _adopt(sel.folder / chosen, out, config, selection)
+    record = adopt_run(sel.folder / chosen, out, config, selection)
     trained = sel.trained.get(chosen)
     method = get_method(config.method)
     if trained is None:  # the chosen run was finished before: load it back
-        trained = _load_back(sel.folder / chosen, sel.model)
+        trained = load_back(sel.folder / chosen, sel.model)
     elif sel.model is not None and not method.stage2:  # the caller's model gets the weights
         sel.model.load_state_dict(trained.network.state_dict())
     if sel.source.dataset is not None and trained is not None:
@@ -444,6 +453,24 @@ _RECORDED = (
 )  # fmt: skip
 
 
+def take_out(
+    held: contextlib.ExitStack, out: RunDir, *, resume: bool, overwrite: bool, config: TrainConfig
+) -> None:
+    """Process 0: take the run folder ``out`` (held until ``held`` closes) and check that
+    the default path may write its chosen run there."""
+    held.enter_context(out.lock())  # the lock before anything in the folder is read
+    if resume and out.is_marked() and not out.is_complete():
+        for problem in out.damaged_checkpoints():  # named, then made again (README)
+            print(
+                f"cogcal: warning: {problem}; {out.path} holds a copy of the chosen run "
+                "of the learning-rate selection: it is copied again",
+                file=sys.stderr,
+            )
+        out.clear()  # a copy of the chosen run that was interrupted: copied again below
+    if not (resume and not out.is_complete()):
+        out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
+
+
 def _begin(
     held: contextlib.ExitStack,
     out: RunDir,
@@ -454,17 +481,7 @@ def _begin(
     config: TrainConfig,
 ) -> None:
     """Process 0: take ``out`` and the selection folder (held until the end), check them."""
-    held.enter_context(out.lock())  # the lock before anything in the folder is read
-    if resume and out.is_marked() and not out.is_complete():
-        for problem in out.damaged_checkpoints():  # named, then made again (README)
-            print(
-                f"cogcal: warning: {problem}; {out.path} holds a copy of the chosen run "
-                f"of the learning-rate selection in {folder}: it is copied again",
-                file=sys.stderr,
-            )
-        out.clear()  # a copy of the chosen run that was interrupted: copied again below
-    if not (resume and not out.is_complete()):
-        out.prepare(config, config.resolved(), resume=False, overwrite=overwrite)
+    take_out(held, out, resume=resume, overwrite=overwrite, config=config)
     held.enter_context(RunDir(folder).lock())
     check_tune_folder(folder)  # a `cogcal tune` folder: the same rule
     mark_tune_folder(folder)
@@ -492,7 +509,9 @@ def _halve(
     return halve(sel, plan, _rung_line(config) if sel.zero else None)
 
 
-def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]) -> RunRecord:
+def adopt_run(
+    point: Path, out: RunDir, config: TrainConfig, selection: dict[str, Any]
+) -> RunRecord:
     """Copy the chosen point's run into ``out``, all but its ``metrics.json``, and return
     its record, with ``out`` as its folder and the selection added, for the caller to
     write last."""
@@ -516,7 +535,7 @@ def _adopt(point: Path, out: RunDir, config: TrainConfig, selection: dict[str, A
     return record
 
 
-def _load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
+def load_back(path: Path, model: nn.Module | None) -> CalibratedModel | None:
     """The model of a finished run folder (a reused chosen point)."""
     if model is None:
         return load_run(path).model

@@ -1,0 +1,353 @@
+"""The default path's choice between COG and cross-entropy + post-hoc calibration
+(docs/method.md §1, "defaults").
+
+Without a method (``cogcal train`` without ``--method``, :func:`cogcal.fit` without
+``method=``) and without ``lr``, the default path trains two sides, each with its learning
+rate chosen by the default search (:mod:`cogcal.train.select`):
+
+* COG-FC (``cog-fc``);
+* cross-entropy (``ce``), then calibrated post hoc on the validation split: the post-hoc
+  calibrator is chosen among :data:`cogcal.posthoc.POSTHOC_METHODS` by cross-validated
+  NLL on the validation logits (:func:`cogcal.posthoc.calibrate` with ``method="auto"``).
+
+COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
+validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
+validation split and judged by its NLL on the same split is judged optimistically, so the
+cross-entropy side is judged by the **cross-validated** NLL of the chosen calibrator (each
+sample scored by the calibrator fitted on the other folds); COG-FC by its validation NLL
+(no parameter of it is fitted on validation). "Clearly": the mean per-sample difference
+exceeds :data:`Z_SWITCH` standard errors (:func:`paired_gain`), so that a few hundred
+nearly perfectly classified validation samples do not swap the model on noise. The test
+split plays no part.
+
+The sides live in ``<out>.sides/``: ``cog-fc/`` and ``ce/`` (each a finished run with its
+points in ``cog-fc.select/`` and ``ce.select/``) and, when cross-entropy + post-hoc is
+chosen, ``<kind>/``: a run of the post-hoc method ``kind`` (``ts``, ``dirichlet``, ...)
+whose network is the ``ce`` run's (its stage-1 checkpoints copied, the calibrator fitted by
+the runner on resuming it). The chosen run is copied into ``out``, a valid run of its
+method (``load_run``, ``export``, ONNX and ``cogcal predict`` apply its calibrator), with
+the choice recorded under ``selection["choice"]`` in ``metrics.json``. Running the same
+call again (``resume`` or not) reuses every finished side, so an interrupted default path
+continues the same choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cogcal import _io
+from cogcal.calibrators import make_calibrator
+from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
+from cogcal.cog import CalibratedModel
+from cogcal.metrics import evaluate
+from cogcal.posthoc import AUTO, POSTHOC_METHODS, Calibration, calibrate
+from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
+from cogcal.train.config import TrainConfig
+from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
+from cogcal.train.select import (
+    TrainRun,
+    adopt_run,
+    load_back,
+    select_and_train,
+    take_out,
+)
+from cogcal.train.sources import DataSource
+
+__all__ = [
+    "CHOICE_RULE",
+    "COG_SIDE",
+    "METHOD_GIVEN",
+    "POSTHOC_SIDE",
+    "choose",
+    "paired_gain",
+    "sides_folder",
+    "weigh_and_train",
+    "weighs",
+]
+
+#: ``config.extra`` key marking a method given explicitly (the default path then trains it
+#: alone). :func:`cogcal.fit` sets it when ``method=`` is given.
+METHOD_GIVEN = "method_given"
+COG_SIDE = "cog-fc"  # the default method
+POSTHOC_SIDE = "ce"  # the network of the other side, calibrated post hoc
+CV_FOLDS = 5  # at most; fewer when the validation split holds under 10 samples a fold
+MIN_PER_FOLD = 10  # as cogcal.posthoc.calibrate requires
+NONPARAMETRIC = ("isotonic", "histogram")  # need more samples per fold than the others
+Z_SWITCH = 2.0  # standard errors of the paired NLL difference needed to leave COG-FC
+CHOICE_RULE = (
+    "cross-entropy + post-hoc calibration replaces COG-FC when its validation NLL, "
+    "cross-validated on the validation split (the calibrator chosen among the post-hoc "
+    f"methods by that NLL; {CV_FOLDS} folds, fewer below {CV_FOLDS * MIN_PER_FOLD} samples, "
+    f"none below {2 * MIN_PER_FOLD}: COG-FC kept), is lower than COG-FC's by more than "
+    f"{Z_SWITCH:g} standard errors of the paired per-sample difference; else COG-FC is kept; "
+    "the test split is not used"
+)
+
+
+def weighs(config: TrainConfig, task: str) -> bool:
+    """Whether the default path of ``config`` weighs COG-FC against cross-entropy +
+    post-hoc calibration: the default method with no ``lr``, single-label data, one
+    process."""
+    return (
+        config.method == COG_SIDE
+        and config.selects_learning_rates
+        and not config.extra.get(METHOD_GIVEN)
+        and task == "multiclass"
+        and config.devices * config.num_nodes == 1
+    )
+
+
+def sides_folder(out: str | Path) -> Path:
+    """Where the two sides of the default path are trained: ``<out>.sides``."""
+    out = Path(out)
+    return out.with_name(out.name + ".sides")
+
+
+def _say(config: TrainConfig, text: str) -> None:
+    if config.progress:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _side_config(config: TrainConfig, method: str, folder: Path) -> TrainConfig:
+    extra = {**config.extra, METHOD_GIVEN: True, DEFER_ROBUSTNESS: True}
+    return config.replace(method=method, out=str(folder / method), extra=extra)
+
+
+_SAME = ("dataset", "seed", "preset", "epochs", "batch_size", "selection", "target")
+
+
+def _side(
+    cfg: TrainConfig, source: DataSource, model: nn.Module | None, *, train: TrainRun,
+    overwrite: bool,
+) -> tuple[dict[str, Any], CalibratedModel | None]:  # fmt: skip
+    """One side: reused when its folder holds the finished run of the same budget, else
+    chosen and trained by the default search (its finished points reused, unfinished ones
+    resumed)."""
+    folder = RunDir(cfg.out)
+    record = folder.read_record()
+    if record is not None and not overwrite:
+        saved = folder.read_config() or {}
+        given = {k: getattr(cfg, k) for k in _SAME if getattr(cfg, k) is not None}
+        if any(saved.get(k) != v for k, v in given.items()):
+            raise RunFolderError(
+                f"{folder.path} holds a side of another configuration; pass overwrite "
+                "(--overwrite) to train it again."
+            )
+        return record.to_dict(), load_back(folder.path, model)
+    return select_and_train(
+        cfg, source, model, train=train, resume=not overwrite, overwrite=overwrite
+    )
+
+
+def paired_gain(
+    cog_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, method: str, folds: int
+) -> tuple[float, float]:
+    """How much lower the post-hoc side's held-out NLL is than COG-FC's, sample by sample
+    on the validation split: the mean and the standard error of ``nll_cog - nll_cv`` where
+    ``nll_cv`` of a sample is that of the calibrator ``method`` fitted on the other folds
+    (the folds of :func:`cogcal.posthoc.calibrate`, so the mean of ``nll_cv`` is its
+    ``cv_nll``)."""
+    z, y = logits.double(), labels
+    held_out = torch.empty(len(y), dtype=torch.float64)
+    fold = _stratified_folds(y, folds, 0)
+    for f in range(folds):
+        held = fold == f
+        cal = make_calibrator(method)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the final fit's warnings were shown already
+            cal.fit(z[~held], y[~held])
+        with torch.no_grad():
+            held_out[held] = F.cross_entropy(cal(z[held]).double(), y[held], reduction="none")
+    cog = F.cross_entropy(cog_logits.double(), y, reduction="none")
+    diff = cog - held_out
+    se = float(diff.std()) / math.sqrt(len(diff)) if len(diff) > 1 else math.inf
+    return float(diff.mean()), se
+
+
+def choose(
+    cog: dict[str, Any], ce: dict[str, Any], cal: Calibration, calibrated: dict[str, float],
+    gain: tuple[float, float],
+) -> dict[str, Any]:  # fmt: skip
+    """The choice between the COG side's record ``cog`` and the cross-entropy side's
+    record ``ce`` calibrated by ``cal`` (:data:`CHOICE_RULE`); ``gain``: the mean and
+    standard error of the paired validation NLL difference (:func:`paired_gain`);
+    ``calibrated``: the validation metrics after the calibrator (in-sample, shown, not
+    compared)."""
+    cog_nll = float(cog["val"]["nll"])
+    cv_nll = float(cal.cv_nll.get(cal.method, math.inf))
+    mean, se = gain
+    clear = math.isfinite(cv_nll) and mean > 0 and mean > Z_SWITCH * se
+    chosen = cal.method if clear else COG_SIDE
+    verdict = "more" if clear else "not more"
+    ccfg, ecfg = cog["config"], ce["config"]
+    return {
+        "rule": CHOICE_RULE,
+        "chosen": chosen,
+        "side": "posthoc" if chosen != COG_SIDE else "cog",
+        "reason": (
+            f"validation NLL {cog_nll:.4f} (COG-FC) vs {cv_nll:.4f} (cross-entropy + "
+            f"{cal.method}, cross-validated): lower by {mean:.4f}, {verdict} than "
+            f"{Z_SWITCH:g} standard errors ({se:.4f})"
+        ),
+        "gain": mean,
+        "gain_se": se,
+        "cog": {
+            "method": COG_SIDE, "lr": ccfg.get("lr"), "calibrator_lr": ccfg.get("calibrator_lr"),
+            "val_nll": cog_nll, "val_ece_15": cog["val"].get("ece_15"),
+            "val_acc": cog["val"].get("acc"),
+        },
+        "posthoc": {
+            "method": cal.method, "lr": ecfg.get("lr"), "val_nll_cv": cv_nll,
+            "cv_nll": dict(cal.cv_nll), "folds": cal.folds,
+            "val_nll_uncalibrated": float(ce["val"]["nll"]),
+            "val_nll_in_sample": calibrated.get("nll"),
+            "val_ece_15_in_sample": calibrated.get("ece_15"), "val_acc": calibrated.get("acc"),
+        },
+    }  # fmt: skip
+
+
+def _posthoc_run(
+    ce_path: Path, kind: str, cfg: TrainConfig, source: DataSource, model: nn.Module | None,
+    *, train: TrainRun, overwrite: bool,
+) -> tuple[dict[str, Any], CalibratedModel | None]:  # fmt: skip
+    """The run of post-hoc method ``kind`` on the network of the ``ce`` run in ``ce_path``:
+    its stage-1 checkpoints copied (bound to the new configuration) and the run resumed,
+    so the runner fits the calibrator on validation and evaluates, as for any ``kind``
+    run."""
+    folder = RunDir(Path(cfg.out).parent / kind)
+    saved = RunDir(ce_path).read_config() or {}
+    kcfg = TrainConfig.from_record(saved).replace(
+        method=kind, out=str(folder.path), progress=False, extra=cfg.extra
+    )
+    record = folder.read_record()
+    if record is not None and not overwrite:
+        return record.to_dict(), load_back(folder.path, model)
+    resolved = {k: v for k, v in saved.items() if k not in ("cogcal_run", "cogcal_version")}
+    resolved.update(method=kind, out=str(folder.path), extra=cfg.extra)
+    digest = config_digest(resolved)
+    with folder.lock():
+        if folder.is_marked():
+            folder.clear()
+        for path in sorted(Path(ce_path).rglob("*")):
+            rel = path.relative_to(ce_path)
+            if not path.is_file() or rel.parts[0] not in ("checkpoints", "logs"):
+                continue
+            if path.suffix == ".ckpt":  # the same weights, bound to this configuration
+                _io.save_torch(
+                    folder.path / rel, {**load_checkpoint(path), "config_sha256": digest}
+                )
+            else:
+                _io.link_or_copy(path, folder.path / rel)
+        folder.write_config(resolved)
+    net = copy.deepcopy(model) if model is not None else None
+    return train(kcfg, resume=True, data=source, model=net)
+
+
+def _kept(cog: dict[str, Any], why: str) -> dict[str, Any]:
+    """The choice of COG-FC without weighing (``why``: the reason)."""
+    return {
+        "rule": CHOICE_RULE, "chosen": COG_SIDE, "side": "cog", "reason": f"{why}; COG-FC kept",
+        "cog": {"method": COG_SIDE, "lr": cog["config"].get("lr"),
+                "calibrator_lr": cog["config"].get("calibrator_lr"),
+                "val_nll": float(cog["val"]["nll"]), "val_ece_15": cog["val"].get("ece_15"),
+                "val_acc": cog["val"].get("acc")},
+        "posthoc": None,
+    }  # fmt: skip
+
+
+def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
+    """``calibrate(method="auto")`` with ``folds`` folds; when a candidate cannot be fitted
+    on folds this small (the non-parametric ones need more samples), among the parametric
+    ones only."""
+    try:
+        return calibrate(z, y, AUTO, cv=folds)
+    except ValueError:
+        parametric = tuple(c for c in POSTHOC_METHODS if c not in NONPARAMETRIC)
+        return calibrate(z, y, AUTO, cv=folds, candidates=parametric)
+
+
+def _weigh(
+    config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
+    model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool,
+) -> tuple[dict[str, Any], tuple[Path, CalibratedModel | None, Any] | None]:  # fmt: skip
+    """Train the cross-entropy side, calibrate its validation logits post hoc and choose;
+    returns the choice and, when cross-entropy + post hoc wins, its run folder, model and
+    selection record."""
+    ce_cfg = _side_config(config, POSTHOC_SIDE, sides)
+    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
+    z, y = (torch.from_numpy(a) for a in RunDir(ce_cfg.out).read_logits("val"))
+    try:
+        cal = _calibrate(z, y, folds)
+    except ValueError as err:  # e.g. one class only in the validation split
+        return _kept(cog, f"no post-hoc calibrator could be cross-validated ({err})"), None
+    with torch.no_grad():
+        calibrated = evaluate(cal.calibrator(z.double()).float(), y)
+    cog_z, cog_y = RunDir(cog["config"]["out"]).read_logits("val")
+    if not np.array_equal(cog_y, y.numpy()):
+        raise RunFolderError(f"{sides}: the two sides were validated on different samples.")
+    gain = paired_gain(torch.from_numpy(cog_z), z, y, cal.method, folds)
+    choice = choose(cog, ce, cal, calibrated, gain)
+    if choice["side"] == "cog":
+        return choice, None
+    _, trained = _posthoc_run(
+        Path(ce_cfg.out), cal.method, ce_cfg, source, model, train=train, overwrite=overwrite
+    )
+    return choice, (sides / cal.method, trained, ce["selection"])
+
+
+def weigh_and_train(
+    config: TrainConfig,
+    source: DataSource,
+    model: nn.Module | None,
+    *,
+    train: TrainRun,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> tuple[dict[str, Any], CalibratedModel | None]:
+    """The default path that weighs COG-FC against cross-entropy + post-hoc calibration
+    (module docstring); returns the chosen run as :func:`cogcal.train.runner.execute`
+    does."""
+    out = RunDir(config.out)
+    sides = sides_folder(config.out)
+    with contextlib.ExitStack() as held:
+        take_out(held, out, resume=resume, overwrite=overwrite, config=config)
+        _say(config, f"weighing COG-FC against cross-entropy + post-hoc calibration in {sides}")
+        # each side trains (or loads back) copies: the caller's model gets the winner's weights
+        cog, cog_model = _side(
+            _side_config(config, COG_SIDE, sides), source, copy.deepcopy(model), train=train,
+            overwrite=overwrite,
+        )  # fmt: skip
+        assert cog_model is not None
+        path, trained, selection = Path(cog["config"]["out"]), cog_model, cog["selection"]
+        n = len(RunDir(path).read_logits("val")[1])
+        folds = min(CV_FOLDS, n // MIN_PER_FOLD)
+        if folds < 2:  # too few validation samples to judge a post-hoc calibrator honestly
+            choice = _kept(
+                cog, f"{n} validation samples: too few to cross-validate a post-hoc calibrator"
+            )
+        else:
+            choice, found = _weigh(config, sides, cog, source, model, train=train, folds=folds,
+                                   overwrite=overwrite)  # fmt: skip
+            if found is not None:
+                path, trained, selection = found
+        choice["folder"] = str(sides)
+        won = "COG-FC" if choice["side"] == "cog" else f"cross-entropy + {choice['chosen']}"
+        _say(config, f"default path: chose {won}: {choice['reason']}")
+        record = adopt_run(path, out, config, {**(selection or {}), "choice": choice})
+        if model is not None and trained is not None:
+            model.load_state_dict(trained.network.state_dict())
+        if source.dataset is not None and trained is not None:
+            add_robustness(record, out, trained, source.dataset, config)
+        out.write_record(record)
+        return record.to_dict(), trained

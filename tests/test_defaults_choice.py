@@ -1,0 +1,268 @@
+"""The default path weighs COG-FC against cross-entropy + post-hoc calibration (issue 41,
+docs/method.md §1): the choice by validation NLL (cross-validated for the post-hoc side),
+its record, the report and predict lines, the chosen run as a valid run of its method, and
+a resumed default path that continues the same choice."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import cogcal
+from cogcal.cli import main
+from cogcal.commands.predict import predict
+from cogcal.data import load_dataset
+from cogcal.posthoc import Calibration
+from cogcal.report.run_report import choice_line, health_section
+from cogcal.runs import RunDir, RunRecord
+from cogcal.train import choice as choice_module
+from cogcal.train import loop
+from cogcal.train.choice import (
+    COG_SIDE,
+    METHOD_GIVEN,
+    choose,
+    paired_gain,
+    sides_folder,
+    weighs,
+)
+from cogcal.train.config import TrainConfig
+
+
+def _records(cog_nll: float, ce_nll: float = 0.9) -> tuple[dict, dict]:
+    cog = {
+        "config": {"lr": 1e-2, "calibrator_lr": 1e-3},
+        "val": {"nll": cog_nll, "ece_15": 0.05, "acc": 0.9},
+    }
+    ce = {"config": {"lr": 1e-3}, "val": {"nll": ce_nll, "acc": 0.91}}
+    return cog, ce
+
+
+def _cal(cv: dict[str, float], in_sample: float = 0.01) -> Calibration:
+    best = min(cv, key=cv.__getitem__)
+    return Calibration(best, nn.Identity(), 3, cv_nll=cv, folds=5, nll_after=in_sample)
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def test_post_hoc_replaces_cog_only_when_clearly_lower():
+    cog, ce = _records(0.30)
+    low = choose(
+        cog, ce, _cal({"ts": 0.25, "vs": 0.27}), {"nll": 0.2, "ece_15": 0.01}, (0.05, 0.01)
+    )
+    assert (low["chosen"], low["side"]) == ("ts", "posthoc")
+    assert low["posthoc"]["val_nll_cv"] == 0.25 and low["cog"]["val_nll"] == 0.30
+    assert low["posthoc"]["lr"] == 1e-3 and low["cog"]["calibrator_lr"] == 1e-3
+    assert (low["gain"], low["gain_se"]) == (0.05, 0.01)
+    # lower, but within two standard errors of the paired difference: COG-FC kept
+    noisy = choose(cog, ce, _cal({"ts": 0.25}), {}, (0.05, 0.03))
+    assert (noisy["chosen"], noisy["side"]) == (COG_SIDE, "cog")
+    assert "not more than 2 standard errors" in noisy["reason"]
+    higher = choose(cog, ce, _cal({"ts": 0.35}), {}, (-0.05, 0.001))
+    assert higher["side"] == "cog"
+    assert choose(cog, ce, _cal({"ts": 0.30}), {}, (0.0, 0.0))["side"] == "cog"  # a tie
+    assert "test split is not used" in low["rule"] and "cross-validated" in low["reason"]
+
+
+def test_the_paired_gain_is_the_cross_validated_nll_difference():
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(300) % 3
+    z = 4.0 * nn.functional.one_hot(y, 3).double() + torch.randn(
+        300, 3, generator=g, dtype=torch.float64
+    )
+    cal = cogcal.calibrate(z, y, "auto")
+    mean, se = paired_gain(z, z, y, cal.method, 5)  # COG-FC's logits: the same, uncalibrated
+    nll = float(nn.functional.cross_entropy(z, y))
+    assert mean == pytest.approx(nll - cal.cv_nll[cal.method], rel=1e-9) and se > 0
+
+
+def test_the_post_hoc_side_is_judged_by_its_cross_validated_nll_not_in_sample():
+    """A calibrator fitted on validation looks better on validation than it is: its
+    in-sample NLL (0.01 here) must not decide."""
+    cog, ce = _records(0.30)
+    made = choose(cog, ce, _cal({"dirichlet": 0.31}, in_sample=0.01), {"nll": 0.01}, (-0.01, 0.001))
+    assert made["side"] == "cog" and made["posthoc"]["val_nll_in_sample"] == 0.01
+
+
+def test_only_the_default_method_at_the_default_path_is_weighed():
+    assert weighs(TrainConfig(), "multiclass")
+    assert not weighs(TrainConfig(), "multilabel")
+    assert not weighs(TrainConfig(lr=1e-3), "multiclass")
+    assert not weighs(TrainConfig(method="ce"), "multiclass")
+    assert not weighs(TrainConfig(preset="paper"), "multiclass")
+    assert not weighs(TrainConfig(extra={METHOD_GIVEN: True}), "multiclass")
+    assert sides_folder("runs/a") == Path("runs/a.sides")
+
+
+def test_the_report_line_names_the_choice_and_both_figures():
+    cog, ce = _records(0.30)
+    made = choose(cog, ce, _cal({"ts": 0.25}), {"nll": 0.2, "ece_15": 0.012}, (0.05, 0.01))
+    line = choice_line({"choice": made})
+    assert line == (
+        "default path: chose cross-entropy + ts by validation NLL (COG-FC 0.3000, ECE-15 "
+        "0.0500; cross-entropy + ts 0.2500 cross-validated, ECE-15 0.0120 in-sample)"
+    )
+    assert choice_line({"table": []}) is None and choice_line(None) is None
+    kept = choice_module._kept(cog, "12 validation samples: too few to cross-validate")
+    assert choice_line({"choice": kept}) == (
+        "default path: COG-FC, validation NLL 0.3000 (12 validation samples: too few to "
+        "cross-validate; COG-FC kept)"
+    )
+    record = RunRecord(config={}, val={}, test={}, selection={"table": [], "choice": made})
+    section = health_section(record)
+    assert section is not None
+    assert any(
+        "Default path: chose cross-entropy + ts" in getattr(b, "text", "") for b in section.blocks
+    )
+
+
+# --------------------------------------------------------------------------- end to end, small
+
+
+def _problem(n: int = 300):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def _fit(out: Path, **kwargs):
+    x, y = _problem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # under-trained, the edge of the grid
+        return cogcal.fit(
+            kwargs.pop("net", None) or _net(), (x, y), epochs=3, out=out, progress=False,
+            checkpoint_seconds=0, **kwargs,
+        )  # fmt: skip
+
+
+def _force(monkeypatch, side: str) -> None:
+    real = choice_module.choose
+
+    def forced(cog, ce, cal, calibrated, gain):
+        made = real(cog, ce, cal, calibrated, gain)
+        made["side"], made["chosen"] = side, (cal.method if side == "posthoc" else COG_SIDE)
+        return made
+
+    monkeypatch.setattr(choice_module, "choose", forced)
+
+
+@pytest.mark.parametrize("side", ["cog", "posthoc"])
+def test_the_chosen_run_is_a_valid_run_of_its_method_with_the_choice_recorded(
+    side, tmp_path, monkeypatch
+):
+    _force(monkeypatch, side)
+    out = tmp_path / "run"
+    net = _net()
+    result = _fit(out, net=net)
+    made = result.selection["choice"]
+    saved = json.loads((out / "metrics.json").read_text())
+    method = saved["config"]["method"]
+    assert saved["selection"]["choice"] == made and made["side"] == side
+    assert method == (COG_SIDE if side == "cog" else made["posthoc"]["method"])
+    assert set(made["posthoc"]["cv_nll"]) >= {"ts", "vs", "ms"}
+    assert made["posthoc"]["val_nll_cv"] == min(made["posthoc"]["cv_nll"].values())
+    sides = sides_folder(out)
+    assert RunDir(sides / "cog-fc").is_complete() and RunDir(sides / "ce").is_complete()
+    if side == "posthoc":  # the network is the ce run's, the calibrator fitted on validation
+        assert (out / "calibrator.pt").is_file() and saved["val_uncalibrated"][
+            "nll"
+        ] == pytest.approx(made["posthoc"]["val_nll_uncalibrated"], rel=1e-5)
+        assert saved["config"]["lr"] == made["posthoc"]["lr"]
+    # load_run, the export and predict apply the chosen model (its calibrator folded in)
+    x, _ = _problem()
+    loaded = cogcal.load_run(out, model=_net())
+    assert loaded.config.method == method
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x[:7]), result.model(x[:7]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(net(x[:7]), result.model.network(x[:7]))  # the caller's
+        exported = loaded.model.export()
+        torch.testing.assert_close(
+            exported(x[:7]).softmax(1), loaded.model(x[:7]).softmax(1), atol=1e-5, rtol=1e-5
+        )
+    got = predict(loaded, x[:7])
+    assert got.notes == [f"{method} model; {choice_line(saved['selection'])}"]
+
+
+def test_an_explicit_method_is_trained_alone(tmp_path):
+    result = _fit(tmp_path / "run", method="cog-fc")
+    assert "choice" not in result.selection and not sides_folder(tmp_path / "run").exists()
+
+
+def test_an_interrupted_default_path_resumes_the_same_choice(tmp_path, monkeypatch):
+    """Killed after the COG side finished (in the cross-entropy side): the same call with
+    ``resume`` trains no COG epoch again and ends with the uninterrupted result."""
+    reference = _fit(tmp_path / "reference")
+    calls: list[str] = []
+    real_side = choice_module._side
+
+    def side(cfg, *args, **kwargs):
+        calls.append(cfg.method)
+        if cfg.method == "ce" and stop[0]:
+            raise KeyboardInterrupt
+        return real_side(cfg, *args, **kwargs)
+
+    stop = [True]
+    monkeypatch.setattr(choice_module, "_side", side)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path / "run")
+    assert calls == ["cog-fc", "ce"] and not (tmp_path / "run" / "metrics.json").exists()
+    assert RunDir(sides_folder(tmp_path / "run") / "cog-fc").is_complete()
+    stop[0] = False
+    epochs: list[int] = []
+    real_seed = loop.epoch_seed
+
+    def counted(seed: int, epoch: int) -> int:
+        epochs.append(epoch)
+        return real_seed(seed, epoch)
+
+    monkeypatch.setattr(loop, "epoch_seed", counted)
+    resumed = _fit(tmp_path / "run", resume=True)
+    ref_ce = reference.selection["choice"]["posthoc"]
+    assert resumed.selection["choice"]["side"] == reference.selection["choice"]["side"]
+    assert resumed.selection["choice"]["cog"] == reference.selection["choice"]["cog"]
+    assert resumed.selection["choice"]["posthoc"]["cv_nll"] == ref_ce["cv_nll"]
+    assert resumed.metrics == reference.metrics
+    ce_epochs = (
+        RunDir(sides_folder(tmp_path / "run") / "ce").read_record().selection["epochs_trained"]
+    )
+    assert len(epochs) == ce_epochs  # the COG side was reused: only the ce side trained
+    assert not math.isnan(resumed.metrics["nll"])
+
+
+@pytest.mark.slow
+def test_digits_at_defaults_end_to_end(tmp_path, capsys):
+    """`cogcal train --dataset digits` without --method: both sides trained, the choice in
+    metrics.json, the report and `cogcal predict`'s output; the chosen model's test logits
+    are those load_run predicts."""
+    out, data = tmp_path / "run", ["--data-root", str(tmp_path / "data")]
+    argv = ["train", "--dataset", "digits", "--epochs", "3", "--no-progress", *data]
+    assert main([*argv, "--out", str(out)]) == 0
+    saved = json.loads((out / "metrics.json").read_text())
+    made = saved["selection"]["choice"]
+    assert saved["config"]["method"] == made["chosen"]
+    assert saved["ood"] or saved["shift"] or saved["unavailable"]
+    assert main(["report", str(out)]) == 0
+    assert "Default path: chose" in (out / "report.md").read_text()
+    loaded = cogcal.load_run(out)
+    data = load_dataset("digits", root=tmp_path / "data")
+    with torch.no_grad():
+        logits = loaded.model(data.test.x)  # raw inputs: the run's standardisation inside
+    with np.load(out / "test_logits.npz") as f:
+        torch.testing.assert_close(logits, torch.from_numpy(f["logits"]), rtol=1e-5, atol=1e-5)
+    np.save(tmp_path / "x.npy", data.test.x[:20].numpy())
+    capsys.readouterr()
+    assert main(["predict", str(out), "--input", str(tmp_path / "x.npy")]) == 0
+    err = capsys.readouterr().err
+    assert f"cogcal: {made['chosen']} model; default path: chose" in err
