@@ -4,6 +4,7 @@ name, partial benches that say so."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from cogcal.cli import main
 from cogcal.commands.calibrate import calibrate_files
 from cogcal.report.overview import unfinished_notice
 from cogcal.runs.bench import NOT_STARTED
+from cogcal.train import devices
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -354,3 +356,98 @@ def test_a_bench_stopped_part_way_says_so_first(tmp_path):
     first = text[0]
     assert "This bench is unfinished: it was stopped by SIGTERM" in first, report[:800]
     assert "No results yet: digits (paper):" in text[1] and "cog-fc" in text[1]
+
+
+# --------------------------------------------------------------------------- 40.6: DDP
+
+
+class _Child:
+    """A child process as the watcher sees it (``poll``, ``send_signal``)."""
+
+    def __init__(self, code: int | None) -> None:
+        self.code, self.signals = code, []
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+
+@pytest.mark.parametrize(
+    ("code", "printed"), [(130, True), (143, True), (-2, False), (devices._QUIET + 2, False)]
+)
+def test_an_interrupted_child_ends_the_main_process_as_an_interruption(monkeypatch, capsys,
+                                                                       code, printed):  # fmt: skip
+    """Lightning's watcher would SIGKILL the main process; cogcal's stops the other
+    children, prints the one line once (unless the child printed it) and exits 128 + n."""
+    monkeypatch.setattr(devices, "_STATE", devices._Interruption())
+    monkeypatch.setattr(devices, "_GRACE", 0.05)
+    monkeypatch.setattr(devices, "_POLL", 0.01)
+    other, exits = _Child(None), []
+
+    def lightning_check() -> bool:  # pragma: no cover - must not be reached
+        raise AssertionError("Lightning's watcher was asked")
+
+    watcher = devices._ChildWatcher([_Child(code), other], lightning_check, exits.append)
+    watcher.run()
+    signum = devices._INTERRUPTED[code][0]
+    assert exits == [128 + signum] and other.signals == [signal.SIGTERM]
+    line = f"cogcal: interrupted ({signal.Signals(signum).name})\n"
+    assert capsys.readouterr().err == ("" if printed else line)
+
+
+def test_a_main_process_that_handles_the_signal_prints_alone(monkeypatch, capsys):
+    monkeypatch.setattr(devices, "_STATE", devices._Interruption())
+    monkeypatch.setattr(devices, "_GRACE", 0.05)
+    monkeypatch.setattr(devices, "_HANDLED_LIMIT", 0.0)
+    devices._STATE.handled = True
+    exits: list[int] = []
+    devices._ChildWatcher([_Child(devices._QUIET + 2)], lambda: True, exits.append).run()
+    assert capsys.readouterr().err == "" and exits == [130]
+
+
+def test_a_failed_child_is_left_to_lightnings_watcher(monkeypatch):
+    monkeypatch.setattr(devices, "_POLL", 0.01)
+    calls: list[int] = []
+    watcher = devices._ChildWatcher([_Child(None)], lambda: calls.append(1) or True, calls.append)
+    monkeypatch.setattr(devices.time, "monotonic", itertools.count(0, 5).__next__)
+    watcher.run()
+    assert calls == [1]
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.parametrize("delay", [0.5, 8.0])
+def test_ctrl_c_to_a_two_process_run_is_one_line_and_130(tmp_path, delay):
+    """`cogcal train --devices 2 --strategy ddp` (no --lr: the default path) on CPU (gloo):
+    Ctrl-C to the process group at ``delay`` s after the second process started (0.5: it is
+    still importing and the main process waits for it in C code; 8: both are training)."""
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cogcal", "train", "--dataset", "digits", "--epochs", "50",
+           "--no-progress", "--data-root", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
+           "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        start = time.monotonic()
+        while time.monotonic() - start < 120 and not _children(proc.pid):
+            time.sleep(0.05)
+        assert _children(proc.pid), "the second process never started"
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Forcefully terminating" not in err, err
+    assert err.count("cogcal: interrupted") == 1, err
+    assert "cogcal: interrupted (SIGINT)" in err and "Traceback" not in err, err

@@ -189,6 +189,15 @@ def _calibrate_flags(p: argparse.ArgumentParser) -> None:
                    help="the label column of a CSV (class indices or class column names)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true",
                    help="replace a calibration already in --out (only its own files)")  # fmt: skip
+    p.add_argument(
+        "--conformal", type=float, default=None, metavar="ALPHA",
+        help="also fit conformal prediction sets of level 1 - ALPHA (e.g. 0.1): the "
+        "calibrator is fitted on a stratified half of --val, the sets' threshold on the other",
+    )  # fmt: skip
+    p.add_argument(
+        "--conformal-method", default="lac", type=str.lower, choices=("lac", "aps", "raps"),
+        help="the conformity score of --conformal (default lac: the smallest sets)",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +39,21 @@ from torch import nn
 from cogcal._checks import check_classes_present, check_multiclass, warn_if_probabilities
 from cogcal.calibrators import KINDS, auto_candidates, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
+from cogcal.conformal import ConformalSets
 
-__all__ = ["AUTO", "POSTHOC_METHODS", "Calibration", "calibrate", "cross_validated_nll"]
+__all__ = [
+    "AUTO",
+    "POSTHOC_METHODS",
+    "Calibration",
+    "calibrate",
+    "conformal_split",
+    "cross_validated_nll",
+]
+
+#: A function told, as each step of a fit starts, what it is (``"ms, fold 3/5"``).
+Progress = Callable[[str], None]
+#: The seed of the stratified split of ``calibrate(conformal=...)``: calibrator / threshold.
+CONFORMAL_SPLIT_SEED = 0
 
 #: The post-hoc calibrators :func:`calibrate` fits, simplest first (the order breaks ties):
 #: temperature, vector and matrix scaling, Dirichlet calibration, isotonic regression and
@@ -76,6 +89,10 @@ class Calibration:
     nll_before, nll_after : float
         Mean NLL on the fitting data of the logits as given and after calibration (the
         latter is in-sample: ``cv_nll`` is the honest estimate).
+    conformal : ConformalSets or None
+        With ``calibrate(conformal=alpha)`` (``cogcal calibrate --conformal ALPHA``): the
+        split conformal sets whose threshold was fitted on the calibrated probabilities of
+        validation rows the calibrator did not see (:meth:`predict_sets`); else ``None``.
     """
 
     method: str
@@ -85,6 +102,7 @@ class Calibration:
     folds: int | None = None
     nll_before: float = math.nan
     nll_after: float = math.nan
+    conformal: ConformalSets | None = None
 
     def __call__(self, logits: Any) -> Any:
         """Calibrated logits: a tensor gives a tensor, a numpy array a numpy array."""
@@ -93,6 +111,17 @@ class Calibration:
     def predict_proba(self, logits: Any) -> Any:
         """Calibrated probabilities (softmax of the calibrated logits), without gradients."""
         return self.calibrator.predict_proba(logits)
+
+    def predict_sets(self, logits: Any) -> Any:
+        """The conformal prediction set of each row (a boolean ``(N, K)`` mask) from the
+        calibrated probabilities of ``logits``: :attr:`conformal`'s
+        :meth:`~cogcal.conformal.ConformalSets.predict`."""
+        if self.conformal is None:
+            raise RuntimeError(
+                "this calibration has no conformal sets: fit it with "
+                "cogcal.calibrate(..., conformal=alpha) or `cogcal calibrate --conformal ALPHA`."
+            )
+        return self.conformal.predict(probs=self.predict_proba(logits))
 
 
 def _held_out_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
@@ -103,7 +132,13 @@ def _held_out_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def cross_validated_nll(
-    logits: torch.Tensor, labels: torch.Tensor, method: str, *, cv: int = 5, seed: int = 0
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    method: str,
+    *,
+    cv: int = 5,
+    seed: int = 0,
+    progress: Progress | None = None,
 ) -> float:
     r"""Pooled held-out NLL of post-hoc ``method`` by ``cv``-fold cross-validation.
 
@@ -118,6 +153,7 @@ def cross_validated_nll(
     where :math:`\hat p^{(-f)}` is the calibrator fitted without fold :math:`f`. A fit
     that fails (non-finite parameters) scores ``inf``. Warnings of the fold fits (a
     penalty at the edge of its grid, separable data) are not shown: only the final fit's.
+    ``progress`` is called with ``"METHOD, fold F/CV"`` as each fold's fit starts.
 
     >>> import torch
     >>> y = torch.arange(100) % 2
@@ -129,6 +165,8 @@ def cross_validated_nll(
     total = 0.0
     for f in range(cv):
         held = folds == f
+        if progress is not None:
+            progress(f"{method}, fold {f + 1}/{cv}")
         cal = make_calibrator(method)
         # a class with one sample is missing from one fold's training part: that fit is
         # scored honestly on its held-out fold (calibrate refuses classes absent from all)
@@ -144,7 +182,11 @@ def cross_validated_nll(
 
 
 def _score_candidates(
-    z: torch.Tensor, y: torch.Tensor, candidates: Sequence[str], cv: int
+    z: torch.Tensor,
+    y: torch.Tensor,
+    candidates: Sequence[str],
+    cv: int,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, float], dict[str, tuple[nn.Module, list]]]:
     """The cross-validated NLL of each candidate, and those fitted on all the data.
 
@@ -159,8 +201,10 @@ def _score_candidates(
     for name in dict.fromkeys(candidates):
         cal = make_calibrator(name)
         if getattr(cal, "l2", None) != "cv":
-            scores[name] = cross_validated_nll(z, y, name, cv=cv)
+            scores[name] = cross_validated_nll(z, y, name, cv=cv, progress=progress)
             continue
+        if progress is not None:  # its folds run inside its own fit
+            progress(f"{name}, penalty by {cv}-fold cross-validation (folds 1-{cv}/{cv})")
         cal.cv = cv
         try:
             with warnings.catch_warnings(record=True) as caught:
@@ -191,6 +235,67 @@ def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
     return method.strip().lower()
 
 
+def _choose(
+    z: torch.Tensor, y: torch.Tensor, candidates: Sequence[str], cv: int,
+    progress: Progress | None,
+) -> tuple[str, dict[str, float], dict[str, tuple[nn.Module, list]]]:  # fmt: skip
+    """``method="auto"``: the candidate of least cross-validated NLL, every score, and the
+    candidates already fitted on all the data (:func:`_score_candidates`)."""
+    n = int(y.shape[0])
+    if n < _MIN_PER_FOLD * cv:
+        raise ValueError(
+            f"`method='auto'` with cv={cv} folds needs at least {_MIN_PER_FOLD * cv} "
+            f"samples ({_MIN_PER_FOLD} per fold), got {n}: pass a smaller `cv` or a "
+            "method (e.g. method='ts')."
+        )
+    scores, fitted = _score_candidates(z, y, candidates, cv, progress)
+    finite = {c: s for c, s in scores.items() if math.isfinite(s)}
+    if not finite:
+        raise ValueError(
+            "every candidate calibrator failed to fit in cross-validation; check the "
+            "logits for extreme values."
+        )
+    return min(finite, key=finite.__getitem__), scores, fitted  # ties: the simpler
+
+
+def _fit(
+    z: torch.Tensor, y: torch.Tensor, method: str, cv: int, candidates: Sequence[str],
+    progress: Progress | None,
+) -> Calibration:  # fmt: skip
+    """:func:`calibrate` on checked float64 logits ``z`` and labels ``y``."""
+    check_classes_present(y, int(z.shape[1]))
+    scores: dict[str, float] = {}
+    fitted: dict[str, tuple[nn.Module, list]] = {}
+    folds = None
+    if method == AUTO:
+        method, scores, fitted = _choose(z, y, candidates, cv, progress)
+        folds = cv
+    if method in fitted:  # fitted on all the data while scoring it: its warnings now
+        cal, caught = fitted[method]
+        for w in caught:
+            warnings.warn(w.message, w.category, stacklevel=3)
+    else:
+        if progress is not None:
+            progress(f"{method}, fit on all {int(y.shape[0])} rows")
+        cal = make_calibrator(method).fit(z, y)
+    return Calibration(
+        method=method, calibrator=cal, num_classes=int(z.shape[1]), cv_nll=scores,
+        folds=folds, nll_before=float(F.cross_entropy(z, y)), nll_after=_held_out_nll(cal, z, y),
+    )  # fmt: skip
+
+
+def conformal_split(labels: Any, seed: int = CONFORMAL_SPLIT_SEED) -> torch.Tensor:
+    """The rows of ``calibrate(conformal=...)`` whose calibrated probabilities fit the
+    conformal threshold (a boolean mask, about half of each class, seeded); the calibrator
+    is fitted on the others.
+
+    >>> conformal_split([0, 0, 1, 1, 1, 0]).int().tolist()
+    [1, 0, 1, 0, 1, 0]
+    """
+    y = torch.as_tensor(labels)
+    return _stratified_folds(y, 2, seed) == 1
+
+
 def calibrate(
     logits: Any,
     labels: Any,
@@ -198,6 +303,9 @@ def calibrate(
     *,
     cv: int = 5,
     candidates: Sequence[str] | None = None,
+    conformal: float | None = None,
+    conformal_method: str = "lac",
+    progress: Progress | None = None,
 ) -> Calibration:
     r"""Fit a post-hoc calibrator to held-out ``logits`` of a trained model.
 
@@ -218,19 +326,33 @@ def calibrate(
         The calibrators ``"auto"`` chooses among (default:
         :func:`~cogcal.calibrators.auto_candidates` of K: every kind, the two-class ones and
         BBQ for K = 2 only).
+    conformal : float, optional
+        A miscoverage level :math:`\alpha` in (0, 1): also fit split conformal prediction
+        sets (:class:`~cogcal.conformal.ConformalSets`). The rows are split in two halves,
+        stratified by class (:func:`conformal_split`): the calibrator is chosen and fitted on
+        one, and the threshold on the calibrated probabilities of the other, which the
+        calibrator never saw (a threshold fitted on the calibrator's own rows under-covers).
+    conformal_method : {"lac", "aps", "raps"}
+        The conformity score of ``conformal`` (default ``"lac"``: the smallest sets on
+        average, exact coverage; :mod:`cogcal.conformal`).
+    progress : callable, optional
+        Called with a short description (``"ms, fold 3/5"``) as each fit starts: each
+        candidate's folds, and the final fit.
 
     Returns
     -------
     Calibration
-        The calibrator fitted on all of ``logits``, with ``cv_nll`` for ``"auto"``. Ties
-        in ``cv_nll`` go to the earlier candidate (the simpler map).
+        The calibrator fitted on all of ``logits`` (on its half with ``conformal``), with
+        ``cv_nll`` for ``"auto"`` and ``conformal`` with ``conformal``. Ties in ``cv_nll``
+        go to the earlier candidate (the simpler map).
 
     Raises
     ------
     ValueError
         Logits that are not a finite (N, K) float array, labels out of range, of one
-        class only or missing a class (every class ``0 .. K-1`` must occur), an unknown
-        method, or too few samples for ``cv`` folds.
+        class only or missing a class (every class ``0 .. K-1`` must occur, in each half
+        with ``conformal``), an unknown method, too few samples for ``cv`` folds, or for
+        the conformal threshold at level ``conformal``.
 
     Examples
     --------
@@ -241,11 +363,15 @@ def calibrate(
     >>> cal = cogcal.calibrate(z, y, candidates=("ts", "ms"))
     >>> cal.method in ("ts", "ms"), sorted(cal.cv_nll), cal.folds
     (True, ['ms', 'ts'], 5)
+    >>> cal = cogcal.calibrate(z, y, method="ts", conformal=0.1)
+    >>> cal.conformal.n_calibration_, cal.predict_sets(z[:2]).shape
+    (400, (2, 4))
     """
     z, y = check_multiclass(np.asarray(logits) if isinstance(logits, list) else logits, labels)
     if candidates is None:
         candidates = auto_candidates(int(z.shape[1]))
     method = _checked_method(method, candidates, cv)
+    sets = None if conformal is None else ConformalSets(method=conformal_method, alpha=conformal)
     warn_if_probabilities(
         z, "logits", "calibrate needs logits (the model's outputs before softmax), not "
         "probabilities: pass np.log(p), which are valid logits.", rows=True, stacklevel=3,
@@ -258,35 +384,12 @@ def calibrate(
         )
     check_classes_present(y, int(z.shape[1]))
     z = z.detach().to(torch.float64)
-    k = int(z.shape[1])
-    scores: dict[str, float] = {}
-    fitted: dict[str, tuple[nn.Module, list]] = {}
-    folds = None
-    if method == AUTO:
-        n = int(y.shape[0])
-        if n < _MIN_PER_FOLD * cv:
-            raise ValueError(
-                f"`method='auto'` with cv={cv} folds needs at least {_MIN_PER_FOLD * cv} "
-                f"samples ({_MIN_PER_FOLD} per fold), got {n}: pass a smaller `cv` or a "
-                "method (e.g. method='ts')."
-            )
-        scores, fitted = _score_candidates(z, y, candidates, cv)
-        finite = {c: s for c, s in scores.items() if math.isfinite(s)}
-        if not finite:
-            raise ValueError(
-                "every candidate calibrator failed to fit in cross-validation; check the "
-                "logits for extreme values."
-            )
-        method = min(finite, key=finite.__getitem__)  # first of equal scores: simpler
-        folds = cv
-    if method in fitted:  # fitted on all the data while scoring it: its warnings now
-        cal, caught = fitted[method]
-        for w in caught:
-            warnings.warn(w.message, w.category, stacklevel=2)
-    else:
-        cal = make_calibrator(method).fit(z, y)
-    before = float(F.cross_entropy(z, y))
-    return Calibration(
-        method=method, calibrator=cal, num_classes=k, cv_nll=scores, folds=folds,
-        nll_before=before, nll_after=_held_out_nll(cal, z, y),
-    )  # fmt: skip
+    if sets is None:
+        return _fit(z, y, method, cv, candidates, progress)
+    held = conformal_split(y).to(y.device)
+    cal = _fit(z[~held], y[~held], method, cv, candidates, progress)
+    if progress is not None:
+        progress(f"conformal threshold on {int(held.sum())} held-out rows")
+    with torch.no_grad():
+        cal.conformal = sets.fit(probs=cal.predict_proba(z[held]), labels=y[held])
+    return cal

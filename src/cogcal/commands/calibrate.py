@@ -17,6 +17,7 @@ import io
 import math
 import os
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,17 @@ import torch
 from cogcal._errors import ArgumentError
 from cogcal._version import __version__
 from cogcal.commands._common import UserError
+from cogcal.conformal import ConformalSets, coverage, coverage_by_set_size, mean_set_size
 from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, POSTHOC_METHODS, calibrate
+from cogcal.posthoc import AUTO, CONFORMAL_SPLIT_SEED, POSTHOC_METHODS, Calibration, calibrate
 from cogcal.report.calibration_report import build_calibration_report
-from cogcal.runs.calibration import CALIBRATION_FORMAT, CALIBRATION_MARK, CalibrationFolder
+from cogcal.runs.calibration import (
+    CALIBRATION_FORMAT,
+    CALIBRATION_MARK,
+    CONFORMAL_KEY,
+    CalibrationFolder,
+)
 
 __all__ = ["Scores", "calibrate_files", "read_scores", "run"]
 
@@ -55,6 +62,27 @@ def sum_tolerance(k: int) -> float:
 
 
 SCORE_KINDS = ("logits", "probs")
+
+#: ``--method auto`` on more than this many rows x classes² is announced up front, with
+#: a rough estimate of its time and how to make it cheaper (docs/already-trained.md, "What
+#: auto costs").
+AUTO_ANNOUNCE = 5e7
+#: Seconds per row x class² x fold of ``auto`` (a rough, conservative constant: the matrix
+#: maps' penalty grids dominate; :func:`auto_seconds`).
+_AUTO_SECONDS_PER_UNIT = 2e-8
+#: The conformity score of ``--conformal`` unless ``--conformal-method`` names another.
+CONFORMAL_METHOD = "lac"
+
+
+def auto_seconds(rows: int, classes: int, cv: int) -> float:
+    """A rough estimate of the seconds ``--method auto`` takes on ``rows`` x ``classes``
+    with ``cv`` folds: the matrix maps dominate, each fold's fit costs about rows x
+    classes² (an order of magnitude, not a measurement of this machine).
+
+    >>> round(auto_seconds(10**6, 10, 5))
+    10
+    """
+    return _AUTO_SECONDS_PER_UNIT * rows * classes**2 * cv
 
 
 @dataclass
@@ -267,30 +295,22 @@ def _inputs(s: Scores) -> dict[str, Any]:
     }
 
 
-def calibrate_files(
-    val: str | os.PathLike[str],
-    test: str | os.PathLike[str] | None,
-    *,
-    method: str = AUTO,
-    out: str | os.PathLike[str],
-    cv: int = 5,
-    kind: str = "logits",
-    label_column: str = "label",
-    overwrite: bool = False,
-    report: bool = True,
-    log: Any = None,
-) -> dict[str, Any]:
-    """``cogcal calibrate``: read the scores, fit on ``val`` only, write the folder ``out``
-    (the module docstring lists its files) and return its ``metrics.json``.
+def _announce_auto(n: int, k: int, cv: int, say: Any) -> None:
+    """One line before a large ``auto`` fit: how long, roughly, and how to make it cheaper."""
+    if n * k * k <= AUTO_ANNOUNCE:
+        return
+    seconds = auto_seconds(n, k, cv)
+    when = f"{seconds / 60:.0f} minutes" if seconds >= 90 else f"{seconds:.0f} s"
+    say(
+        f"--method auto on {n} rows x {k} classes may take about {when} (a rough estimate); "
+        f"--method ts takes seconds, and --cv 3 or a smaller --val cut the time "
+        "(docs/already-trained.md, 'What auto costs')"
+    )
 
-    ``log``: a function called with each line worth telling the user (the choice, a
-    conversion of probabilities); nothing is printed without it.
-    """
-    say = log or (lambda line: None)
-    if method not in (AUTO, *POSTHOC_METHODS):
-        raise ArgumentError(
-            f"--method {method!r} is unknown; choose one of: {', '.join((AUTO, *POSTHOC_METHODS))}."
-        )
+
+def _checked_inputs(val: Any, test: Any, *, kind: str, label_column: str, say: Any
+                    ) -> tuple[Scores, Scores | None]:  # fmt: skip
+    """Both splits read and checked against each other."""
     v = read_scores(val, kind=kind, label_column=label_column)
     t = read_scores(test, kind=kind, label_column=label_column) if test is not None else None
     k = v.logits.shape[1]
@@ -313,18 +333,91 @@ def calibrate_files(
             f"{v.path}: every label is {int(v.labels[0])}; a calibrator needs validation "
             "samples of at least two classes."
         )
-    if method == AUTO and v.labels.shape[0] < 10 * cv:
+    return v, t
+
+
+def _conformal_metrics(cal: Calibration, t: Scores | None) -> dict[str, Any]:
+    """``metrics.json``'s ``"conformal"``: the sets, and their test coverage and sizes."""
+    sets = cal.conformal
+    assert sets is not None
+    out: dict[str, Any] = {
+        "method": sets.method, "alpha": sets.alpha, "threshold": sets.threshold_,
+        "threshold_rows": sets.n_calibration_,
+    }  # fmt: skip
+    if t is not None:
+        mask = cal.predict_sets(t.logits)
+        by_size = coverage_by_set_size(mask, t.labels)
+        out.update(
+            test_coverage=coverage(mask, t.labels), test_mean_set_size=mean_set_size(mask),
+            test_coverage_by_set_size={str(size): row for size, row in by_size.items()},
+        )  # fmt: skip
+    return out
+
+
+def _fit(v: Scores, method: str, cv: int, conformal: float | None, conformal_method: str,
+         progress: Any) -> Calibration:  # fmt: skip
+    """:func:`cogcal.posthoc.calibrate` on the validation scores (its refusals name the file)."""
+    n = v.labels.shape[0] // 2 if conformal is not None else v.labels.shape[0]
+    if method == AUTO and n < 10 * cv:
+        half = " (half of it with --conformal)" if conformal is not None else ""
         raise ArgumentError(
             f"{v.path} has {v.labels.shape[0]} samples; --method auto with --cv {cv} needs at "
-            f"least {10 * cv} (10 per fold): lower --cv or name a --method."
+            f"least {10 * cv} (10 per fold){half}: lower --cv or name a --method."
         )
+    try:
+        return calibrate(
+            v.logits, v.labels, method, cv=cv, conformal=conformal,
+            conformal_method=conformal_method, progress=progress,
+        )  # fmt: skip
+    except ValueError as err:  # calibrate's documented refusals of the data
+        raise _err(v.path, str(err)) from None
+
+
+def calibrate_files(
+    val: str | os.PathLike[str],
+    test: str | os.PathLike[str] | None,
+    *,
+    method: str = AUTO,
+    out: str | os.PathLike[str],
+    cv: int = 5,
+    kind: str = "logits",
+    label_column: str = "label",
+    overwrite: bool = False,
+    report: bool = True,
+    log: Any = None,
+    conformal: float | None = None,
+    conformal_method: str = CONFORMAL_METHOD,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """``cogcal calibrate``: read the scores, fit on ``val`` only, write the folder ``out``
+    (the module docstring lists its files) and return its ``metrics.json``.
+
+    ``log``: a function called with each line worth telling the user (the choice, a
+    conversion of probabilities); nothing is printed without it. ``conformal``: a level
+    alpha of conformal prediction sets (``conformal_method``), whose threshold is fitted on
+    a stratified half of ``val`` that the calibrator, fitted on the other half, never saw
+    (:func:`cogcal.posthoc.calibrate`); written to ``conformal.json``. ``progress``: given
+    to :func:`cogcal.posthoc.calibrate`.
+    """
+    say = log or (lambda line: None)
+    if method not in (AUTO, *POSTHOC_METHODS):
+        raise ArgumentError(
+            f"--method {method!r} is unknown; choose one of: {', '.join((AUTO, *POSTHOC_METHODS))}."
+        )
+    if conformal is not None:  # the level and the score, before anything is read
+        try:
+            ConformalSets(method=conformal_method, alpha=conformal)
+        except (ValueError, TypeError) as err:
+            raise ArgumentError(f"--conformal {conformal!r}: {err}") from None
+    v, t = _checked_inputs(val, test, kind=kind, label_column=label_column, say=say)
+    k = v.logits.shape[1]
+    if method == AUTO:
+        _announce_auto(v.labels.shape[0], k, cv, say)
     folder = CalibrationFolder(out)
     with folder.lock():
         folder.prepare(overwrite=overwrite, remove=False)  # refusals before the fit
-        try:  # fitted before anything is removed: a refusal of the data loses nothing
-            cal = calibrate(v.logits, v.labels, method, cv=cv)
-        except ValueError as err:  # calibrate's documented refusals of the data
-            raise _err(v.path, str(err)) from None
+        # fitted before anything is removed: a refusal of the data loses nothing
+        cal = _fit(v, method, cv, conformal, conformal_method, progress)
         folder.prepare(overwrite=overwrite)
         meta: dict[str, Any] = {
             CALIBRATION_MARK: CALIBRATION_FORMAT, "status": "writing", "cogcal": __version__,
@@ -335,38 +428,85 @@ def calibrate_files(
             scores = ", ".join(f"{m} {s:.4f}" for m, s in cal.cv_nll.items())
             say(f"chose {cal.method} by {cv}-fold cross-validated validation NLL ({scores})")
         folder.write("calibrator.pt", cal.calibrator.state_dict())
-        metrics: dict[str, Any] = {
-            "val_before": _metrics(v.logits, v.labels),
-            "val": _metrics(cal(v.logits), v.labels),
-        }
-        if t is not None:
-            after = cal(t.logits)
-            metrics["test_before"] = _metrics(t.logits, t.labels, intervals=True)
-            metrics["test"] = _metrics(after, t.labels, intervals=True)
-            folder.write(
-                "test_logits.npz", {"logits": t.logits, "calibrated": after, "labels": t.labels}
-            )
-        folder.write("metrics.json", metrics)
+        metrics = _write_metrics(folder, cal, v, t)
         meta.update(
             status="complete", method=cal.method, num_classes=k, class_names=v.class_names,
             folds=cal.folds,
             cv_nll={m: (x if math.isfinite(x) else None) for m, x in cal.cv_nll.items()}, nll_before=cal.nll_before, nll_after=cal.nll_after,
         )  # fmt: skip
+        if cal.conformal is not None:
+            sets = cal.conformal
+            meta[CONFORMAL_KEY] = {
+                "method": sets.method, "alpha": sets.alpha, "split_seed": CONFORMAL_SPLIT_SEED,
+                "calibrator_rows": v.labels.shape[0] - sets.n_calibration_,
+                "threshold_rows": sets.n_calibration_,
+            }  # fmt: skip
         folder.write("calibration.json", folder.seal(meta))  # last: binds the files above
         if report:
             build_calibration_report(folder.path)
     return metrics
 
 
+def _write_metrics(folder: CalibrationFolder, cal: Calibration, v: Scores,
+                   t: Scores | None) -> dict[str, Any]:  # fmt: skip
+    """Write ``metrics.json`` (and ``test_logits.npz``, ``conformal.json``); return it."""
+    metrics: dict[str, Any] = {
+        "val_before": _metrics(v.logits, v.labels),
+        "val": _metrics(cal(v.logits), v.labels),
+    }
+    if t is not None:
+        after = cal(t.logits)
+        metrics["test_before"] = _metrics(t.logits, t.labels, intervals=True)
+        metrics["test"] = _metrics(after, t.labels, intervals=True)
+        folder.write(
+            "test_logits.npz", {"logits": t.logits, "calibrated": after, "labels": t.labels}
+        )
+    if cal.conformal is not None:
+        folder.write("conformal.json", cal.conformal.to_dict())
+        metrics[CONFORMAL_KEY] = _conformal_metrics(cal, t)
+    folder.write("metrics.json", metrics)
+    return metrics
+
+
+class StatusLine:
+    """A one-line status on a terminal's stderr (``cogcal: ms, fold 3/5 (12 s)``), rewritten
+    in place as each step starts and cleared by :meth:`close`: the ``progress`` of
+    :func:`calibrate_files` when stderr is a terminal (nothing is written to a file or pipe,
+    so logs and tests stay clean)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.start = time.monotonic()
+        self.shown = False
+
+    def __call__(self, step: str) -> None:
+        elapsed = time.monotonic() - self.start
+        self.stream.write(f"\r\033[Kcogcal: {step} ({elapsed:.0f} s)")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
 def run(args: Any) -> int:
     """``cogcal calibrate``: fit, write the folder and its report, print the metrics."""
     if args.cv < 2:
         raise UserError(f"--cv must be an integer >= 2 (folds), got {args.cv}.")
-    metrics = calibrate_files(
-        args.val, args.test, method=args.method.lower(), out=args.out, cv=args.cv,
-        kind=args.scores, label_column=args.label_column, overwrite=args.overwrite,
-        log=lambda line: print(f"cogcal: {line}", file=sys.stderr),
-    )  # fmt: skip
+    status = StatusLine() if sys.stderr.isatty() else None
+    try:
+        metrics = calibrate_files(
+            args.val, args.test, method=args.method.lower(), out=args.out, cv=args.cv,
+            kind=args.scores, label_column=args.label_column, overwrite=args.overwrite,
+            log=lambda line: print(f"cogcal: {line}", file=sys.stderr),
+            conformal=args.conformal, conformal_method=args.conformal_method, progress=status,
+        )  # fmt: skip
+    finally:
+        if status is not None:
+            status.close()
     keys = ("acc", "nll", "brier", "ece_15")
     print(f"{'split':22s}" + "".join(f"{k:>10s}" for k in keys))
     names = {"val_before": "val, as given", "val": "val, calibrated (fit)",
@@ -374,6 +514,12 @@ def run(args: Any) -> int:
     for split, name in names.items():
         if split in metrics:
             print(f"{name:22s}" + "".join(f"{metrics[split][k]:10.4f}" for k in keys))
+    sets = metrics.get(CONFORMAL_KEY)
+    if sets is not None and "test_coverage" in sets:
+        print(
+            f"conformal sets ({sets['method']}, alpha {sets['alpha']:g}): test coverage "
+            f"{sets['test_coverage']:.4f}, mean set size {sets['test_mean_set_size']:.3f}"
+        )
     print(f"wrote {args.out}/calibrator.pt (cogcal.load_calibrator({str(args.out)!r})), "
           f"metrics.json and report.html")  # fmt: skip
     return 0

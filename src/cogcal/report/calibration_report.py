@@ -27,7 +27,7 @@ __all__ = ["build_calibration_report"]
 _METRICS = ("acc", "nll", "brier", "ece_15", "adaece_15", "cwece_15", "smece", "aurc")
 
 
-def _metrics_table(metrics: dict[str, Any], method: str) -> Table:
+def _metrics_table(metrics: dict[str, Any], method: str, meta: dict[str, Any]) -> Table:
     shown = [m for m in _METRICS if any(m in (metrics.get(s) or {}) for s in metrics)]
     names = {
         "val_before": "validation, as given",
@@ -35,6 +35,10 @@ def _metrics_table(metrics: dict[str, Any], method: str) -> Table:
         "test_before": "test, as given",
         "test": f"test, after {method}",
     }
+    if meta.get("conformal"):
+        names["val"] = (
+            f"validation, after {method} (fitted on half; the other half fitted the sets)"
+        )
 
     def value(m: dict[str, Any], key: str) -> str:
         low, high = m.get(f"{key}_low"), m.get(f"{key}_high")
@@ -72,6 +76,40 @@ def _choice(meta: dict[str, Any]) -> Table | Paragraph:
     return Table("How the calibrator was chosen", ["Calibrator", "CV NLL ↓"], rows, notes, "choice")
 
 
+def _sets(meta: dict[str, Any], metrics: dict[str, Any]) -> list[Any]:
+    """The conformal prediction sets of ``--conformal``: how they were fitted, their test
+    coverage and mean size, and the coverage of the rows of each set size."""
+    sets, how = metrics.get("conformal"), meta.get("conformal") or {}
+    if not isinstance(sets, dict):
+        return []
+    alpha = sets.get("alpha")
+    text = (
+        f"Split conformal prediction sets ({sets.get('method')}) of level 1 − α = "
+        f"{num(1 - alpha) if isinstance(alpha, (int, float)) else '—'}: the calibrator was "
+        f"fitted on {how.get('calibrator_rows', '—')} validation rows and the threshold "
+        f"({num(sets.get('threshold'))}) on the calibrated probabilities of the other "
+        f"{sets.get('threshold_rows', '—')}, which the calibrator never saw (a stratified "
+        "half, seed 0). Load them with cogcal.load_calibrator(FOLDER).conformal."
+    )
+    blocks: list[Any] = [Paragraph(text)]
+    by_size = sets.get("test_coverage_by_set_size")
+    if not isinstance(by_size, dict):
+        return [*blocks, Paragraph("No test split was given: no coverage measured.")]
+    blocks.append(Paragraph(
+        f"Test coverage {num(sets.get('test_coverage'))} (target at least "
+        f"{num(1 - alpha) if isinstance(alpha, (int, float)) else '—'}), mean set size "
+        f"{num(sets.get('test_mean_set_size'))}."
+    ))  # fmt: skip
+    rows = [
+        [Cell(size), Cell(str(row.get("count"))), Cell(num(row.get("fraction"))),
+         Cell(num(row.get("coverage")))]
+        for size, row in sorted(by_size.items(), key=lambda kv: int(kv[0]))
+    ]  # fmt: skip
+    notes: list[Any] = ["Coverage of the test rows grouped by the size of their set."]
+    head = ["Set size", "Rows", "Fraction", "Coverage"]
+    return [*blocks, Table("Coverage by set size", head, rows, notes, "sets")]
+
+
 def _reliability(path: Path, test: dict[str, Any] | None, method: str) -> Figure | Paragraph:
     if test is None:
         return Paragraph("No test split was given: no reliability diagram.")
@@ -104,10 +142,12 @@ def build_calibration_report(path: str | Path) -> Path:
             f"{num(before.get('acc'))} → {num(test.get('acc'))}."
         )
     summary += " Load it with cogcal.load_calibrator(FOLDER)."
+    sets = _sets(meta, metrics)
     sections = [
         Section("Summary", [Paragraph(summary)], "summary"),
         Section("Choice", [_choice(meta)], "choice-sec"),
-        Section("Metrics", [_metrics_table(metrics, method)], "metrics-sec"),
+        Section("Metrics", [_metrics_table(metrics, method, meta)], "metrics-sec"),
+        *([Section("Prediction sets", sets, "sets-sec")] if sets else []),
         Section(
             "Reliability diagram",
             [_reliability(folder.path, folder.read_test(), method)],

@@ -4,14 +4,17 @@ which reads its calibrator back in one call::
     calibration.json     what was fitted and how it was chosen; its "cogcal_calibration"
                          key marks the folder, "status": "complete" that it is finished
     calibrator.pt        the fitted calibrator's state (tensors only)
-    metrics.json         validation and test metrics before and after calibration
+    metrics.json         validation and test metrics before and after calibration (and,
+                         with --conformal, the test coverage and set sizes of the sets)
+    conformal.json       with --conformal: the fitted conformal prediction sets
+                         (:meth:`cogcal.conformal.ConformalSets.to_dict`)
     test_logits.npz      the test logits as given, calibrated, and the labels
     reliability.png      reliability diagrams of the test split before and after
     report.md, .html     the report (`cogcal report FOLDER` writes it again)
 
 The folder is bound to its contents as a run folder is (:mod:`cogcal.runs.integrity`):
 ``calibration.json``, written last, records under ``"integrity"`` the sha256 of
-``calibrator.pt``, ``metrics.json`` and ``test_logits.npz`` and the digest of its own other
+``calibrator.pt``, ``metrics.json``, ``test_logits.npz`` and ``conformal.json`` and the digest of its own other
 keys (:meth:`CalibrationFolder.seal`). :meth:`CalibrationFolder.check` (what
 :func:`load_calibrator` and ``cogcal report`` call first) refuses, in one line naming the file
 (and the key), a damaged or mistyped value, an edit, a file copied from another calibration,
@@ -43,6 +46,7 @@ import torch
 from cogcal import _io
 from cogcal._errors import ArgumentError
 from cogcal.calibrators import make_calibrator
+from cogcal.conformal import ConformalSets
 from cogcal.posthoc import POSTHOC_METHODS, Calibration
 from cogcal.runs.identity import file_digest
 from cogcal.runs.layout import LOCK_NAME, lock_folder
@@ -67,15 +71,18 @@ CALIBRATION_FILES = (
     "calibrator.pt",
     "metrics.json",
     "test_logits.npz",
+    "conformal.json",
     "reliability.png",
     "report.md",
     "report.html",
 )
 #: The files ``calibration.json`` binds by their sha256 (:meth:`CalibrationFolder.seal`).
-BOUND_FILES = ("calibrator.pt", "metrics.json", "test_logits.npz")
+BOUND_FILES = ("calibrator.pt", "metrics.json", "test_logits.npz", "conformal.json")
 #: The splits of ``metrics.json`` (``test_before`` and ``test`` when a test split was given).
 METRIC_SPLITS = ("val_before", "val", "test_before", "test")
 _AGAIN = "run cogcal calibrate again with --overwrite"
+#: The key of ``metrics.json`` (and ``calibration.json``) of ``--conformal``.
+CONFORMAL_KEY = "conformal"
 
 
 def _err(path: Path, what: str) -> ArgumentError:
@@ -132,6 +139,9 @@ class CalibrationFolder:
         if not isinstance(data, dict):
             raise _err(path, "is not a JSON object; run cogcal calibrate again.")
         for split, values in data.items():
+            if split == CONFORMAL_KEY:
+                _check_conformal_metrics(path, values)
+                continue
             if split not in METRIC_SPLITS or not isinstance(values, dict):
                 raise _err(path, f"key {split!r} is not a split of metrics; {_AGAIN}.")
             for key, value in values.items():
@@ -285,6 +295,25 @@ class CalibrationFolder:
                 )  # fmt: skip
 
 
+def _check_conformal_metrics(path: Path, values: Any) -> None:
+    """The ``"conformal"`` entry of ``metrics.json``: numbers, the score's name, and the
+    coverage by set size (a mapping of sizes to numbers)."""
+    if not isinstance(values, dict):
+        raise _err(path, f"key 'conformal' is not a mapping of metrics; {_AGAIN}.")
+    for key, value in values.items():
+        if key == "method" and isinstance(value, str):
+            continue
+        rows = value.items() if key.endswith("by_set_size") and isinstance(value, dict) else None
+        if rows is None and (value is None or _is_number(value)):
+            continue
+        ok = rows is not None and all(
+            str(size).isdigit() and isinstance(row, dict) and all(map(_is_number, row.values()))
+            for size, row in rows
+        )
+        if not ok:
+            raise _err(path, f"key conformal.{key}: {value!r} is not a metric; {_AGAIN}.")
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -311,6 +340,11 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
     for m, v in (cv or {}).items():
         if m not in POSTHOC_METHODS or (v is not None and not _is_number(v)):
             raise _err(path, f"key 'cv_nll': {m!r}: {v!r} is not the NLL of a method; {_AGAIN}.")
+    conformal = meta.get(CONFORMAL_KEY)
+    if conformal is not None and not (
+        isinstance(conformal, dict) and _is_number(conformal.get("alpha"))
+    ):
+        raise bad(CONFORMAL_KEY, "the description of conformal sets (null without them)")
     folds = meta.get("folds")
     if folds is not None and (not isinstance(folds, int) or isinstance(folds, bool) or folds < 2):
         raise bad("folds", "a number of folds (an integer >= 2, or null)")
@@ -359,10 +393,32 @@ def _load_state(path: Path, cal: torch.nn.Module) -> None:
             raise _err(path, f"holds non-finite values (NaN or inf) in {name!r}; {_AGAIN}.")
 
 
+def _load_conformal(folder: CalibrationFolder, meta: dict[str, Any]) -> ConformalSets | None:
+    """The conformal sets of ``conformal.json`` when ``calibration.json`` records them."""
+    if meta.get(CONFORMAL_KEY) is None:
+        return None
+    path = folder.path / "conformal.json"
+    try:
+        sets = ConformalSets.from_dict(_io.read_json(path))
+    except FileNotFoundError:
+        raise _err(path, f"is missing; the calibration folder is incomplete; {_AGAIN}.") from None
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        reason = (str(err).splitlines() or [""])[0][:160]
+        raise _err(path, f"cannot be loaded ({type(err).__name__}: {reason}); {_AGAIN}.") from None
+    if getattr(sets, "n_classes_", None) != meta["num_classes"]:
+        raise _err(
+            path, f"holds no fitted sets for the {meta['num_classes']} classes of this "
+            f"calibration; {_AGAIN}."
+        )  # fmt: skip
+    return sets
+
+
 def load_calibrator(path: str | os.PathLike[str]) -> Calibration:
     """The calibrator that ``cogcal calibrate --out PATH`` fitted, ready to use.
 
-    Only tensors are loaded (``torch.load(weights_only=True)``). The folder is checked
+    With ``cogcal calibrate --conformal ALPHA`` the fitted prediction sets are its
+    ``conformal`` attribute (:meth:`~cogcal.posthoc.Calibration.predict_sets`), else
+    ``None``. Only tensors are loaded (``torch.load(weights_only=True)``). The folder is checked
     first (:meth:`CalibrationFolder.check`, then its integrity): an edited, swapped, linked,
     truncated or damaged file is refused in one line naming it.
 
@@ -383,11 +439,12 @@ def load_calibrator(path: str | os.PathLike[str]) -> Calibration:
     cal = make_calibrator(method, num_outputs=None if method == "ts" else k)
     _load_state(folder.path / "calibrator.pt", cal)
     folder.check_files(meta)
+    conformal = _load_conformal(folder, meta)
     cal.requires_grad_(False)
     cv = meta.get("cv_nll") or {}
     return Calibration(
         method=method, calibrator=cal, num_classes=k,
         cv_nll={m: math.inf if v is None else float(v) for m, v in cv.items()},
         folds=meta.get("folds"), nll_before=float(meta.get("nll_before", math.nan)),
-        nll_after=float(meta.get("nll_after", math.nan)),
+        nll_after=float(meta.get("nll_after", math.nan)), conformal=conformal,
     )  # fmt: skip

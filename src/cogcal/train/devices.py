@@ -14,6 +14,16 @@ The processes of a multi-process run (``devices`` x ``num_nodes`` > 1) wait at m
 :func:`rendezvous_timeout` seconds (300, or ``$COGCAL_RENDEZVOUS_TIMEOUT``) for each other
 to start; a node that never comes (``--num-nodes 2`` on one machine) ends the run with one
 line saying so, instead of a wait without end.
+
+Ctrl-C (or SIGTERM to the process group) ends a multi-process run with the one line
+``cogcal: interrupted (SIGINT)`` and the exit status 130 (143), as a single process does: the
+processes other than 0 end silently (:func:`_quiet_when_interrupted`), and Lightning's
+watcher of the child processes, which would SIGKILL the main process ("Forcefully
+terminating") as soon as a child exits non-zero, is replaced by :class:`_ChildWatcher`, which
+takes a child's interruption for the run's: when the main process does not handle the
+signal itself within :data:`_GRACE` seconds (it may be waiting in C code, e.g. for the other
+processes to join, where Python's handlers cannot run), the watcher stops the other children
+with SIGTERM, prints the one line and ends the main process with ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -22,7 +32,13 @@ import contextlib
 import datetime
 import math
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -117,7 +133,8 @@ def launch(config: TrainConfig) -> Any:
         precision="32-true" if config.precision == "32" else config.precision,
     )
     try:
-        fabric.launch()
+        with _interruptible_children() if world > 1 else contextlib.nullcontext():
+            fabric.launch()
     except Exception as err:
         if timeout is None or not _is_rendezvous_timeout(err):
             raise
@@ -195,3 +212,154 @@ def _restore_collective_timeout() -> None:
     with contextlib.suppress(Exception), warnings.catch_warnings():  # best effort
         warnings.simplefilter("ignore")
         set_timeout(_COLLECTIVE_TIMEOUT)
+
+
+# ---------------------------------------------------------------------- interruptions
+
+#: The exit status of a process other than 0 that ends quietly on signal ``n``:
+#: ``_QUIET + n`` (:func:`_quiet_when_interrupted`); the main process then prints the line.
+_QUIET = 192
+#: Exit statuses of an interrupted child process: its signal, and whether the child printed
+#: ``cogcal: interrupted`` itself (128 + n: interrupted before it was quiet, while importing).
+_INTERRUPTED = {
+    128 + signal.SIGINT: (signal.SIGINT, True), 128 + signal.SIGTERM: (signal.SIGTERM, True),
+    _QUIET + signal.SIGINT: (signal.SIGINT, False), _QUIET + signal.SIGTERM: (signal.SIGTERM, False),
+    -signal.SIGINT: (signal.SIGINT, False), -signal.SIGTERM: (signal.SIGTERM, False),
+}  # fmt: skip
+#: Seconds the watcher gives the main process to handle the signal itself.
+_GRACE = 1.0
+#: Seconds after which a main process that handled the interruption but still has not
+#: ended (waiting on the children it lost) is ended, silently (it printed the line).
+_HANDLED_LIMIT = 30.0
+#: Seconds between two looks at the child processes.
+_POLL = 0.2
+
+
+class _Interruption:
+    """Who ends the run on an interruption: the main thread's handler (``handled``) or the
+    watcher (``taken``), never both (one line)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.handled = False
+        self.taken = False
+
+
+_STATE = _Interruption()
+
+
+def _is_child() -> bool:
+    """Whether this process is one Lightning started for a rank other than 0 (or any rank
+    other than 0 of a multi-node run)."""
+    return any(os.environ.get(v, "0") not in ("", "0") for v in ("LOCAL_RANK", "RANK"))
+
+
+def _quiet_when_interrupted() -> None:
+    """In a process other than 0: SIGINT and SIGTERM end it at once and silently, with the
+    status ``_QUIET + n`` that tells the main process's watcher to print the one line."""
+
+    def quiet(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):  # nothing more from this process on stderr
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        os._exit(_QUIET + signum)  # rank 0 writes the run; this process has nothing to keep
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, quiet)
+
+
+def _note_main_handles() -> None:
+    """In the main process: SIGINT and SIGTERM, once Python handles them, mark the
+    interruption as the main thread's (the watcher then prints nothing)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous = signal.getsignal(signum)
+
+        def note(num: int, frame: Any, previous: Any = previous) -> None:
+            with _STATE.lock:
+                taken = _STATE.taken
+                _STATE.handled = True
+            if taken:  # the watcher is ending the process with the line already printed
+                time.sleep(60)
+            if previous is signal.SIG_IGN:
+                return
+            if callable(previous):
+                previous(num, frame)
+            raise KeyboardInterrupt
+
+        signal.signal(signum, note)
+
+
+class _ChildWatcher(threading.Thread):
+    """Lightning's watcher of the child processes (``lightning_check``: its ``_run``, which
+    SIGKILLs everything when a child fails), except that a child that was interrupted
+    (:data:`_INTERRUPTED`) ends the run as an interruption (the module docstring)."""
+
+    def __init__(self, children: list[subprocess.Popen], lightning_check: Callable[[], bool],
+                 exit: Callable[[int], None] = os._exit) -> None:  # fmt: skip
+        super().__init__(daemon=True, name="cogcal-child-watcher")
+        self.children, self.lightning_check, self.exit = children, lightning_check, exit
+
+    def run(self) -> None:
+        last_lightning = time.monotonic()
+        while True:
+            time.sleep(_POLL)
+            codes = [child.poll() for child in self.children]
+            found = next((_INTERRUPTED[c] for c in codes if c in _INTERRUPTED), None)
+            if found is not None:
+                self.interrupted(*found)
+                return
+            if time.monotonic() - last_lightning >= 5 or all(c == 0 for c in codes):
+                last_lightning = time.monotonic()
+                if self.lightning_check():
+                    return
+
+    def interrupted(self, signum: int, printed: bool = False) -> None:
+        """A child was interrupted: stop the others; unless the main thread handles the
+        signal within :data:`_GRACE`, print the one line (unless the child ``printed`` it)
+        and end the main process."""
+        for child in self.children:
+            if child.poll() is None:
+                with contextlib.suppress(OSError):
+                    child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + _GRACE
+        while time.monotonic() < deadline and not _STATE.handled:
+            time.sleep(0.05)
+        with _STATE.lock:
+            handled = _STATE.handled
+            _STATE.taken = not handled
+        if handled:  # the main thread prints the line and ends; at the latest, now:
+            time.sleep(_HANDLED_LIMIT)
+            self.exit(128 + signum)
+            return
+        if not printed:  # else the child printed it, while it was still importing
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"cogcal: interrupted ({signal.Signals(signum).name})\n")
+                sys.stderr.flush()
+        self.exit(128 + signum)
+
+
+@contextlib.contextmanager
+def _interruptible_children() -> Any:
+    """While Fabric launches: children quiet on an interruption, and the main process's
+    child processes watched by :class:`_ChildWatcher` instead of Lightning's watcher."""
+    if _is_child():
+        with contextlib.suppress(ValueError):  # not the main thread: signals left alone
+            _quiet_when_interrupted()
+        yield
+        return
+    # Lightning's launcher module, only here (its import costs seconds, module docstring)
+    from lightning_fabric.strategies.launchers import subprocess_script
+
+    def watch(children: list[subprocess.Popen]) -> None:
+        lightning = subprocess_script._ChildProcessObserver(
+            main_pid=os.getpid(), child_processes=children
+        )
+        _ChildWatcher(children, lightning._run).start()
+
+    with contextlib.suppress(ValueError):
+        _note_main_handles()
+    original = subprocess_script._launch_process_observer
+    subprocess_script._launch_process_observer = watch
+    try:
+        yield
+    finally:
+        subprocess_script._launch_process_observer = original
