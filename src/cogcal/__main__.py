@@ -13,6 +13,7 @@ death. Once :mod:`cogcal.cli` is imported SIGINT raises ``KeyboardInterrupt`` ag
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -41,8 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(cli.main(argv))
     except (KeyboardInterrupt, Interrupted) as err:  # before or after cli.main's own handling
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
-        print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        if _is_rank_zero():  # the processes of a multi-process run: one line, from rank 0
+            print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
+
+
+def _is_rank_zero() -> bool:
+    """Whether this is the only process or rank 0 of a multi-process run (``RANK`` and
+    ``LOCAL_RANK`` as Lightning sets them for the processes it starts)."""
+    return all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "LOCAL_RANK"))
 
 
 if __name__ == "__main__":  # pragma: no cover
