@@ -46,6 +46,7 @@ __all__ = [
     "LR_GRID",
     "NON_NEGATIVE",
     "Options",
+    "POSITIVE",
     "Real",
     "SEED",
     "SEED_MAX",
@@ -228,6 +229,8 @@ def _plural(description: str) -> str:
 COUNT = Integer(1)
 #: A number that may be zero: ``max_extensions``, workers, patience.
 NON_NEGATIVE = Integer(0)
+#: A positive finite real: a learning rate, a temperature, a time.
+POSITIVE = Real(0, None, closed="neither")
 #: A random seed (numpy's seeding range).
 SEED = Integer(0, SEED_MAX)
 #: The folds of a cross-validation (``cv``).
