@@ -134,7 +134,8 @@ class Real(Constraint):
         right = "]" if self.closed in ("both", "right") else ")"
         lo = "-inf" if self.low is None else f"{self.low:g}"
         hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"a finite number in {left}{lo}, {hi}{right}"
+        finite = "" if None not in (self.low, self.high) else "finite "
+        return f"a {finite}number in {left}{lo}, {hi}{right}"
 
     def problem(self, value: Any) -> str | None:
         if not _is_real(value) or not math.isfinite(value):
