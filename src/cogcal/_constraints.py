@@ -119,23 +119,28 @@ class Integer(Constraint):
 @dataclass(frozen=True)
 class Real(Constraint):
     """A finite real number (not a bool) within the bounds; ``closed`` says which bounds
-    belong to the interval: ``"both"``, ``"left"``, ``"right"`` or ``"neither"``."""
+    belong to the interval: ``"both"``, ``"left"``, ``"right"`` or ``"neither"``.
+    ``noun`` and ``note`` word messages as :class:`Integer`'s do."""
 
     low: float | None = None
     high: float | None = None
     closed: str = "both"
+    noun: str = "a finite number"
+    note: str = ""
 
     def describe(self) -> str:
         if self.low == 0 and self.high is None and self.closed in ("neither", "right"):
-            return "a positive finite number"
-        if self.low == 0 and self.high is None:
-            return "a finite number >= 0"
-        left = "[" if self.closed in ("both", "left") else "("
-        right = "]" if self.closed in ("both", "right") else ")"
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        finite = "" if None not in (self.low, self.high) else "finite "
-        return f"a {finite}number in {left}{lo}, {hi}{right}"
+            text = "a positive finite number"
+        elif self.low == 0 and self.high is None:
+            text = f"{self.noun} >= 0"
+        else:
+            left = "[" if self.closed in ("both", "left") else "("
+            right = "]" if self.closed in ("both", "right") else ")"
+            lo = "-inf" if self.low is None else f"{self.low:g}"
+            hi = "inf" if self.high is None else f"{self.high:g}"
+            noun = "a number" if None not in (self.low, self.high) else self.noun
+            text = f"{noun} in {left}{lo}, {hi}{right}"
+        return f"{text} {self.note}" if self.note else text
 
     def problem(self, value: Any) -> str | None:
         if not _is_real(value) or not math.isfinite(value):

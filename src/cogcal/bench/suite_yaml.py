@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from cogcal._constraints import SEED, SEED_MAX
+from cogcal._constraints import SEED, SEED_MAX, Boolean, Integer
 
 __all__ = [
     "MAX_NODES",
@@ -38,6 +38,8 @@ __all__ = [
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
 MAX_SEEDS = 1000
+#: A suite's seed count.
+SEED_COUNT = Integer(1, MAX_SEEDS)
 
 #: The most YAML values a suite may hold with its aliases expanded (the shipped suites
 #: hold a few hundred): a nested alias ("billion laughs") is refused before it is used.
@@ -195,15 +197,13 @@ def check_seeds(value: Any, where: str) -> tuple[int, ...]:
     """A seed count (``3`` -> ``(0, 1, 2)``) or a list of distinct seeds, at most
     :data:`MAX_SEEDS` of them, each in ``0 .. 2**32 - 1`` (numpy's seeding range)."""
     usage = f"a count from 1 to {MAX_SEEDS} (e.g. 5) or a list of seeds such as [0, 4, 7]"
-    if isinstance(value, bool):
-        raise ValueError(f"{where} must be {usage}, got {value!r}.")
-    if isinstance(value, int):
-        if not 1 <= value <= MAX_SEEDS:
+    if Integer().problem(value) is None:  # a count (not a bool)
+        if SEED_COUNT.problem(value) is not None:
             raise ValueError(
                 f"{where} must be {usage}, got {value}"
                 + (" (each seed is one run per method and dataset)." if value > 0 else ".")
             )
-        return tuple(range(value))
+        return tuple(range(int(value)))
     if isinstance(value, Sequence) and not isinstance(value, str) and value:
         if len(value) > MAX_SEEDS:
             raise ValueError(
@@ -256,6 +256,6 @@ def check_protocols(value: Any, where: str, known: Sequence[str]) -> tuple[str, 
 def check_flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     """``d[key]`` (``default`` when absent), which must be true or false."""
     value = d.get(key, default)
-    if not isinstance(value, bool):
+    if Boolean().problem(value) is not None:
         raise ValueError(f"{where}{key} must be true or false, got {value!r}.")
     return value

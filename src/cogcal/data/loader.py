@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from cogcal._constraints import COUNT, SEED, Integer, check
+from cogcal._constraints import COUNT, NON_NEGATIVE, SEED, Integer, check
 
 __all__ = ["BatchLoader"]
 
@@ -157,9 +157,7 @@ class BatchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used by the next iteration (shuffling and augmentation seeds)."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"`epoch` must be a non-negative integer, got {epoch!r}.")
-        self.epoch = epoch
+        self.epoch = check(epoch, NON_NEGATIVE, "epoch")
 
     # ------------------------------------------------------------------ indices
     def indices(self, epoch: int | None = None) -> torch.Tensor | slice:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from cogcal._checks import (
@@ -27,7 +26,7 @@ _BINNINGS = ("width", "mass")
 
 
 def _check_n_bins(n_bins: Any) -> tuple[int, ...]:
-    items = [n_bins] if isinstance(n_bins, int | np.integer) else n_bins
+    items = [n_bins] if Integer().problem(n_bins) is None else n_bins
     try:
         items = list(items)
     except TypeError:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint
+from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, Real
 from cogcal._errors import ArgumentError
 from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
@@ -109,6 +109,12 @@ class ConfigError(ArgumentError):
 
     def __init__(self, message: Callable[[Callable[[str], str]], str]) -> None:
         super().__init__(message(lambda f: f"`{f}`"), cli_message=message(flag))
+
+
+#: The interval of ``checkpoint_seconds``.
+CHECKPOINT_INTERVAL = Real(
+    0, noun="a finite number of seconds", note="(0: a checkpoint after every epoch)"
+)
 
 
 def _opt(
@@ -335,6 +341,7 @@ class TrainConfig:
             "since the last write again, identically",
             results=False,
             metavar="S",
+            rule=CHECKPOINT_INTERVAL,
         ),
     )
     extra: dict[str, Any] = field(
@@ -450,14 +457,6 @@ class TrainConfig:
 
     def _validate_rates(self) -> None:
         """The learning rates, given or chosen, and the checkpoint interval."""
-        value = self.checkpoint_seconds
-        if not (_is_number(value) and 0 <= value < math.inf):
-            raise ConfigError(
-                lambda n: (
-                    f"{n('checkpoint_seconds')} must be a finite number of seconds >= 0 (0: a "
-                    f"checkpoint after every epoch), got {value!r}."
-                )
-            )
         if self.lr is not None and self.lr < LR_FLOOR:
             raise ConfigError(
                 lambda n: (
@@ -685,11 +684,6 @@ def _check_name(name: str, value: Any, names: list[str]) -> None:
         raise ConfigError(
             lambda n: f"{n(name)} {value!r} is unknown; choose one of: {', '.join(names)}.{hint}"
         )
-
-
-def _is_number(value: Any) -> bool:
-    """An int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_rule(name: str, value: Any, rule: Constraint) -> None:
