@@ -3,7 +3,7 @@
 
 A constraint (:class:`Integer`, :class:`Real`, :class:`Options`, :class:`Boolean`,
 :class:`Grid`) says what a value must be; :func:`check` applies it and raises one
-:class:`~cogcal._errors.ArgumentError` built by one template, which names the Python
+:class:`NamedError` (an :class:`~cogcal._errors.ArgumentError`) built by one template, which names the Python
 argument in Python and the flag on the command line::
 
     <who> must be <what the constraint allows>, got <the value>.
@@ -19,18 +19,18 @@ same words.
 >>> check(0, COUNT, "batch_size", flag="--batch-size")
 Traceback (most recent call last):
 ...
-cogcal._errors.ArgumentError: `batch_size` must be an integer >= 1, got 0.
+cogcal._constraints.NamedError: `batch_size` must be an integer >= 1, got 0.
 >>> check([1e-3, 1e-3], LR_GRID, "lrs", flag="--lrs")
 Traceback (most recent call last):
 ...
-cogcal._errors.ArgumentError: `lrs` lists 0.001 twice; give each grid value once.
+cogcal._constraints.NamedError: `lrs` lists 0.001 twice; give each grid value once.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ __all__ = [
     "Integer",
     "LR_GRID",
     "NON_NEGATIVE",
+    "NamedError",
     "Options",
     "POSITIVE",
     "Real",
@@ -52,6 +53,7 @@ __all__ = [
     "SEED_MAX",
     "check",
     "parse_numbers",
+    "python_name",
     "violation",
 ]
 
@@ -248,19 +250,43 @@ LR_GRID = Grid()
 # ----------------------------------------------------------------------------- checking
 
 
-def _who(name: str) -> str:
+def python_name(name: str) -> str:
     """A Python argument in backticks; a dotted key (``tune.seed``) as written."""
     return f"`{name}`" if name.isidentifier() else name
 
 
+class NamedError(ArgumentError):
+    """An error whose message names arguments: ``str(err)`` as Python arguments
+    (:func:`python_name`), ``err.cli_message`` as command-line flags (``flag_of``; a name
+    without a flag is shown as in Python).
+
+    ``message`` writes the text given a way to name arguments, so one sentence serves
+    both surfaces.
+
+    >>> err = NamedError(lambda n: f"{n('lr')} must be positive.", {"lr": "--lr"}.get)
+    >>> str(err), err.cli_message
+    ('`lr` must be positive.', '--lr must be positive.')
+    """
+
+    def __init__(
+        self,
+        message: Callable[[Callable[[str], str]], str],
+        flag_of: Callable[[str], str | None] = lambda name: None,
+    ) -> None:
+        super().__init__(
+            message(python_name),
+            cli_message=message(lambda name: flag_of(name) or python_name(name)),
+        )
+
+
 def violation(
     value: Any, constraint: Constraint, name: str, *, flag: str | None = None
-) -> ArgumentError | None:
-    """The :class:`ArgumentError` that :func:`check` would raise, or ``None``."""
+) -> NamedError | None:
+    """The :class:`NamedError` that :func:`check` would raise, or ``None``."""
     problem = constraint.problem(value)
     if problem is None:
         return None
-    return ArgumentError(f"{_who(name)} {problem}", cli_message=f"{flag or _who(name)} {problem}")
+    return NamedError(lambda n: f"{n(name)} {problem}", {name: flag}.get)
 
 
 def check(value: Any, constraint: Constraint, name: str, *, flag: str | None = None) -> Any:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, Real
+from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, NamedError, Real
 from cogcal._errors import ArgumentError
 from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
@@ -96,11 +96,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class ConfigError(ArgumentError):
-    """An invalid :class:`TrainConfig` field.
-
-    Built from a function that writes the message given a way to name fields: ``str(err)``
-    names them as Python arguments (`` `lr` ``), ``err.cli_message`` as flags (``--lr``).
+class ConfigError(NamedError):
+    """An invalid :class:`TrainConfig` field: a :class:`~cogcal._constraints.NamedError`
+    whose names are fields, shown as Python arguments (`` `lr` ``) and as their flags
+    (``--lr``, :func:`flag`).
 
     >>> err = ConfigError(lambda n: f"{n('lr')} must be positive.")
     >>> str(err), err.cli_message
@@ -108,7 +107,7 @@ class ConfigError(ArgumentError):
     """
 
     def __init__(self, message: Callable[[Callable[[str], str]], str]) -> None:
-        super().__init__(message(lambda f: f"`{f}`"), cli_message=message(flag))
+        super().__init__(message, flag)
 
 
 #: The interval of ``checkpoint_seconds``.
@@ -689,7 +688,7 @@ def _check_name(name: str, value: Any, names: list[str]) -> None:
 def _check_rule(name: str, value: Any, rule: Constraint) -> None:
     """Refuse a field's value that breaks its rule, in the one template of
     :func:`cogcal._constraints.violation` (the field as `` `name` `` or ``--flag``)."""
-    problem = rule.problem(value)
+    problem = rule.problem(value)  # the template of cogcal._constraints.violation
     if problem is not None:
         raise ConfigError(lambda n: f"{n(name)} {problem}")
 
