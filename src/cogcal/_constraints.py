@@ -3,8 +3,8 @@
 
 A constraint (:class:`Integer`, :class:`Real`, :class:`Options`, :class:`Boolean`,
 :class:`Grid`) says what a value must be; :func:`check` applies it and raises one
-:class:`NamedError` (an :class:`~cogcal._errors.ArgumentError`) built by one template, which names the Python
-argument in Python and the flag on the command line::
+:class:`NamedError` (an :class:`~cogcal._errors.ArgumentError`) built by one template,
+which names the Python argument in Python and the flag on the command line::
 
     <who> must be <what the constraint allows>, got <the value>.
 

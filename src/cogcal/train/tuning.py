@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
-from cogcal._constraints import LR_GRID, NON_NEGATIVE, check
+from cogcal._constraints import LR_GRID, NON_NEGATIVE, NamedError, check
 from cogcal._errors import ArgumentError
 from cogcal.runs import RunDir, RunFolderError, config_diff
 from cogcal.train.config import LR_FLOOR, TrainConfig
@@ -131,8 +131,8 @@ _FLAGS = {"lrs": "--lrs", "ratios": "--calibrator-ratios"}
 def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
     flag = _FLAGS.get(name, name)
 
-    def error(problem: str) -> ArgumentError:
-        return ArgumentError(f"`{name}` {problem}", cli_message=f"{flag} {problem}")
+    def error(problem: str) -> NamedError:
+        return NamedError(lambda n: f"{n(name)} {problem}", {name: flag}.get)
 
     out = list(check(values, LR_GRID, name, flag=flag))  # sorted
     if name == "lrs" and out[0] < LR_FLOOR:
