@@ -265,3 +265,47 @@ def test_a_family_the_suite_has_still_needs_its_budget_and_grid():
             _suite(methods=["ce", "cog-fc"], budget={**BASELINES_ONLY["budget"], "paper": fams}),
             source="test",
         )
+
+
+# --------------------------------------------------------------------------- suite files
+
+#: A "billion laughs": name: expands to 9**6 strings through five nested aliases.
+LAUGHS = "\n".join(
+    ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    + [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 6)]
+    + ["name: *l5"]
+)
+
+
+def test_a_suite_whose_aliases_expand_past_the_bound_is_refused_before_writing(tmp_path, capsys):
+    body = yaml.safe_dump({k: v for k, v in _suite().items() if k != "name"})
+    path = tmp_path / "laughs.yaml"
+    path.write_text(f"{LAUGHS}\n{body}")
+    assert len(path.read_bytes()) < 2000
+    with pytest.raises(ValueError, match="expands to more than 10000 YAML values"):
+        load_suite(path)
+    out = tmp_path / "out"
+    assert main(["bench", "--suite", str(path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expands to more than" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "name", [["a", "b"], {"k": 1}, 7, "x" * 65, "a b", "../up", "", "-dash", "na\nme"]
+)
+def test_a_suite_name_that_is_not_a_short_name_is_refused(name):
+    with pytest.raises(ValueError, match="name must be a short name"):
+        parse_suite(_suite(name=name))
+
+
+def test_a_short_suite_name_is_kept():
+    assert parse_suite(_suite(name="my-suite_2.v1")).name == "my-suite_2.v1"
+
+
+def test_a_repeated_grid_value_names_the_key_the_user_wrote():
+    tune = {**BASELINES_ONLY["tune"], "baseline_lrs": [1e-3, 1e-3]}
+    with pytest.raises(ValueError, match=r"tune\.baseline_lrs lists 0\.001 twice"):
+        parse_suite(_suite(tune=tune))
+    with pytest.raises(ValueError, match=r"tune\.max_extensions must be an integer >= 0"):
+        parse_suite(_suite(tune={**BASELINES_ONLY["tune"], "max_extensions": True}))

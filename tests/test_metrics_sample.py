@@ -238,11 +238,11 @@ def test_interval_keys_multilabel_and_one_sample():
     [
         ({"level": 1.0}, "`level` must be a number in"),
         ({"level": "0.9"}, "`level`"),
-        ({"n_boot": 0}, "`n_boot` must be a positive integer"),
+        ({"n_boot": 0}, "`n_boot` must be an integer >= 1"),
         ({"n_boot": 10.0}, "`n_boot`"),
-        ({"seed": -1}, "`seed` must be a non-negative integer"),
+        ({"seed": -1}, "`seed` must be an integer from 0 to"),
         ({"seed": None}, "`seed`"),
-        ({"n_bins": (10, 15)}, "`n_bins` must be a positive integer"),
+        ({"n_bins": (10, 15)}, "`n_bins` must be an integer >= 1"),
     ],
 )
 def test_interval_bad_arguments(kw, match):

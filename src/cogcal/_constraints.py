@@ -3,8 +3,8 @@
 
 A constraint (:class:`Integer`, :class:`Real`, :class:`Options`, :class:`Boolean`,
 :class:`Grid`) says what a value must be; :func:`check` applies it and raises one
-:class:`~cogcal._errors.ArgumentError` built by one template, which names the Python
-argument in Python and the flag on the command line::
+:class:`NamedError` (an :class:`~cogcal._errors.ArgumentError`) built by one template,
+which names the Python argument in Python and the flag on the command line::
 
     <who> must be <what the constraint allows>, got <the value>.
 
@@ -19,18 +19,18 @@ same words.
 >>> check(0, COUNT, "batch_size", flag="--batch-size")
 Traceback (most recent call last):
 ...
-cogcal._errors.ArgumentError: `batch_size` must be an integer >= 1, got 0.
+cogcal._constraints.NamedError: `batch_size` must be an integer >= 1, got 0.
 >>> check([1e-3, 1e-3], LR_GRID, "lrs", flag="--lrs")
 Traceback (most recent call last):
 ...
-cogcal._errors.ArgumentError: `lrs` lists 0.001 twice; give each grid value once.
+cogcal._constraints.NamedError: `lrs` lists 0.001 twice; give each grid value once.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +45,15 @@ __all__ = [
     "Integer",
     "LR_GRID",
     "NON_NEGATIVE",
+    "NamedError",
     "Options",
+    "POSITIVE",
     "Real",
     "SEED",
     "SEED_MAX",
     "check",
     "parse_numbers",
+    "python_name",
     "violation",
 ]
 
@@ -118,22 +121,28 @@ class Integer(Constraint):
 @dataclass(frozen=True)
 class Real(Constraint):
     """A finite real number (not a bool) within the bounds; ``closed`` says which bounds
-    belong to the interval: ``"both"``, ``"left"``, ``"right"`` or ``"neither"``."""
+    belong to the interval: ``"both"``, ``"left"``, ``"right"`` or ``"neither"``.
+    ``noun`` and ``note`` word messages as :class:`Integer`'s do."""
 
     low: float | None = None
     high: float | None = None
     closed: str = "both"
+    noun: str = "a finite number"
+    note: str = ""
 
     def describe(self) -> str:
         if self.low == 0 and self.high is None and self.closed in ("neither", "right"):
-            return "a positive finite number"
-        if self.low == 0 and self.high is None:
-            return "a finite number >= 0"
-        left = "[" if self.closed in ("both", "left") else "("
-        right = "]" if self.closed in ("both", "right") else ")"
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        return f"a finite number in {left}{lo}, {hi}{right}"
+            text = "a positive finite number"
+        elif self.low == 0 and self.high is None:
+            text = f"{self.noun} >= 0"
+        else:
+            left = "[" if self.closed in ("both", "left") else "("
+            right = "]" if self.closed in ("both", "right") else ")"
+            lo = "-inf" if self.low is None else f"{self.low:g}"
+            hi = "inf" if self.high is None else f"{self.high:g}"
+            noun = "a number" if None not in (self.low, self.high) else self.noun
+            text = f"{noun} in {left}{lo}, {hi}{right}"
+        return f"{text} {self.note}" if self.note else text
 
     def problem(self, value: Any) -> str | None:
         if not _is_real(value) or not math.isfinite(value):
@@ -228,6 +237,8 @@ def _plural(description: str) -> str:
 COUNT = Integer(1)
 #: A number that may be zero: ``max_extensions``, workers, patience.
 NON_NEGATIVE = Integer(0)
+#: A positive finite real: a learning rate, a temperature, a time.
+POSITIVE = Real(0, None, closed="neither")
 #: A random seed (numpy's seeding range).
 SEED = Integer(0, SEED_MAX)
 #: The folds of a cross-validation (``cv``).
@@ -239,19 +250,43 @@ LR_GRID = Grid()
 # ----------------------------------------------------------------------------- checking
 
 
-def _who(name: str) -> str:
+def python_name(name: str) -> str:
     """A Python argument in backticks; a dotted key (``tune.seed``) as written."""
     return f"`{name}`" if name.isidentifier() else name
 
 
+class NamedError(ArgumentError):
+    """An error whose message names arguments: ``str(err)`` as Python arguments
+    (:func:`python_name`), ``err.cli_message`` as command-line flags (``flag_of``; a name
+    without a flag is shown as in Python).
+
+    ``message`` writes the text given a way to name arguments, so one sentence serves
+    both surfaces.
+
+    >>> err = NamedError(lambda n: f"{n('lr')} must be positive.", {"lr": "--lr"}.get)
+    >>> str(err), err.cli_message
+    ('`lr` must be positive.', '--lr must be positive.')
+    """
+
+    def __init__(
+        self,
+        message: Callable[[Callable[[str], str]], str],
+        flag_of: Callable[[str], str | None] = lambda name: None,
+    ) -> None:
+        super().__init__(
+            message(python_name),
+            cli_message=message(lambda name: flag_of(name) or python_name(name)),
+        )
+
+
 def violation(
     value: Any, constraint: Constraint, name: str, *, flag: str | None = None
-) -> ArgumentError | None:
-    """The :class:`ArgumentError` that :func:`check` would raise, or ``None``."""
+) -> NamedError | None:
+    """The :class:`NamedError` that :func:`check` would raise, or ``None``."""
     problem = constraint.problem(value)
     if problem is None:
         return None
-    return ArgumentError(f"{_who(name)} {problem}", cli_message=f"{flag or _who(name)} {problem}")
+    return NamedError(lambda n: f"{n(name)} {problem}", {name: flag}.get)
 
 
 def check(value: Any, constraint: Constraint, name: str, *, flag: str | None = None) -> Any:

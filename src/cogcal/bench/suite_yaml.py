@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from cogcal.train.config import SEED_MAX
+from cogcal._constraints import SEED, SEED_MAX, Boolean, Integer
 
 __all__ = [
+    "MAX_NODES",
     "MAX_SEEDS",
+    "NAME_PATTERN",
     "as_mapping",
     "check_flag",
     "check_keys",
+    "check_name",
     "check_protocols",
     "check_seeds",
     "list_suites",
@@ -34,6 +38,16 @@ __all__ = [
 
 #: The most seeds a suite may list (each seed is one run per method and dataset).
 MAX_SEEDS = 1000
+#: A suite's seed count.
+SEED_COUNT = Integer(1, MAX_SEEDS)
+
+#: The most YAML values a suite may hold with its aliases expanded (the shipped suites
+#: hold a few hundred): a nested alias ("billion laughs") is refused before it is used.
+MAX_NODES = 10_000
+
+#: What a suite's ``name`` may be: a short identifier (letters, digits, ``.``, ``_``,
+#: ``-``), as it names the bench's folders and reports.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 #: Keys of the earlier suite schema, with what replaced them.
 _MOVED = {
@@ -111,10 +125,35 @@ def read_suite(name_or_path: str | Path) -> tuple[Any, str, str]:
         entry = _suites_dir() / f"{text_name}.yaml"
         text, source, default_name = entry.read_text(encoding="utf-8"), repr(text_name), text_name
     try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        size = _expanded_size(node, {})
+        if size > MAX_NODES:
+            raise ValueError(
+                f"suite {source} expands to more than {MAX_NODES} YAML values (its aliases "
+                "repeat anchored sections); write the values out or shorten the suite."
+            )
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"suite {source} is not valid YAML: {err}") from None
     return raw, source, default_name
+
+
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """How many YAML values ``node`` holds once every alias is expanded (an alias counts
+    its anchored node in full; sizes of shared nodes are remembered, so the count is
+    cheap even where the expansion is huge)."""
+    if node is None:
+        return 0
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_NODES + 1  # a node inside itself (a recursive alias) is too big
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    sizes[id(node)] = min(total, MAX_NODES + 1)
+    return sizes[id(node)]
 
 
 # --------------------------------------------------------------------------- structure
@@ -158,15 +197,13 @@ def check_seeds(value: Any, where: str) -> tuple[int, ...]:
     """A seed count (``3`` -> ``(0, 1, 2)``) or a list of distinct seeds, at most
     :data:`MAX_SEEDS` of them, each in ``0 .. 2**32 - 1`` (numpy's seeding range)."""
     usage = f"a count from 1 to {MAX_SEEDS} (e.g. 5) or a list of seeds such as [0, 4, 7]"
-    if isinstance(value, bool):
-        raise ValueError(f"{where} must be {usage}, got {value!r}.")
-    if isinstance(value, int):
-        if not 1 <= value <= MAX_SEEDS:
+    if Integer().problem(value) is None:  # a count (not a bool)
+        if SEED_COUNT.problem(value) is not None:
             raise ValueError(
                 f"{where} must be {usage}, got {value}"
                 + (" (each seed is one run per method and dataset)." if value > 0 else ".")
             )
-        return tuple(range(value))
+        return tuple(range(int(value)))
     if isinstance(value, Sequence) and not isinstance(value, str) and value:
         if len(value) > MAX_SEEDS:
             raise ValueError(
@@ -174,7 +211,7 @@ def check_seeds(value: Any, where: str) -> tuple[int, ...]:
             )
         seeds = []
         for s in value:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= SEED_MAX:
+            if SEED.problem(s) is not None:
                 raise ValueError(
                     f"{where} must hold integers from 0 to {SEED_MAX} (numpy's seeding range), "
                     f"got {s!r}."
@@ -184,6 +221,18 @@ def check_seeds(value: Any, where: str) -> tuple[int, ...]:
             raise ValueError(f"{where} has repeated seeds: {value!r}.")
         return tuple(seeds)
     raise ValueError(f"{where} must be {usage}, got {value!r}.")
+
+
+def check_name(value: Any, where: str) -> str:
+    """A suite's ``name``: a string of at most 64 letters, digits, ``.``, ``_`` or ``-``
+    (starting with a letter or digit)."""
+    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+        shown = repr(value) if len(repr(value)) <= 80 else f"{repr(value)[:77]}..."
+        raise ValueError(
+            f"{where} must be a short name (at most 64 letters, digits, '.', '_' or '-', "
+            f"starting with a letter or digit), got {shown}."
+        )
+    return value
 
 
 def check_protocols(value: Any, where: str, known: Sequence[str]) -> tuple[str, ...]:
@@ -207,6 +256,6 @@ def check_protocols(value: Any, where: str, known: Sequence[str]) -> tuple[str, 
 def check_flag(d: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
     """``d[key]`` (``default`` when absent), which must be true or false."""
     value = d.get(key, default)
-    if not isinstance(value, bool):
+    if Boolean().problem(value) is not None:
         raise ValueError(f"{where}{key} must be true or false, got {value!r}.")
     return value

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cogcal._constraints import LR_GRID, NON_NEGATIVE, SEED, check
 from cogcal._errors import ArgumentError
 from cogcal.bench.budget import BUDGET_FIELDS, FAMILIES, Budget, family_of, parse_budgets
 from cogcal.bench.suite_yaml import (
@@ -64,6 +65,7 @@ from cogcal.bench.suite_yaml import (
     as_mapping,
     check_flag,
     check_keys,
+    check_name,
     check_protocols,
     check_seeds,
     read_suite,
@@ -72,7 +74,7 @@ from cogcal.bench.suite_yaml import (
 from cogcal.data import list_datasets
 from cogcal.runs.columns import PROTOCOLS
 from cogcal.runs.methods import get_method, list_methods
-from cogcal.train.config import SEED_MAX, TrainConfig
+from cogcal.train.config import TrainConfig
 from cogcal.train.tuning import Grid, GridSearch, point_config
 
 __all__ = [
@@ -376,17 +378,19 @@ def _check_tune(value: Any, where: str, allow_fast: bool) -> TuneSpec:
     ratios < 1), whose axes come back sorted."""
     d = as_mapping(value, where)
     check_keys(d, [f.name for f in dataclasses.fields(TuneSpec)], where)
-    seed = d.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"{where}.seed must be an integer from 0 to {SEED_MAX}, got {seed!r}.")
-    max_ext = d.get("max_extensions", 2)
-    if isinstance(max_ext, bool) or not isinstance(max_ext, int) or max_ext < 0:
-        raise ValueError(f"{where}.max_extensions must be an integer >= 0, got {max_ext!r}.")
-    axes = {
-        key: tuple(map(yaml_number, v)) if isinstance(v, list) else v
-        for key, v in d.items()
-        if key in ("lrs", "ratios", "baseline_lrs")
-    }
+    suite = where.removesuffix(": tune")
+    try:
+        seed = check(d.get("seed", 0), SEED, "tune.seed")
+        max_ext = check(d.get("max_extensions", 2), NON_NEGATIVE, "tune.max_extensions")
+        axes = {
+            key: tuple(map(yaml_number, v)) if isinstance(v, list) else v
+            for key, v in d.items()
+            if key in ("lrs", "ratios", "baseline_lrs")
+        }
+        for key, v in axes.items():  # each axis named as the user wrote it
+            check(v, LR_GRID, f"tune.{key}")
+    except ArgumentError as err:
+        raise ValueError(f"{suite}: {err}") from None
     if bool(axes.get("lrs")) != bool(axes.get("ratios")):
         raise ValueError(f"{where}: lrs and ratios (the COG grid) are given together.")
     spec = TuneSpec(seed=seed, max_extensions=max_ext, **axes)
@@ -436,7 +440,7 @@ def parse_suite(
         if key not in d:
             raise ValueError(f"{where} lacks the required key {key!r}.")
 
-    name = str(d.get("name") or default_name)
+    name = default_name if d.get("name") is None else check_name(d["name"], f"{where}: name")
     description = str(d.get("description") or "")
     requires = as_mapping(d.get("requires"), f"{where}: requires")
     check_keys(requires, _REQUIRES_KEYS, f"{where}: requires")

@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from cogcal._constraints import COUNT, check
 from cogcal._errors import Interrupted
 from cogcal.bench import BenchSummary, Suite, list_suites, load_suite, run_suite
-from cogcal.commands._common import UserError
 from cogcal.report.build import build_report
 from cogcal.runs.columns import PROTOCOLS
 from cogcal.runs.layout import lock_folder
@@ -89,10 +89,9 @@ def run(args: argparse.Namespace) -> int:
     if args.protocol is not None:
         protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
     jobs = args.jobs if args.jobs is not None else (os.cpu_count() or 1)
-    if jobs < 1:
-        raise UserError(f"--jobs must be an integer >= 1, got {jobs}.")
-    if args.seeds is not None and args.seeds < 1:
-        raise UserError(f"--seeds must be an integer >= 1, got {args.seeds}.")
+    check(jobs, COUNT, "jobs", flag="--jobs")
+    if args.seeds is not None:
+        check(args.seeds, COUNT, "seeds", flag="--seeds")
     out = Path(args.out or f"results/{Path(args.suite).stem}")
     summary = run_bench(
         args.suite,

@@ -27,6 +27,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from cogcal import _io
+from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError
 from cogcal.commands._common import UserError
 from cogcal.data.folders import image_files
@@ -414,8 +415,7 @@ def predict(
     """
     if not isinstance(run, LoadedRun):
         run = load_run(run, which=which)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ArgumentError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
+    check(batch_size, COUNT, "batch_size", flag="--batch-size")
     if isinstance(inputs, str | os.PathLike):
         inputs = read_inputs(inputs, run, progress=progress)
     elif not isinstance(inputs, Inputs):
@@ -464,8 +464,7 @@ def run(args: Any) -> int:
         raise UserError(f"--out {out} exists; choose another file or pass --overwrite.")
     if out is not None and out.exists() and out.resolve() == Path(args.input).resolve():
         raise UserError(f"--out {out} is the --input file; choose another file.")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be an integer >= 1, got {args.batch_size}.")
+    check(args.batch_size, COUNT, "batch_size", flag="--batch-size")
     loaded = load_run(args.run, which=args.which)
     result = predict(loaded, args.input, batch_size=args.batch_size, progress=args.progress)
     result.write_csv(out)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 import cogcal.train
+from cogcal._constraints import LR_GRID, NON_NEGATIVE, check, parse_numbers
 from cogcal.commands._common import UserError, default_out, print_health
 from cogcal.runs.methods import get_method
 from cogcal.train.config import config_from_args
@@ -18,25 +18,13 @@ DEFAULT_RATIOS = "0.01,0.1"
 
 
 def parse_grid(text: str, flag: str) -> list[float]:
-    """Comma-separated grid values: positive, finite, each once.
+    """Comma-separated grid values: positive, finite, each once (:data:`LR_GRID`), sorted.
 
     >>> parse_grid("1e-3,1e-2", "--lrs")
     [0.001, 0.01]
     """
-    values: list[float] = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise UserError(
-                f"{flag} expects comma-separated numbers (e.g. {flag} 1e-3,1e-2), got {text!r}."
-            ) from None
-        if not 0 < value < float("inf"):
-            raise UserError(f"{flag} values must be positive finite numbers, got {part!r}.")
-        if any(math.isclose(value, v, rel_tol=1e-9) for v in values):
-            raise UserError(f"{flag} lists {value:g} twice ({text!r}); give each grid value once.")
-        values.append(value)
-    return values
+    name = {"--lrs": "lrs", "--calibrator-ratios": "ratios"}.get(flag, flag.lstrip("-"))
+    return list(check(parse_numbers(text, flag), LR_GRID, name, flag=flag))
 
 
 def tune_out(args: argparse.Namespace) -> str:
@@ -74,8 +62,7 @@ def _grid(args: argparse.Namespace) -> Grid:
 def run(args: argparse.Namespace) -> int:
     """``cogcal tune``: train the grid, print one line per point and the choice."""
     grid = _grid(args)
-    if args.max_extensions < 0:
-        raise UserError(f"--max-extensions must be >= 0, got {args.max_extensions}.")
+    check(args.max_extensions, NON_NEGATIVE, "max_extensions", flag="--max-extensions")
     out = tune_out(args)
     config = config_from_args(args, out=out)
     summary = cogcal.train.tune(

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from cogcal._constraints import Integer, check
+
 __all__ = [
     "CIFAR_C_CORRUPTIONS",
     "CORRUPTIONS",
@@ -344,12 +346,12 @@ _FUNCS: dict[str, _Fn] = {
 CORRUPTIONS: tuple[str, ...] = tuple(n for n in CIFAR_C_CORRUPTIONS if n in _FUNCS)
 
 
+#: The severity of a CIFAR-C corruption.
+SEVERITY = Integer(1, 5)
+
+
 def _check_severity(severity: object) -> int:
-    if isinstance(severity, bool) or not isinstance(severity, int | np.integer):
-        raise ValueError(f"`severity` must be an integer in 1..5, got {severity!r}.")
-    if not 1 <= int(severity) <= 5:
-        raise ValueError(f"`severity` must lie in 1..5, got {severity}.")
-    return int(severity)
+    return check(severity, SEVERITY, "severity")
 
 
 def _check_name(name: object) -> str:

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data import Dataset as TorchDataset
 
+from cogcal._constraints import Integer
 from cogcal._errors import ArgumentError
 from cogcal.data.base import (
     SPLIT_SEED,
@@ -402,8 +403,8 @@ def _num_classes(ys: Mapping[str, torch.Tensor], task: str, num_classes: Any) ->
         hi = widths.pop() - 1
         if num_classes is None:
             num_classes = hi + 1
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int | np.integer):
-        raise _err(f"`num_classes` must be an integer, got {num_classes!r}.")
+    if Integer().problem(num_classes) is not None:
+        raise _err(f"`num_classes` {Integer().problem(num_classes)}")
     num_classes = int(num_classes)
     if task == "multiclass" and (num_classes < 2 or hi >= num_classes):
         raise _err(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from cogcal._constraints import Integer, violation
 from cogcal.data.base import (
     SPLIT_SEED,
     Dataset,
@@ -215,19 +216,16 @@ def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
     return arrays, digests
 
 
+#: The side, in pixels, of the square images a folder: dataset is resized to.
+IMAGE_SIZE = Integer(2, 4096, note="(side of the square images)")
+
+
 def _check_image_size(image_size: Any) -> int:
     if image_size is None:
         return DEFAULT_IMAGE_SIZE
-    if (
-        isinstance(image_size, bool)
-        or not isinstance(image_size, int | np.integer)
-        or not 2 <= int(image_size) <= 4096
-    ):
-        raise _err(
-            f"`image_size` must be an integer in [2, 4096] (side of the square images), got "
-            f"{image_size!r}.",
-            f"--image-size must be an integer in [2, 4096], got {image_size!r}.",
-        )
+    error = violation(image_size, IMAGE_SIZE, "image_size", flag="--image-size")
+    if error is not None:
+        raise _err(str(error), error.cli_message)
     return int(image_size)
 
 

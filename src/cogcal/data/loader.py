@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from cogcal._constraints import COUNT, NON_NEGATIVE, SEED, Integer, check
+
 __all__ = ["BatchLoader"]
 
 Transform = Callable[..., torch.Tensor]
@@ -119,14 +121,10 @@ class BatchLoader:
             raise ValueError(
                 f"`x` has {x.shape[0]} samples but `y` has {y.shape[0]}; they must match."
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer, got {batch_size!r}.")
-        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-            raise ValueError(f"`num_replicas` must be a positive integer, got {num_replicas!r}.")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"`rank` must be an integer in [0, {num_replicas}), got {rank!r}.")
-        if not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"`seed` must be a non-negative integer, got {seed!r}.")
+        check(batch_size, COUNT, "batch_size", flag="--batch-size")
+        check(num_replicas, COUNT, "num_replicas")
+        check(rank, Integer(0, num_replicas - 1), "rank")
+        check(seed, SEED, "seed")
         if device is not None:
             device = torch.device(device)
             x, y = x.to(device), y.to(device)
@@ -159,9 +157,7 @@ class BatchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used by the next iteration (shuffling and augmentation seeds)."""
-        if not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"`epoch` must be a non-negative integer, got {epoch!r}.")
-        self.epoch = epoch
+        self.epoch = check(epoch, NON_NEGATIVE, "epoch")
 
     # ------------------------------------------------------------------ indices
     def indices(self, epoch: int | None = None) -> torch.Tensor | slice:

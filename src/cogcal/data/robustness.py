@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cogcal._constraints import COUNT
 from cogcal._io import save_npz
 from cogcal.data import downloads as _downloads
 from cogcal.data import tabular as _tabular
@@ -130,11 +131,7 @@ def _check_dataset(dataset: object) -> str:
 def _check_max(max_per_severity: int | None) -> int | None:
     if max_per_severity is None:
         return None
-    if (
-        isinstance(max_per_severity, bool)
-        or not isinstance(max_per_severity, int | np.integer)
-        or max_per_severity < 1
-    ):
+    if COUNT.problem(max_per_severity) is not None:
         raise ValueError(
             f"`max_per_severity` must be a positive integer or None (all), got "
             f"{max_per_severity!r}."

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from cogcal._checks import (
@@ -17,6 +16,7 @@ from cogcal._checks import (
     probability_tolerance,
     warn_if_probabilities,
 )
+from cogcal._constraints import COUNT, SEED, Boolean, Integer, Real, check
 
 #: The default sweep of bin counts (docs/method.md §3).
 DEFAULT_N_BINS: tuple[int, ...] = (5, 10, 15, 20, 50, 100)
@@ -26,7 +26,7 @@ _BINNINGS = ("width", "mass")
 
 
 def _check_n_bins(n_bins: Any) -> tuple[int, ...]:
-    items = [n_bins] if isinstance(n_bins, int | np.integer) else n_bins
+    items = [n_bins] if Integer().problem(n_bins) is None else n_bins
     try:
         items = list(items)
     except TypeError:
@@ -35,7 +35,7 @@ def _check_n_bins(n_bins: Any) -> tuple[int, ...]:
         ) from None
     out: list[int] = []
     for b in items:
-        if isinstance(b, bool) or not isinstance(b, int | np.integer) or b < 1:
+        if COUNT.problem(b) is not None:
             raise ValueError(
                 f"`n_bins` must hold positive integers (e.g. (5, 10, 15)), got {n_bins!r}."
             )
@@ -76,45 +76,26 @@ _EPS_MESSAGE = (
 )
 
 
+#: The confidence level of an interval (``0.95``: a 95% interval).
+LEVEL = Real(0, 1, closed="neither")
+#: The number of classes of a multi-class problem.
+CLASSES = Integer(2)
+
+
 def _check_bootstrap(level: Any, n_boot: Any, seed: Any) -> tuple[float, int, int]:
-    if (
-        isinstance(level, bool)
-        or not isinstance(level, int | float | np.floating | np.integer)
-        or not (0.0 < float(level) < 1.0)
-    ):
-        raise ValueError(
-            f"`level` must be a number in (0, 1), got {level!r}; e.g. level=0.95 for a 95% "
-            "interval."
-        )
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int | np.integer) or n_boot < 1:
-        raise ValueError(
-            f"`n_boot` must be a positive integer (the number of bootstrap resamples, e.g. "
-            f"1000), got {n_boot!r}."
-        )
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(
-            f"`seed` must be a non-negative integer (the bootstrap is seeded so that it is "
-            f"reproducible), got {seed!r}."
-        )
-    return float(level), int(n_boot), int(seed)
+    return (
+        check(level, LEVEL, "level"),
+        check(n_boot, COUNT, "n_boot"),
+        check(seed, SEED, "seed"),
+    )
 
 
 def _check_positive_class(positive_class: Any, task: str) -> bool | None:
-    if positive_class is not None and not isinstance(positive_class, bool):
-        raise ValueError(
-            f"`positive_class` must be None (automatic), True or False, got {positive_class!r}."
-        )
-    return positive_class
+    return None if positive_class is None else check(positive_class, Boolean(), "positive_class")
 
 
 def _check_num_classes(num_classes: Any) -> int | None:
-    if num_classes is not None and (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, int | np.integer)
-        or num_classes < 2
-    ):
-        raise ValueError(f"`num_classes` must be an integer >= 2, got {num_classes!r}.")
-    return None if num_classes is None else int(num_classes)
+    return None if num_classes is None else check(num_classes, CLASSES, "num_classes")
 
 
 # --------------------------------------------------------------------------------------

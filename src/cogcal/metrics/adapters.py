@@ -12,6 +12,7 @@ from cogcal._checks import (
     check_eps,
     check_task,
 )
+from cogcal._constraints import COUNT, check
 from cogcal.metrics._inputs import (
     _EPS_MESSAGE,
     DEFAULT_N_BINS,
@@ -91,10 +92,8 @@ class _CalibrationMetricBase:
                     "task='multilabel' needs `task_names` or `num_tasks`: torchmetrics "
                     "states need fixed shapes."
                 )
-            if num_tasks is not None and (
-                isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1
-            ):
-                raise ValueError(f"`num_tasks` must be a positive integer, got {num_tasks!r}.")
+            if num_tasks is not None:
+                check(num_tasks, COUNT, "num_tasks")
             t = len(list(task_names)) if task_names is not None else num_tasks
             if num_tasks is not None and t != num_tasks:
                 raise ValueError(f"`task_names` has {t} names but `num_tasks` is {num_tasks}.")

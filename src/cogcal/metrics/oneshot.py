@@ -13,6 +13,7 @@ from cogcal._checks import (
     check_eps,
     check_task,
 )
+from cogcal._constraints import COUNT, check
 from cogcal.metrics._inputs import (
     _EPS_MESSAGE,
     DEFAULT_N_BINS,
@@ -202,8 +203,7 @@ def ece_interval(
     True
     """
     task = check_task(task)
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer) or n_bins < 1:
-        raise ValueError(f"`n_bins` must be a positive integer (e.g. 15), got {n_bins!r}.")
+    check(n_bins, COUNT, "n_bins")
     level, n_boot, seed = _check_bootstrap(level, n_boot, seed)
     scores, y, is_prob = _check_tensors(logits, labels, probs, task)
     state = _State(task=task, n_bins=(), classwise=False, num_classes=None, num_tasks=None)
@@ -251,9 +251,7 @@ def reliability_bins(
     [0.0, 0.25, 0.5, 0.75, 1.0]
     """
     task = check_task(task)
-    if isinstance(n_bins, bool) or not isinstance(n_bins, int | np.integer) or n_bins < 1:
-        raise ValueError(f"`n_bins` must be a positive integer, got {n_bins!r}.")
-    b = int(n_bins)
+    b = check(n_bins, COUNT, "n_bins")
     scores, y, is_prob = _check_tensors(logits, labels, probs, task)
     state = _State(task=task, n_bins=(b,), classwise=False, num_classes=None, num_tasks=None)
     with warnings.catch_warnings():  # a zero true-class probability only matters to the NLL

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from cogcal._constraints import COUNT, Integer, check
 from cogcal._errors import ArgumentError
 from cogcal._registry import Registry
 
@@ -311,21 +312,12 @@ def create_model(
 # --------------------------------------------------------------------------- helpers
 
 
+#: The outputs of a model: classes K, or tasks T for multi-label.
+OUTPUTS = Integer(1, note="(classes K, or tasks T for multi-label)")
+
+
 def _check_num_classes(num_classes: Any) -> int:
-    try:
-        n = operator.index(num_classes)  # ints and numpy integers; not floats or strings
-    except TypeError:
-        n = None
-    if n is None or isinstance(num_classes, bool):
-        raise ArgumentError(
-            "`num_classes` must be a positive integer (classes K, or tasks T for "
-            f"multi-label), got {num_classes!r}."
-        )
-    if n < 1:
-        raise ArgumentError(
-            f"`num_classes` must be >= 1 (classes K, or tasks T for multi-label), got {n}."
-        )
-    return n
+    return check(num_classes, OUTPUTS, "num_classes")
 
 
 def check_input_shape(input_shape: Any) -> tuple[int, ...]:
@@ -339,7 +331,7 @@ def check_input_shape(input_shape: Any) -> tuple[int, ...]:
         dims = tuple(operator.index(d) for d in input_shape)
     except TypeError:
         dims = ()
-    if not dims or any(isinstance(d, bool) for d in input_shape) or min(dims) < 1:
+    if not dims or any(COUNT.problem(d) is not None for d in input_shape):
         raise ArgumentError(
             "`input_shape` must be a non-empty sequence of positive ints (no batch "
             f"dimension), e.g. (40,) or (3, 32, 32); got {input_shape!r}."

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cogcal._constraints import COUNT, check
 from cogcal.metrics import reliability_bins
 from cogcal.report._common import save_figure
 
@@ -239,8 +240,7 @@ def plot_reliability_per_task(
     names = list(task_names) if task_names is not None else [f"t{i}" for i in range(t)]
     if len(names) != t:
         raise ValueError(f"`task_names` has {len(names)} names for {t} tasks.")
-    if isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1:
-        raise ValueError(f"`ncols` must be a positive integer, got {ncols!r}.")
+    check(ncols, COUNT, "ncols")
     ncols = min(ncols, t)
     nrows = -(-t // ncols)
     fig = Figure(figsize=(2.6 * ncols, 2.6 * nrows), layout="constrained")

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, NamedError, Real
 from cogcal._errors import ArgumentError
 from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
@@ -85,7 +86,6 @@ PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
 NORMALIZATIONS = ("auto", "none", "imagenet")
 AUGMENTS = ("none", "flip", "crop_flip")
-SEED_MAX = 2**32 - 1  # numpy's seeding limit
 #: Default of ``checkpoint_seconds``: a kill loses at most this much training; writing
 #: every epoch costs small models a visible share of their run (docs/performance.md).
 CHECKPOINT_SECONDS = 30.0
@@ -96,11 +96,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class ConfigError(ArgumentError):
-    """An invalid :class:`TrainConfig` field.
-
-    Built from a function that writes the message given a way to name fields: ``str(err)``
-    names them as Python arguments (`` `lr` ``), ``err.cli_message`` as flags (``--lr``).
+class ConfigError(NamedError):
+    """An invalid :class:`TrainConfig` field: a :class:`~cogcal._constraints.NamedError`
+    whose names are fields, shown as Python arguments (`` `lr` ``) and as their flags
+    (``--lr``, :func:`flag`).
 
     >>> err = ConfigError(lambda n: f"{n('lr')} must be positive.")
     >>> str(err), err.cli_message
@@ -108,7 +107,13 @@ class ConfigError(ArgumentError):
     """
 
     def __init__(self, message: Callable[[Callable[[str], str]], str]) -> None:
-        super().__init__(message(lambda f: f"`{f}`"), cli_message=message(flag))
+        super().__init__(message, flag)
+
+
+#: The interval of ``checkpoint_seconds``.
+CHECKPOINT_INTERVAL = Real(
+    0, noun="a finite number of seconds", note="(0: a checkpoint after every epoch)"
+)
 
 
 def _opt(
@@ -118,11 +123,21 @@ def _opt(
     cli: bool = True,
     choices: tuple[str, ...] | None = None,
     metavar: str | None = None,
+    rule: Constraint | None = None,
 ) -> dict[str, Any]:
     """Field metadata: ``help`` (meaning and unit), whether the field can change a run's
     results (``results=False``: ignored when two runs are compared), whether it is a
-    command-line flag, and its choices."""
-    return {"help": help, "results": results, "cli": cli, "choices": choices, "metavar": metavar}
+    command-line flag, its choices, and the ``rule`` (a :mod:`cogcal._constraints`
+    constraint) its value obeys, in Python and as a flag (``None`` for an optional field
+    is always allowed)."""
+    return {
+        "help": help,
+        "results": results,
+        "cli": cli,
+        "choices": choices,
+        "metavar": metavar,
+        "rule": rule,
+    }
 
 
 @dataclass
@@ -161,7 +176,9 @@ class TrainConfig:
     method: str = field(default="cog-fc", metadata=_opt("training method", metavar="NAME"))
     seed: int = field(
         default=0,
-        metadata=_opt("seed of initialisation, shuffling and augmentation (splits are fixed)"),
+        metadata=_opt(
+            "seed of initialisation, shuffling and augmentation (splits are fixed)", rule=SEED
+        ),
     )
     preset: str = field(
         default="auto",
@@ -178,27 +195,33 @@ class TrainConfig:
         default=None,
         metadata=_opt(
             f"stage-1 training epochs (default auto: at least {AUTO_MIN_STEPS} optimizer steps "
-            f"and {AUTO_MIN_EPOCHS} epochs; paper: 300)"
+            f"and {AUTO_MIN_EPOCHS} epochs; paper: 300)",
+            rule=COUNT,
         ),
     )
-    stage2_epochs: int = field(default=40, metadata=_opt("TST / V-TST stage-2 epochs"))
+    stage2_epochs: int = field(default=40, metadata=_opt("TST / V-TST stage-2 epochs", rule=COUNT))
     batch_size: int | None = field(
         default=None,
         metadata=_opt(
             "global minibatch size in samples, split across devices (default auto: the "
             f"largest power of two in [{AUTO_MIN_BATCH}, {PAPER_BATCH}] giving "
-            f"{AUTO_STEPS_PER_EPOCH} steps per epoch; paper: {PAPER_BATCH})"
+            f"{AUTO_STEPS_PER_EPOCH} steps per epoch; paper: {PAPER_BATCH})",
+            rule=COUNT,
         ),
     )
     lr: float | None = field(
         default=None,
         metadata=_opt(
             "network learning rate λ_f, Adam (default auto: chosen by validation cross-entropy "
-            "on a small grid; paper: 1e-3 COG, 1e-4 others)"
+            "on a small grid; paper: 1e-3 COG, 1e-4 others)",
+            rule=POSITIVE,
         ),
     )
     calibrator_lr: float | None = field(
-        default=None, metadata=_opt("calibrator learning rate λ_c of COG methods (default: lr/10)")
+        default=None,
+        metadata=_opt(
+            "calibrator learning rate λ_c of COG methods (default: lr/10)", rule=POSITIVE
+        ),
     )
     selection: str = field(
         default="halving",
@@ -212,7 +235,9 @@ class TrainConfig:
     )
     allow_fast_calibrator: bool = field(
         default=False,
-        metadata=_opt("permit calibrator_lr >= lr (breaks COG's slower-calibrator hierarchy)"),
+        metadata=_opt(
+            "permit calibrator_lr >= lr (breaks COG's slower-calibrator hierarchy)", rule=Boolean()
+        ),
     )
     schedule: str | None = field(
         default=None,
@@ -225,12 +250,15 @@ class TrainConfig:
     step_size: int | None = field(
         default=None,
         metadata=_opt(
-            "step schedule period in epochs (default auto: a third of the run; paper: 10)"
+            "step schedule period in epochs (default auto: a third of the run; paper: 10)",
+            rule=COUNT,
         ),
     )
     patience: int | None = field(
         default=None,
-        metadata=_opt("early stopping: epochs without a better validation Brier (default: off)"),
+        metadata=_opt(
+            "early stopping: epochs without a better validation Brier (default: off)", rule=COUNT
+        ),
     )
     target: str | None = field(
         default=None,
@@ -241,6 +269,7 @@ class TrainConfig:
         metadata=_opt(
             "side, in pixels, of the square images a folder: dataset is resized to (default: 32)",
             metavar="PIXELS",
+            rule=COUNT,
         ),
     )
     augment: str | None = field(
@@ -262,8 +291,8 @@ class TrainConfig:
         ),
     )
     accelerator: str = field(default="cpu", metadata=_opt("device kind", choices=ACCELERATORS))
-    devices: int = field(default=1, metadata=_opt("devices (processes) per node"))
-    num_nodes: int = field(default=1, metadata=_opt("number of nodes"))
+    devices: int = field(default=1, metadata=_opt("devices (processes) per node", rule=COUNT))
+    num_nodes: int = field(default=1, metadata=_opt("number of nodes", rule=COUNT))
     strategy: str = field(
         default="auto", metadata=_opt("Lightning Fabric strategy", choices=STRATEGIES)
     )
@@ -272,15 +301,18 @@ class TrainConfig:
         metadata=_opt("numeric precision (16-mixed needs a GPU)", choices=PRECISIONS),
     )
     channels_last: bool = field(
-        default=False, metadata=_opt("NHWC memory layout for image models (faster on GPUs)")
+        default=False,
+        metadata=_opt("NHWC memory layout for image models (faster on GPUs)", rule=Boolean()),
     )
-    compile: bool = field(default=False, metadata=_opt("torch.compile the model"))
+    compile: bool = field(default=False, metadata=_opt("torch.compile the model", rule=Boolean()))
     data_root: str = field(
         default="data", metadata=_opt("folder holding the datasets", results=False, metavar="DIR")
     )
     download: bool = field(
         default=False,
-        metadata=_opt("download missing dataset files (checksums verified)", results=False),
+        metadata=_opt(
+            "download missing dataset files (checksums verified)", results=False, rule=Boolean()
+        ),
     )
     mirror: str | None = field(
         default=None,
@@ -297,6 +329,7 @@ class TrainConfig:
         metadata=_opt(
             "progress bars (the summary and the run folder are printed either way)",
             results=False,
+            rule=Boolean(),
         ),
     )
     checkpoint_seconds: float = field(
@@ -307,6 +340,7 @@ class TrainConfig:
             "since the last write again, identically",
             results=False,
             metavar="S",
+            rule=CHECKPOINT_INTERVAL,
         ),
     )
     extra: dict[str, Any] = field(
@@ -381,12 +415,10 @@ class TrainConfig:
         if self.model is not None and not self.model.startswith("python:"):
             _check_name("model", self.model, list_models())
         _check_name("method", self.method, list_methods())
-        _check_int("seed", self.seed, minimum=0, maximum=SEED_MAX)
-        for name in ("stage2_epochs", "devices", "num_nodes"):
-            _check_int(name, getattr(self, name), minimum=1)
-        for name in ("epochs", "batch_size", "step_size", "patience", "image_size"):
-            if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), minimum=1)
+        for f in dataclasses.fields(self):
+            rule, value = f.metadata.get("rule"), getattr(self, f.name)
+            if rule is not None and not (value is None and f.default is None):
+                _check_rule(f.name, value, rule)
         for name, allowed in (
             ("preset", PRESETS),
             ("selection", SELECTIONS),
@@ -404,14 +436,6 @@ class TrainConfig:
                 raise ConfigError(
                     lambda n, name=name, allowed=allowed, value=value: (
                         f"{n(name)} must be one of {', '.join(allowed)}, got {value!r}."
-                    )
-                )
-        for name in ("allow_fast_calibrator", "channels_last", "compile", "download", "progress"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ConfigError(
-                    lambda n, name=name, value=value: (
-                        f"{n(name)} must be true or false, got {value!r}."
                     )
                 )
         world = self.devices * self.num_nodes
@@ -432,22 +456,6 @@ class TrainConfig:
 
     def _validate_rates(self) -> None:
         """The learning rates, given or chosen, and the checkpoint interval."""
-        for name in ("lr", "calibrator_lr"):
-            value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 < value < math.inf):
-                raise ConfigError(
-                    lambda n, name=name, value=value: (
-                        f"{n(name)} must be a positive finite number, got {value!r}."
-                    )
-                )
-        value = self.checkpoint_seconds
-        if not (_is_number(value) and 0 <= value < math.inf):
-            raise ConfigError(
-                lambda n: (
-                    f"{n('checkpoint_seconds')} must be a finite number of seconds >= 0 (0: a "
-                    f"checkpoint after every epoch), got {value!r}."
-                )
-            )
         if self.lr is not None and self.lr < LR_FLOOR:
             raise ConfigError(
                 lambda n: (
@@ -585,7 +593,7 @@ class TrainConfig:
         >>> cfg.epochs, cfg.batch_size, cfg.step_size
         (5, 256, 2)
         """
-        if isinstance(train_size, bool) or not isinstance(train_size, int) or train_size < 1:
+        if COUNT.problem(train_size) is not None:
             raise ArgumentError(
                 f"the training split must hold at least one sample, got {train_size!r}."
             )
@@ -677,16 +685,12 @@ def _check_name(name: str, value: Any, names: list[str]) -> None:
         )
 
 
-def _is_number(value: Any) -> bool:
-    """An int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(lambda n: f"{n(name)} must be an integer >= {minimum}, got {value!r}.")
-    if maximum is not None and value > maximum:
-        raise ConfigError(lambda n: f"{n(name)} must be at most {maximum}, got {value!r}.")
+def _check_rule(name: str, value: Any, rule: Constraint) -> None:
+    """Refuse a field's value that breaks its rule, in the one template of
+    :func:`cogcal._constraints.violation` (the field as `` `name` `` or ``--flag``)."""
+    problem = rule.problem(value)  # the template of cogcal._constraints.violation
+    if problem is not None:
+        raise ConfigError(lambda n: f"{n(name)} {problem}")
 
 
 # --------------------------------------------------------------------------- comparison

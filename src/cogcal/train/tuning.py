@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from cogcal import _io
+from cogcal._constraints import LR_GRID, NON_NEGATIVE, NamedError, check
 from cogcal._errors import ArgumentError
 from cogcal.runs import RunDir, RunFolderError, config_diff
 from cogcal.train.config import LR_FLOOR, TrainConfig
@@ -130,19 +131,10 @@ _FLAGS = {"lrs": "--lrs", "ratios": "--calibrator-ratios"}
 def _check_axis(name: str, values: Sequence[float]) -> tuple[float, ...]:
     flag = _FLAGS.get(name, name)
 
-    def error(problem: str) -> ArgumentError:
-        return ArgumentError(f"`{name}` {problem}", cli_message=f"{flag} {problem}")
+    def error(problem: str) -> NamedError:
+        return NamedError(lambda n: f"{n(name)} {problem}", {name: flag}.get)
 
-    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-        raise error(f"must be a non-empty list of positive numbers, got {values!r}.")
-    out: list[float] = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-            raise error(f"values must be positive finite numbers, got {v!r}.")
-        if any(math.isclose(float(v), u, rel_tol=1e-9) for u in out):
-            raise error(f"lists {v:g} twice; give each grid value once.")
-        out.append(float(v))
-    out = sorted(out)
+    out = list(check(values, LR_GRID, name, flag=flag))  # sorted
     if name == "lrs" and out[0] < LR_FLOOR:
         raise error(
             f"value {out[0]:g} is below {LR_FLOOR:g}, where training stops at once (no update "
@@ -373,14 +365,7 @@ class GridSearch:
     _issued: set[tuple[tuple[str, float], ...]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.max_extensions, bool)
-            or not isinstance(self.max_extensions, int)
-            or (self.max_extensions < 0)
-        ):
-            raise ArgumentError(
-                f"`max_extensions` must be an integer >= 0, got {self.max_extensions!r}."
-            )
+        check(self.max_extensions, NON_NEGATIVE, "max_extensions", flag="--max-extensions")
 
     @staticmethod
     def _key(point: dict[str, float]) -> tuple[tuple[str, float], ...]:
