@@ -267,7 +267,7 @@ def test_mean_coverage_over_20_random_splits_is_within_1_5_points(data):
 
 @pytest.mark.parametrize("alpha", [0, 1, 1.5, -0.1, float("nan"), True, "0.1", None])
 def test_alpha_outside_the_open_unit_interval_is_one_error(alpha):
-    with pytest.raises(ValueError, match=r"`alpha` must be a finite number in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"`alpha` must be a number in \(0, 1\)"):
         ConformalSets(alpha=alpha)
     with pytest.raises(ValueError, match="`alpha` must be"):
         conformal_quantile([0.1, 0.2], alpha)
