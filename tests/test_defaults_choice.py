@@ -5,6 +5,7 @@ a resumed default path that continues the same choice."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import warnings
@@ -32,7 +33,7 @@ from cogcal.train.choice import (
     sides_folder,
     weighs,
 )
-from cogcal.train.config import TrainConfig
+from cogcal.train.config import TrainConfig, add_arguments, config_from_args
 
 
 def _records(cog_nll: float, ce_nll: float = 0.9) -> tuple[dict, dict]:
@@ -99,6 +100,16 @@ def test_only_the_default_method_at_the_default_path_is_weighed():
     assert not weighs(TrainConfig(preset="paper"), "multiclass")
     assert not weighs(TrainConfig(extra={METHOD_GIVEN: True}), "multiclass")
     assert sides_folder("runs/a") == Path("runs/a.sides")
+
+
+def test_method_given_on_the_command_line_is_marked_and_not_weighed():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = config_from_args(parser.parse_args([]))
+    given = config_from_args(parser.parse_args(["--method", "cog-fc"]))
+    assert default.method == given.method == "cog-fc"
+    assert weighs(default, "multiclass") and not weighs(given, "multiclass")
+    assert METHOD_GIVEN not in default.extra and given.extra[METHOD_GIVEN] is True
 
 
 def test_the_report_line_names_the_choice_and_both_figures():

@@ -53,7 +53,7 @@ from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
 from cogcal.posthoc import AUTO, POSTHOC_METHODS, Calibration, calibrate
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
-from cogcal.train.config import TrainConfig
+from cogcal.train.config import METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
 from cogcal.train.select import (
     TrainRun,
@@ -76,9 +76,6 @@ __all__ = [
     "weighs",
 ]
 
-#: ``config.extra`` key marking a method given explicitly (the default path then trains it
-#: alone). :func:`cogcal.fit` sets it when ``method=`` is given.
-METHOD_GIVEN = "method_given"
 COG_SIDE = "cog-fc"  # the default method
 POSTHOC_SIDE = "ce"  # the network of the other side, calibrated post hoc
 CV_FOLDS = 5  # at most; fewer when the validation split holds under 10 samples a fold

@@ -140,6 +140,12 @@ def _opt(
     }
 
 
+#: The ``extra`` key marking a method given explicitly (``--method``, ``cogcal.fit(method=)``):
+#: the default path then trains that method alone instead of weighing COG-FC against
+#: cross-entropy + post-hoc calibration (:mod:`cogcal.train.choice`).
+METHOD_GIVEN = "method_given"
+
+
 @dataclass
 class TrainConfig:
     """Everything that defines one training run (the recipe of docs/method.md §1).
@@ -811,17 +817,23 @@ def add_argument(parser: argparse.ArgumentParser, name: str) -> None:
         flag(name),
         dest=name,
         type=kind,
-        default=f.default,
+        # --method: None when not given, so that the default path can tell (METHOD_GIVEN)
+        default=None if name == "method" else f.default,
         metavar=f.metadata["metavar"],
         help=_field_help(name),
     )
 
 
 def config_from_args(args: argparse.Namespace, **fields: Any) -> TrainConfig:
-    """The :class:`TrainConfig` of parsed flags (plus ``fields``, e.g. ``out``)."""
+    """The :class:`TrainConfig` of parsed flags (plus ``fields``, e.g. ``out``); a
+    ``--method`` given on the command line is marked in ``extra`` (:data:`METHOD_GIVEN`)."""
     values = {
         f.name: getattr(args, f.name)
         for f in dataclasses.fields(TrainConfig)
         if f.metadata["cli"] and hasattr(args, f.name)
     }
+    if values.get("method") is None:
+        values.pop("method", None)
+    else:
+        values["extra"] = {**values.get("extra", {}), METHOD_GIVEN: True}
     return TrainConfig.from_dict({**values, **fields})
