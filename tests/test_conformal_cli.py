@@ -4,6 +4,7 @@ rows the post-hoc calibrator did not see, stored (bound) in the calibration fold
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -169,3 +170,29 @@ def test_the_status_line_on_a_terminal(tmp_path, monkeypatch, capsys):
     text = stream.getvalue()
     assert "\rcogcal: ts, fit on all 100 rows" in text.replace("\033[K", "")
     assert text.endswith("\r\033[K")
+
+
+@pytest.mark.slow
+def test_predict_sets_writes_each_rows_set_fitted_on_the_validation_split(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", "digits", "--model", "mlp", "--method", "cog-fc",
+                 "--epochs", "2", "--lr", "1e-3", "--no-progress",
+                 "--data-root", str(tmp_path / "data"), "--out", str(run)]) == 0  # fmt: skip
+    x = np.random.default_rng(0).uniform(0, 16, size=(50, 1, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "p.csv"
+    capsys.readouterr()
+    assert main(["predict", str(run), "--input", str(tmp_path / "x.npy"), "--out", str(out),
+                 "--sets", "0.1"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "prediction sets of level 0.9 (lac)" in err
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 50 and {"set_size", "set"} <= set(rows[0])
+    for row in rows:
+        members = row["set"].split("|") if row["set"] else []
+        assert int(row["set_size"]) == len(members)
+        probs = {k: float(row[k]) for k in map(str, range(10))}
+        # a LAC set holds every class above one probability: the most probable first
+        assert members == sorted(members, key=lambda k: -probs[k])
+    assert main(["predict", str(run), "--input", str(tmp_path / "x.npy"), "--sets", "1.5"]) == 2
+    assert "--sets must be" in capsys.readouterr().err

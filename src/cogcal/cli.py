@@ -159,6 +159,15 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
         "--no-progress", dest="progress", action="store_false",
         help="no progress bar (shown on stderr for large inputs)",
     )  # fmt: skip
+    p.add_argument(
+        "--sets", type=float, default=None, metavar="ALPHA",
+        help="also write each input's conformal prediction set of level 1 - ALPHA (e.g. "
+        "0.1), its threshold fitted on the run's validation split: columns set_size, set",
+    )  # fmt: skip
+    p.add_argument(
+        "--sets-method", choices=("lac", "aps", "raps"), default="lac",
+        help="the sets' conformity score (default: lac, the smallest sets)",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- calibrate

@@ -30,10 +30,12 @@ from cogcal import _io
 from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError
 from cogcal.commands._common import UserError
+from cogcal.conformal import ALPHA, ConformalSets
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 from cogcal.data.tables import read_table
 from cogcal.report.run_report import choice_line
+from cogcal.runs.methods import get_method
 from cogcal.train.assemble import LoadedRun, load_run
 from cogcal.train.sources import EVAL_BATCH
 
@@ -90,6 +92,9 @@ class Predictions:
     notes : list of str
         Things the caller should tell the user (an unused target column and the accuracy
         against it).
+    sets : numpy.ndarray or None
+        ``(N, K)`` booleans: the conformal prediction set of each input (``predict(...,
+        sets=)``), else None.
     """
 
     probabilities: np.ndarray
@@ -97,6 +102,7 @@ class Predictions:
     task: str
     ids: list[str] | None = None
     notes: list[str] = field(default_factory=list)
+    sets: np.ndarray | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -110,8 +116,10 @@ class Predictions:
         return [self.class_names[i] for i in self.probabilities.argmax(axis=1)]
 
     def columns(self) -> list[str]:
-        """Header of :meth:`write_csv`: ``file`` (images), ``prediction``, one per class."""
+        """Header of :meth:`write_csv`: ``file`` (images), ``prediction``, with prediction
+        sets ``set_size`` and ``set``, then one per class."""
         lead = (["file"] if self.ids is not None else []) + ["prediction"]
+        lead += ["set_size", "set"] if self.sets is not None else []
         clash = sorted(set(lead) & set(self.class_names))
         if clash or len(set(self.class_names)) != len(self.class_names):
             raise PredictInputError(
@@ -128,9 +136,15 @@ class Predictions:
         writer = csv.writer(buffer, lineterminator="\n")
         writer.writerow(self.columns())
         ids = self.ids if self.ids is not None else [None] * len(self.probabilities)
-        for name, label, row in zip(ids, self.labels, self.probabilities, strict=True):
+        for i, (name, label, row) in enumerate(
+            zip(ids, self.labels, self.probabilities, strict=True)
+        ):
             lead = [name] if name is not None else []
-            writer.writerow([*lead, label, *(f"{p:.9g}" for p in row)])
+            lead.append(label)
+            if self.sets is not None:  # the set's classes, most probable first
+                members = [k for k in np.argsort(-row, kind="stable") if self.sets[i, k]]
+                lead += [len(members), "|".join(self.class_names[k] for k in members)]
+            writer.writerow([*lead, *(f"{p:.9g}" for p in row)])
         if out is None:
             sys.stdout.write(buffer.getvalue())
         elif isinstance(out, str | os.PathLike):
@@ -382,6 +396,7 @@ def predict(
     which: str = "best",
     batch_size: int = EVAL_BATCH,
     progress: bool = False,
+    sets: ConformalSets | None = None,
 ) -> Predictions:
     """Class probabilities of a finished run on new raw inputs.
 
@@ -396,6 +411,9 @@ def predict(
         Inputs per forward pass.
     progress : bool
         A progress bar on stderr for large inputs.
+    sets : ConformalSets, optional
+        Fitted conformal prediction sets (:func:`run_sets` fits them on the run's
+        validation split): each input's set is in :attr:`Predictions.sets`.
 
     Returns
     -------
@@ -445,6 +463,8 @@ def predict(
     probs = torch.sigmoid(z) if run.task == "multilabel" else torch.softmax(z, dim=1)
     names = run.class_names or [str(k) for k in range(z.shape[1])]
     result = Predictions(probs.numpy(), names, run.task, ids=inputs.ids)
+    if sets is not None:
+        result.sets = np.asarray(sets.predict(probs=probs.numpy()))
     if line := choice_line(run.record.selection):  # the default path's choice
         result.notes.append(f"{run.config.method} model; {line}")
     if inputs.target is not None:
@@ -457,6 +477,39 @@ def predict(
     return result
 
 
+def run_sets(
+    folder: str | os.PathLike[str], run: LoadedRun, *, alpha: float, method: str = "lac"
+) -> tuple[ConformalSets, list[str]]:
+    """Conformal prediction sets of level ``1 - alpha`` fitted on a run's validation split
+    (its calibrated logits, ``val_logits.npz``), and the notes to tell the user.
+
+    Coverage holds for inputs exchangeable with the validation split when nothing of the
+    model was fitted on it; a post-hoc method's calibrator was fitted on that split, so
+    its sets may cover a little less than ``1 - alpha`` (a note says so; ``cogcal
+    calibrate --conformal`` fits the calibrator and the threshold on separate halves).
+    """
+    if run.task != "multiclass":
+        raise UserError("--sets: prediction sets are for multiclass runs; this run is multi-label.")
+    path = Path(folder) / "val_logits.npz"
+    try:
+        with np.load(path) as saved:
+            logits, labels = saved["logits"], saved["labels"]
+    except (OSError, KeyError, ValueError) as err:
+        raise UserError(f"--sets: cannot read the run's validation logits {path}: {err}") from None
+    sets = ConformalSets(method=method, alpha=alpha).fit(logits, labels)
+    notes = [
+        f"prediction sets of level {1 - alpha:g} ({method}), threshold "
+        f"{sets.threshold_:.4g} fitted on the run's {len(labels)} validation rows"
+    ]
+    if get_method(run.config.method).posthoc is not None:
+        notes.append(
+            f"the {run.config.method!r} calibrator was fitted on those same validation rows, "
+            "so the sets may cover a little less than asked; `cogcal calibrate --conformal` "
+            "fits the calibrator and the threshold on separate halves"
+        )
+    return sets, notes
+
+
 def run(args: Any) -> int:
     """``cogcal predict``: load the run, predict the inputs, write the CSV (or stdout)."""
     out = Path(args.out) if args.out is not None else None
@@ -466,9 +519,15 @@ def run(args: Any) -> int:
         raise UserError(f"--out {out} is the --input file; choose another file.")
     check(args.batch_size, COUNT, "batch_size", flag="--batch-size")
     loaded = load_run(args.run, which=args.which)
-    result = predict(loaded, args.input, batch_size=args.batch_size, progress=args.progress)
+    sets, notes = None, []
+    if args.sets is not None:
+        check(args.sets, ALPHA, "alpha", flag="--sets")
+        sets, notes = run_sets(args.run, loaded, alpha=args.sets, method=args.sets_method)
+    result = predict(
+        loaded, args.input, batch_size=args.batch_size, progress=args.progress, sets=sets
+    )
     result.write_csv(out)
-    for note in result.notes:
+    for note in [*notes, *result.notes]:
         print(f"cogcal: {note}", file=sys.stderr)
     if out is not None:
         print(f"wrote {len(result.probabilities)} predictions to {out}", file=sys.stderr)
