@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from cogcal._errors import Interrupted
+from cogcal._errors import QUIET_EXIT, Interrupted
 
 __all__ = ["main"]
 
@@ -42,8 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(cli.main(argv))
     except (KeyboardInterrupt, Interrupted) as err:  # before or after cli.main's own handling
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
-        if _is_rank_zero():  # the processes of a multi-process run: one line, from rank 0
-            print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        if not _is_rank_zero():  # a process of a multi-process run: rank 0 prints the line
+            return QUIET_EXIT + signum
+        print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
 
 

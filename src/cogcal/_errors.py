@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["ArgumentError", "Interrupted", "cli_message"]
+__all__ = ["QUIET_EXIT", "ArgumentError", "Interrupted", "cli_message"]
+
+#: The exit status ``QUIET_EXIT + n`` of a process other than rank 0 of a multi-process run
+#: that signal ``n`` ended without a word: the main process prints the one line
+#: (:mod:`cogcal.train.devices`).
+QUIET_EXIT = 192
 
 
 class ArgumentError(ValueError):

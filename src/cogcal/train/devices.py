@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cogcal._errors import QUIET_EXIT
 from cogcal.train.config import ConfigError, TrainConfig
 
 __all__ = ["RENDEZVOUS_TIMEOUT", "SingleProcess", "launch", "needs_fabric", "rendezvous_timeout"]
@@ -218,7 +219,7 @@ def _restore_collective_timeout() -> None:
 
 #: The exit status of a process other than 0 that ends quietly on signal ``n``:
 #: ``_QUIET + n`` (:func:`_quiet_when_interrupted`); the main process then prints the line.
-_QUIET = 192
+_QUIET = QUIET_EXIT
 #: Exit statuses of an interrupted child process: its signal, and whether the child printed
 #: ``cogcal: interrupted`` itself (128 + n: interrupted before it was quiet, while importing).
 _INTERRUPTED = {
