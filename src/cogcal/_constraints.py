@@ -45,6 +45,7 @@ __all__ = [
     "Integer",
     "LR_GRID",
     "NON_NEGATIVE",
+    "NON_NEGATIVE_REAL",
     "NamedError",
     "Options",
     "POSITIVE",
@@ -237,6 +238,8 @@ def _plural(description: str) -> str:
 COUNT = Integer(1)
 #: A number that may be zero: ``max_extensions``, workers, patience.
 NON_NEGATIVE = Integer(0)
+#: A finite real that may be zero: a weight decay, a penalty strength.
+NON_NEGATIVE_REAL = Real(0, None)
 #: A positive finite real: a learning rate, a temperature, a time.
 POSITIVE = Real(0, None, closed="neither")
 #: A random seed (numpy's seeding range).
