@@ -40,6 +40,7 @@ __all__ = [
     "COUNT",
     "CV_FOLDS",
     "Boolean",
+    "FRACTION",
     "Constraint",
     "Grid",
     "Integer",
@@ -242,6 +243,8 @@ NON_NEGATIVE = Integer(0)
 NON_NEGATIVE_REAL = Real(0, None)
 #: A positive finite real: a learning rate, a temperature, a time.
 POSITIVE = Real(0, None, closed="neither")
+#: A share strictly between 0 and 1: a held-out fraction.
+FRACTION = Real(0, 1, closed="neither")
 #: A random seed (numpy's seeding range).
 SEED = Integer(0, SEED_MAX)
 #: The folds of a cross-validation (``cv``).
