@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cogcal._constraints import Real
+
 __all__ = [
     "ProbabilitiesAsLogitsWarning",
     "as_float_tensor",
@@ -353,11 +355,7 @@ def check_eps(eps: Any, *, upper: float = 1.0, message: str = "") -> float | Non
     """
     if eps is None:
         return None
-    if (
-        isinstance(eps, bool)
-        or not isinstance(eps, int | float | np.integer | np.floating)
-        or not (0.0 < float(eps) < upper)
-    ):
+    if Real(0.0, upper, closed="neither").problem(eps) is not None:
         template = message or f"`eps` must be None or a number in (0, {upper:g}), got {{eps}}."
         raise ValueError(template.format(eps=repr(eps)))
     return float(eps)

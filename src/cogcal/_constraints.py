@@ -40,11 +40,13 @@ __all__ = [
     "COUNT",
     "CV_FOLDS",
     "Boolean",
+    "FRACTION",
     "Constraint",
     "Grid",
     "Integer",
     "LR_GRID",
     "NON_NEGATIVE",
+    "NON_NEGATIVE_REAL",
     "NamedError",
     "Options",
     "POSITIVE",
@@ -237,8 +239,12 @@ def _plural(description: str) -> str:
 COUNT = Integer(1)
 #: A number that may be zero: ``max_extensions``, workers, patience.
 NON_NEGATIVE = Integer(0)
+#: A finite real that may be zero: a weight decay, a penalty strength.
+NON_NEGATIVE_REAL = Real(0, None)
 #: A positive finite real: a learning rate, a temperature, a time.
 POSITIVE = Real(0, None, closed="neither")
+#: A share strictly between 0 and 1: a held-out fraction.
+FRACTION = Real(0, 1, closed="neither")
 #: A random seed (numpy's seeding range).
 SEED = Integer(0, SEED_MAX)
 #: The folds of a cross-validation (``cv``).

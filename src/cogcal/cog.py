@@ -16,7 +16,6 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-import math
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from cogcal._constraints import COUNT, NON_NEGATIVE_REAL, POSITIVE, Boolean, Integer, check
 from cogcal.calibrators import (
     MatrixScaling,
     TaskAffine,
@@ -624,19 +624,14 @@ class CalibratedModel(nn.Module):
                 f"`calibrator` must be one of {', '.join(map(repr, CALIBRATORS))} or an "
                 f"nn.Module, got {calibrator!r}."
             )
-        if num_outputs is not None and (
-            isinstance(num_outputs, bool) or not isinstance(num_outputs, int) or num_outputs < 1
-        ):
-            raise ValueError(f"`num_outputs` must be a positive integer, got {num_outputs!r}.")
-        if isinstance(output_key, bool) or not isinstance(output_key, str | int):
+        if num_outputs is not None:
+            check(num_outputs, COUNT, "num_outputs")
+        if not isinstance(output_key, str) and Integer().problem(output_key) is not None:
             raise TypeError(
                 f"`output_key` must be a field name (str) or a tuple index (int), got "
                 f"{output_key!r}."
             )
-        if not isinstance(allow_fast_calibrator, bool):
-            raise TypeError(
-                f"`allow_fast_calibrator` must be True or False, got {allow_fast_calibrator!r}."
-            )
+        _check_allow_fast(allow_fast_calibrator)
         if preprocess is not None and not isinstance(preprocess, nn.Module):
             raise TypeError(
                 f"`preprocess` must be an nn.Module or None, got {type(preprocess).__name__}."
@@ -725,8 +720,7 @@ class CalibratedModel(nn.Module):
 
     @allow_fast_calibrator.setter
     def allow_fast_calibrator(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"`allow_fast_calibrator` must be True or False, got {value!r}.")
+        _check_allow_fast(value)
         self._allow_fast = value
         _bump()
 
@@ -1096,23 +1090,21 @@ class CalibratedModel(nn.Module):
         return f"calibrator={self.kind!r}, task={self.task!r}, classifier={self.classifier_name!r}"
 
 
+def _check_allow_fast(value: Any) -> None:
+    """``allow_fast_calibrator`` must be a bool; a ``TypeError`` (a wrong type, not value)."""
+    problem = Boolean().problem(value)
+    if problem is not None:
+        raise TypeError(f"`allow_fast_calibrator` {problem}")
+
+
 def _check_param_group_args(
     lr: Any, calibrator_lr: Any, allow_fast_calibrator: Any, wd: Any, calibrator: nn.Module
 ) -> None:
     """The argument checks of :meth:`CalibratedModel.param_groups` (not the rate order)."""
-    for name, value in (("lr", lr), ("calibrator_lr", calibrator_lr)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
-        if value != value or value == float("inf"):
-            raise ValueError(f"`{name}` must be finite, got {value!r}.")
-    if not isinstance(allow_fast_calibrator, bool):
-        raise TypeError(
-            f"`allow_fast_calibrator` must be True or False, got {allow_fast_calibrator!r}."
-        )
-    if isinstance(wd, bool) or not isinstance(wd, int | float) or not 0 <= wd < math.inf:
-        raise ValueError(
-            f"`calibrator_weight_decay` must be a non-negative finite number, got {wd!r}."
-        )
+    check(lr, POSITIVE, "lr")
+    check(calibrator_lr, POSITIVE, "calibrator_lr")
+    _check_allow_fast(allow_fast_calibrator)
+    check(wd, NON_NEGATIVE_REAL, "calibrator_weight_decay")
     if wd > 0 and isinstance(calibrator, VectorScaling | MatrixScaling | TaskAffine):
         raise ValueError(
             f"calibrator_weight_decay={wd:g} would pull the {type(calibrator).__name__} "

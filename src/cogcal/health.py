@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal._checks import ProbabilitiesAsLogitsWarning
+from cogcal._constraints import NON_NEGATIVE
 from cogcal.calibrators.temperature import fit_temperature
 from cogcal.metrics import evaluate
 
@@ -300,9 +301,7 @@ def _validated(
     if not torch.isfinite(z).all():
         raise ValueError("`logits` hold NaN or infinite values: the model diverged.")
     _check_labels(z, y, task)
-    if steps is not None and (
-        isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 0
-    ):
+    if steps is not None and NON_NEGATIVE.problem(steps) is not None:
         raise ValueError(
             f"`steps` must be the number of optimizer steps (an integer >= 0) or None, got "
             f"{steps!r}."

@@ -12,6 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from cogcal._checks import check_multiclass, check_multilabel
+from cogcal._constraints import Real, check
+
+#: Label smoothing: a share of the target moved to the uniform distribution.
+_SMOOTHING = Real(0, 1, closed="left")
+
+
+def _check_smoothing(smoothing: float) -> None:
+    """(The losses' own ``check`` argument hides :func:`~cogcal._constraints.check`.)"""
+    check(smoothing, _SMOOTHING, "smoothing")
+
 
 __all__ = [
     "cross_entropy",
@@ -36,8 +46,7 @@ def label_smoothing_cross_entropy(
 
     Identical to ``F.cross_entropy(logits, labels, label_smoothing=eps)``.
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
+    _check_smoothing(smoothing)
     z, y = check_multiclass(logits, labels) if check else (logits, labels)
     return F.cross_entropy(z, y, label_smoothing=smoothing)
 
@@ -106,8 +115,7 @@ def multilabel_bce(
     >>> round(float(multilabel_bce(z, t)), 4)   # 3 tasks x log 2
     2.0794
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"`smoothing` must be in [0, 1), got {smoothing!r}.")
+    _check_smoothing(smoothing)
     z, y = check_multilabel(logits, targets) if check else (logits, targets)
     target = y.to(z.dtype) * (1.0 - smoothing) + smoothing / 2.0
     per_task = F.binary_cross_entropy_with_logits(z, target, reduction="none").mean(0)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal._checks import check_classes_present, check_multiclass, warn_if_probabilities
+from cogcal._constraints import CV_FOLDS, check
 from cogcal.calibrators import KINDS, auto_candidates, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
 from cogcal.conformal import ConformalSets
@@ -230,8 +231,7 @@ def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
             f"`candidates` must be a non-empty sequence of {', '.join(POSTHOC_METHODS)}; "
             f"got {candidates!r}."
         )
-    if isinstance(cv, bool) or not isinstance(cv, int) or cv < 2:
-        raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {cv!r}.")
+    check(cv, CV_FOLDS, "cv")
     return method.strip().lower()
 
 

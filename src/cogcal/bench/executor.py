@@ -56,6 +56,7 @@ import torch
 
 import cogcal.train
 from cogcal import _io
+from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError, Interrupted
 from cogcal.runs import RUN_DIRS, RUN_FILES, RunDir, RunFolderError
 from cogcal.train.config import TrainConfig, result_fields
@@ -100,8 +101,7 @@ CONNECT_TIMEOUT = 10.0
 def check_pool(jobs: Any, executor: Any, address: Any) -> None:
     """Raise ``ValueError`` unless ``jobs`` workers on ``executor`` (at ``address``) is a
     pool the scheduler can start."""
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ArgumentError(f"`jobs` must be a positive integer, got {jobs!r}.")
+    check(jobs, COUNT, "jobs")
     if executor not in EXECUTORS:
         raise ArgumentError(f"`executor` must be one of {', '.join(EXECUTORS)}, got {executor!r}.")
     if address is not None and executor != "ray":

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from cogcal import _io
+from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError, Interrupted
 from cogcal._version import __version__
 from cogcal.bench.budget import FAMILIES, family_of, floor_epoch
@@ -316,9 +317,7 @@ def run_suite(
     if protocols is not None:
         loaded = loaded.replace(protocols=protocols)
     if seeds is not None:
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ArgumentError(f"`seeds` must be a positive integer, got {seeds!r}.")
-        loaded = loaded.replace(seeds=seeds)
+        loaded = loaded.replace(seeds=check(seeds, COUNT, "seeds"))
     check_pool(jobs, executor, address)
     if executor == "ray":  # before anything is loaded or written: a wrong address fails fast
         check_reachable(address)

@@ -22,6 +22,7 @@ from cogcal._checks import (
     check_multilabel,
     warn_if_probabilities,
 )
+from cogcal._constraints import COUNT, CV_FOLDS, NON_NEGATIVE_REAL, check
 from cogcal.calibrators._folds import _shuffled_folds, _stratified_folds
 
 #: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
@@ -73,21 +74,8 @@ class L2GridEdgeWarning(UserWarning):
     """
 
 
-def _check_positive_int(name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        expected = "a positive integer or None" if allow_none else "a positive integer"
-        raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
-
-
 def _is_nonnegative_number(value: Any) -> bool:
-    return (
-        not isinstance(value, bool)
-        and isinstance(value, int | float | np.integer | np.floating)
-        and math.isfinite(float(value))
-        and float(value) >= 0
-    )
+    return NON_NEGATIVE_REAL.problem(value) is None
 
 
 def _check_l2(value: Any) -> None:
@@ -330,10 +318,9 @@ class Calibrator(nn.Module):
         self._validate_hyperparameters()
 
     def _validate_hyperparameters(self) -> None:
-        _check_positive_int("max_iter", self.max_iter)
+        check(self.max_iter, COUNT, "max_iter")
         _check_l2(self.l2)
-        if isinstance(self.cv, bool) or not isinstance(self.cv, int) or self.cv < 2:
-            raise ValueError(f"`cv` must be an integer >= 2 (number of folds), got {self.cv!r}.")
+        check(self.cv, CV_FOLDS, "cv")
         _check_grid(self.l2_grid)
 
     # -- to be provided by subclasses -------------------------------------------------
@@ -710,7 +697,8 @@ class _LazyWidth(Calibrator):
         name: str,
     ) -> None:
         super().__init__(max_iter=max_iter, l2=l2, cv=cv, l2_grid=l2_grid)
-        _check_positive_int(name, num_outputs, allow_none=True)
+        if num_outputs is not None:
+            check(num_outputs, COUNT, name)
         if num_outputs is not None and num_outputs < 2 and not self.multilabel:
             raise ValueError(f"`{name}` must be at least 2 for a multiclass calibrator.")
         self.num_outputs: int | None = None

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from cogcal.calibrators._base import _check_positive_int
+from cogcal._constraints import COUNT, POSITIVE, check
 from cogcal.calibrators.nonparametric import _NonParametric
 
 _BINNINGS = ("quantile", "uniform")
@@ -149,13 +149,11 @@ class BBQ(_NonParametric):
             raise ValueError(f"`binning` must be one of {_BINNINGS}, got {self.binning!r}.")
         if self.score not in _SCORES:
             raise ValueError(f"`score` must be one of {_SCORES}, got {self.score!r}.")
-        p = self.prior_strength
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p < math.inf:
-            raise ValueError(f"`prior_strength` must be a positive finite number, got {p!r}.")
+        check(self.prior_strength, POSITIVE, "prior_strength")
         super()._validate_hyperparameters()
 
     def _check_data(self, n: int) -> None:
-        _check_positive_int("samples", n)
+        check(n, COUNT, "samples")
 
     def _fit_map(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         xs = np.sort(x)

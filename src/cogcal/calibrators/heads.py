@@ -12,7 +12,8 @@ from torch import nn
 from cogcal._checks import (
     as_float_tensor,
 )
-from cogcal.calibrators._base import _array_like, _check_positive_int
+from cogcal._constraints import COUNT, check
+from cogcal.calibrators._base import _array_like
 
 
 def default_latent_dim(num_classes: int) -> int:
@@ -56,10 +57,10 @@ class TSTHead(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int, *, latent_dim: int | None = None):
         super().__init__()
-        _check_positive_int("in_features", in_features)
-        _check_positive_int("num_classes", num_classes)
+        check(in_features, COUNT, "in_features")
+        check(num_classes, COUNT, "num_classes")
         z = default_latent_dim(num_classes) if latent_dim is None else latent_dim
-        _check_positive_int("latent_dim", z)
+        check(z, COUNT, "latent_dim")
         self.in_features, self.out_features, self.latent_dim = in_features, num_classes, z
         self.encoder = nn.Sequential(nn.Linear(in_features, 3 * z), nn.ReLU(), nn.Linear(3 * z, z))
         self.classifier = nn.Linear(z, num_classes)
@@ -135,7 +136,7 @@ class VTSTHead(TSTHead):
         num_samples: int = 10,
     ):
         super().__init__(in_features, num_classes, latent_dim=latent_dim)
-        _check_positive_int("num_samples", num_samples)
+        check(num_samples, COUNT, "num_samples")
         self.num_samples = num_samples
         z = self.latent_dim
         self.log_var = nn.Sequential(

@@ -14,7 +14,8 @@ from cogcal._checks import (
     check_eps,
     warn_if_probabilities,
 )
-from cogcal.calibrators._base import Calibrator, _cast, _check_positive_int
+from cogcal._constraints import COUNT, check
+from cogcal.calibrators._base import Calibrator, _cast
 
 _EPS_MESSAGE = (
     "`eps` must be a number in (0, 0.5) (the floor the calibrated probabilities are clipped "
@@ -114,7 +115,8 @@ class _NonParametric(Calibrator):
 
     def __init__(self, num_classes: int | None = None, *, eps: float | None = None) -> None:
         nn.Module.__init__(self)  # not Calibrator's: none of its L-BFGS hyperparameters apply
-        _check_positive_int("num_classes", num_classes, allow_none=True)
+        if num_classes is not None:
+            check(num_classes, COUNT, "num_classes")
         if num_classes is not None and num_classes < 2:
             raise ValueError("`num_classes` must be at least 2 for a multiclass calibrator.")
         self.num_outputs: int | None = num_classes
@@ -411,7 +413,7 @@ class HistogramBinning(_NonParametric):
         super().__init__(num_classes, eps=eps)
 
     def _validate_hyperparameters(self) -> None:
-        _check_positive_int("n_bins", self.n_bins)
+        check(self.n_bins, COUNT, "n_bins")
         super()._validate_hyperparameters()
 
     def _check_data(self, n: int) -> None:

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cogcal._constraints import CV_FOLDS, check
 from cogcal._errors import ArgumentError
 from cogcal._version import __version__
-from cogcal.commands._common import UserError
 from cogcal.conformal import ConformalSets, coverage, coverage_by_set_size, mean_set_size
 from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
@@ -494,8 +494,7 @@ class StatusLine:
 
 def run(args: Any) -> int:
     """``cogcal calibrate``: fit, write the folder and its report, print the metrics."""
-    if args.cv < 2:
-        raise UserError(f"--cv must be an integer >= 2 (folds), got {args.cv}.")
+    check(args.cv, CV_FOLDS, "cv", flag="--cv")
     status = StatusLine() if sys.stderr.isatty() else None
     try:
         metrics = calibrate_files(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from cogcal._constraints import FRACTION, Boolean, check
 from cogcal._errors import ArgumentError
 from cogcal._registry import Registry
 from cogcal.data.loader import BatchLoader
@@ -435,7 +436,7 @@ def with_augment(ds: Dataset, augment: str) -> Dataset:
 
 
 def _check_bool(value: Any, name: str, flag: str) -> bool:
-    if not isinstance(value, bool | np.bool_):
+    if Boolean().problem(bool(value) if isinstance(value, np.bool_) else value) is not None:
         raise ArgumentError(
             f"`{name}` must be True or False, got {value!r}.",
             cli_message=f"{flag} takes no value (got {value!r}).",
@@ -508,8 +509,7 @@ def stratified_split(
         Seed of the split (the fixed :data:`SPLIT_SEED` by default).
     """
     labels = np.asarray(labels)
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"`fraction` must lie in (0, 1), got {fraction}.")
+    check(fraction, FRACTION, "fraction")
     n = labels.shape[0]
     n_out = int(np.ceil(fraction * n - 1e-9))
     classes, counts = np.unique(labels, return_counts=True)

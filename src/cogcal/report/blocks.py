@@ -6,10 +6,11 @@ Plain dataclasses (no pandas, no matplotlib): the section builders produce them 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from cogcal._constraints import Real
 
 
 @dataclass
@@ -69,14 +70,17 @@ class Section:
     key: str = ""
 
 
+#: What :func:`num` shows as a number: a finite real (not a bool).
+_FINITE = Real()
+
+
 def num(value: Any, digits: int = 4) -> str:
     """A number with ``digits`` decimals; ``—`` for a missing or non-finite one.
 
     >>> num(0.12345), num(float("nan")), num(None), num(2, 1)
     ('0.1235', '—', '—', '2.0')
     """
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return f"{value:.{digits}f}" if ok else "—"
+    return f"{value:.{digits}f}" if _FINITE.problem(value) is None else "—"
 
 
 def plain(value: Any) -> str:

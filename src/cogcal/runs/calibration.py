@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from cogcal import _io
+from cogcal._constraints import CV_FOLDS, Integer
 from cogcal._errors import ArgumentError
 from cogcal.calibrators import make_calibrator
 from cogcal.conformal import ConformalSets
@@ -318,6 +319,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+#: ``num_classes`` of a multiclass calibration.
+_CLASSES = Integer(2)
+
+
 def _meta_digest(body: dict[str, Any]) -> str:
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -332,7 +337,7 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
     method, k = meta.get("method"), meta.get("num_classes")
     if method not in POSTHOC_METHODS:
         raise bad("method", f"a calibration method of this version ({', '.join(POSTHOC_METHODS)})")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+    if _CLASSES.problem(k) is not None:
         raise bad("num_classes", "a number of classes (an integer >= 2)")
     cv = meta.get("cv_nll")
     if cv is not None and not isinstance(cv, dict):
@@ -346,7 +351,7 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
     ):
         raise bad(CONFORMAL_KEY, "the description of conformal sets (null without them)")
     folds = meta.get("folds")
-    if folds is not None and (not isinstance(folds, int) or isinstance(folds, bool) or folds < 2):
+    if folds is not None and CV_FOLDS.problem(folds) is not None:
         raise bad("folds", "a number of folds (an integer >= 2, or null)")
     for key in ("nll_before", "nll_after"):
         if key in meta and not _is_number(meta[key]):
@@ -356,7 +361,7 @@ def _check_meta(path: Path, meta: dict[str, Any]) -> None:
         if key == "val" or value is not None:
             if not isinstance(value, dict) or not isinstance(value.get("path"), str):
                 raise bad(key, "the description of an input split")
-            if not isinstance(value.get("samples"), int) or isinstance(value["samples"], bool):
+            if Integer().problem(value.get("samples")) is not None:
                 raise _err(path, f"key '{key}.samples' is not a number of samples; {_AGAIN}.")
 
 

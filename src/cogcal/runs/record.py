@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cogcal._constraints import Real
 from cogcal.runs.identity import finite
 from cogcal.runs.methods import get_method
 
@@ -108,6 +109,4 @@ class RunRecord:
         method = get_method(str(self.config.get("method")))
         section = self.val_uncalibrated if method.selects_before_calibration else self.val
         value = (section or {}).get("nll")
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            return math.inf
-        return float(value) if math.isfinite(value) else math.inf
+        return float(value) if Real().problem(value) is None else math.inf

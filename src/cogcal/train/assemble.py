@@ -10,7 +10,6 @@ logits. Nothing here imports Lightning: a deployed model loads without it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import warnings
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cogcal._constraints import COUNT, Real
 from cogcal._errors import ArgumentError
 from cogcal.calibrators import TSTHead, VTSTHead, make_calibrator
 from cogcal.cog import CalibratedModel, find_classifier
@@ -235,18 +235,17 @@ def _damaged(folder: RunDir, field: str, problem: str) -> RunFolderError:
     )
 
 
+#: Any finite number (a recorded mean or standard deviation).
+_FINITE = Real()
+
+
 def _positive_ints(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
-    )
+    return isinstance(value, list) and all(COUNT.problem(v) is None for v in value)
 
 
 def _finite_numbers(value: Any) -> bool:
     return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-        and all(math.isfinite(v) for v in value)
+        isinstance(value, list) and bool(value) and all(_FINITE.problem(v) is None for v in value)
     )
 
 

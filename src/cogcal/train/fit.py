@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from cogcal._constraints import FRACTION, check
 from cogcal._errors import ArgumentError
 from cogcal.cog import CalibratedModel, find_classifier
 from cogcal.data import SPLIT_SEED, stratified_split
@@ -281,8 +282,7 @@ def _check_call(
         raise ArgumentError(f"`model` must be a torch nn.Module, got {type(model).__name__}.")
     if task not in ("multiclass", "multilabel"):
         raise ArgumentError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
-    if not 0 < val_fraction < 1:
-        raise ArgumentError(f"`val_fraction` must lie in (0, 1), got {val_fraction!r}.")
+    check(val_fraction, FRACTION, "val_fraction")
     if (
         options.get("devices", field_default("devices")) != 1
         or options.get("num_nodes", field_default("num_nodes")) != 1
