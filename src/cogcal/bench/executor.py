@@ -22,7 +22,7 @@ into :class:`cogcal._errors.Interrupted` inside the job, so ``kill <worker pid>`
 that one job (recorded as interrupted) and the bench goes on. Workers exit by themselves
 when the bench process dies.
 
-Jobs with identical configurations (:func:`cogcal.train.config.result_fields`, e.g. a
+Jobs with identical configurations (:func:`cogcal.runs.result_fields`, e.g. a
 tuning point at seed 0 and the seed-0 run at the chosen point, or a COG run that both
 protocols plan identically) are trained once and copied (``reuse``); the copy's
 ``metrics.json`` names its source under ``"copied_from"``.
@@ -110,7 +110,7 @@ def check_pool(jobs: Any, executor: Any, address: Any) -> None:
 
 def reuse_key(config: TrainConfig) -> str:
     """What identifies "the same run" between jobs: the fields that can change results
-    (:func:`cogcal.train.config.result_fields` of the resolved configuration); floats to
+    (:func:`cogcal.runs.result_fields` of the resolved configuration); floats to
     12 significant digits (the tolerance of :func:`cogcal.train.identity.same_config`)."""
     fields = result_fields(config.resolved())
     return json.dumps(

@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import difflib
 import math
-import os
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, Name
 from cogcal._errors import ArgumentError
 from cogcal.data import default_augment, default_model, list_datasets
 from cogcal.models import list_models
+from cogcal.runs.identity import result_fields  # the run contract's rule, re-exported
 from cogcal.runs.methods import get_method, list_methods
 
 __all__ = [
@@ -700,51 +700,6 @@ def _check_rule(name: str, value: Any, rule: Constraint) -> None:
 
 
 # --------------------------------------------------------------------------- comparison
-
-
-def result_fields(resolved: dict[str, Any], *, fingerprint: bool = True) -> dict[str, Any]:
-    """The part of a resolved configuration that can change a run's results.
-
-    Drops the fields documented as not changing results (``data_root``, ``download``,
-    ``mirror``, ``out``, ``progress``, ``checkpoint_seconds``, ``extra``) and the fields
-    the method does not use (``stage2_epochs`` without a second stage, ``step_size``
-    without the step schedule, ``target``/``image_size`` for datasets they do not apply
-    to, ``selection`` when the learning rates are given), so that two runs computing the same thing compare equal. Every other field is
-    kept, defaults included; ``normalization`` counts for every dataset (it changes the
-    inputs of the registered ones too).
-
-    A ``csv:`` or ``folder:`` dataset counts by its data, not by the spelling of its path:
-    by the content fingerprint when ``resolved`` records one (``data.fingerprint``, what a
-    run writes into ``config.json``) and ``fingerprint`` is true, else by the absolute,
-    link-free path, so ``csv:d.csv`` and ``csv:/abs/d.csv`` are the same dataset.
-    """
-    keep = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["results"]}
-    out = {k: v for k, v in resolved.items() if k in keep}
-    method = get_method(str(out.get("method")))
-    if not method.stage2:
-        out.pop("stage2_epochs", None)
-    if out.get("schedule") != "step":
-        out.pop("step_size", None)
-    if resolved.get("lr") is not None:  # the learning rates are given: nothing is selected
-        out.pop("selection", None)
-    dataset = str(out.get("dataset", ""))
-    if not dataset.startswith("csv:"):
-        out.pop("target", None)
-    if not dataset.startswith("folder:"):
-        out.pop("image_size", None)
-    if dataset.startswith(("folder:", "csv:")):
-        out["dataset"] = _data_identity(resolved, dataset, fingerprint=fingerprint)
-    return out
-
-
-def _data_identity(resolved: dict[str, Any], dataset: str, *, fingerprint: bool) -> str:
-    """``csv:sha256:<hex>`` (the recorded content fingerprint) or ``csv:<absolute path>``."""
-    kind, _, path = dataset.partition(":")
-    data = resolved.get("data")
-    recorded = data.get("fingerprint") if isinstance(data, dict) else None
-    if fingerprint and isinstance(recorded, dict) and isinstance(recorded.get("sha256"), str):
-        return f"{kind}:sha256:{recorded['sha256']}"
-    return f"{kind}:{os.path.realpath(os.path.expanduser(path))}"
 
 
 # --------------------------------------------------------------------------- command line
