@@ -11,7 +11,10 @@ The script makes three sets of logits itself and caches them under ``--cache``:
 * ``gauss100``: an MLP on 100 Gaussian classes in 32 dimensions, 25 validation samples per
   class (100 train, 25 validation, 100 test per class);
 * ``digits``: a small CNN on scikit-learn's 8x8 digits (real MNIST cannot be downloaded
-  here; 1,000 train, 400 validation, 397 test).
+  here; 1,000 train, 400 validation, 397 test);
+* ``cancer``: an MLP on scikit-learn's breast cancer table, two classes, trained long
+  enough to be over-confident (300 train, 135 validation, 134 test): the set on which the
+  two-class calibrators (``platt``, ``beta``) run; they are left out of the others.
 
 Every calibrator is fitted on the validation logits and scored on the test logits by
 :func:`cogcal.metrics.evaluate` on its probabilities (clipped at 1e-12 for the NLL, so a
@@ -114,7 +117,17 @@ def _digits() -> dict[str, np.ndarray]:
     return _logits_of(cnn, x, y, 1000, 400, epochs=30)
 
 
-SETS = {"mnist1d": _mnist1d, "gauss100": _gauss100, "digits": _digits}
+def _cancer() -> dict[str, np.ndarray]:
+    from sklearn.datasets import load_breast_cancer  # scikit-learn: only this set needs it
+
+    x, y = load_breast_cancer(return_X_y=True)
+    order = np.random.default_rng(0).permutation(y.size)
+    x, y = x[order], y[order]
+    x = (x - x[:300].mean(0)) / x[:300].std(0)  # standardised on the training rows
+    return _logits_of(_mlp(30, 2), x, y, 300, 135, epochs=100)
+
+
+SETS = {"mnist1d": _mnist1d, "gauss100": _gauss100, "digits": _digits, "cancer": _cancer}
 
 
 def load_set(name: str, cache: Path) -> dict[str, np.ndarray]:
@@ -177,6 +190,8 @@ def _netcal(module: str, name: str, **kwargs: object) -> Entry:
 
     def predict(cal: object, z: np.ndarray) -> np.ndarray:
         q = np.asarray(cal.transform(torch.softmax(torch.tensor(z), 1).numpy()), np.float64)
+        if q.ndim == 1:  # two classes: netcal returns the positive class's probability
+            q = np.stack([1.0 - q, q], axis=1)
         return q / q.sum(1, keepdims=True)
 
     return fit, predict
@@ -211,6 +226,8 @@ PEERS: dict[str, dict[str, Callable[[], Entry]]] = {
         "torch-uncertainty": lambda: _torch_uncertainty("BBQScaler"),
         "netcal": lambda: _netcal("binning", "BBQ"),
     },
+    "platt": {"netcal": lambda: _netcal("scaling", "LogisticCalibration")},
+    "beta": {"netcal": lambda: _netcal("scaling", "BetaCalibration")},
 }
 
 
@@ -247,7 +264,10 @@ def run_set(name: str, data: dict[str, np.ndarray], methods: list[str], repeats:
     base = evaluate(logits=data["zt"], labels=data["yt"], n_bins=15)
     rows.append((name, "none", "-", base["nll"], base["ece_15"], base["brier"], base["acc"], 0.0))
     sms_seconds = None
+    k = data["zv"].shape[1]
     for method in methods:
+        if method in KINDS and KINDS.get(method).two_class and k != 2:
+            continue  # a two-class calibrator: only on two-class sets
         for library, entry in _entries(method).items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
