@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import cogcal
@@ -206,6 +207,29 @@ def test_the_chosen_run_is_a_valid_run_of_its_method_with_the_choice_recorded(
     assert got.notes == [f"{method} model; {choice_line(saved['selection'])}"]
 
 
+def test_few_validation_samples_of_three_classes_weigh_the_parametric_calibrators():
+    """24 validation samples of 3 classes in 2 folds, too few a fold for histogram binning's
+    15 bins: the fallback tries the parametric calibrators that take 3 classes (not the
+    two-class Platt and Beta, which made the whole weighing fail on wine)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(24) % 3
+    z = torch.randn(24, 3, generator=g, dtype=torch.float64) + 3 * F.one_hot(y, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = choice_module._calibrate(z, y, 2)
+    tried = set(cal.cv_nll)
+    assert {"ts", "vs", "ms"} <= tried and cal.method in tried
+    assert not tried & {"platt", "beta", "isotonic", "histogram", "bbq"}
+
+
+def test_the_cross_entropy_side_trains_at_the_learning_rate_cog_fc_chose(tmp_path):
+    result = _fit(tmp_path / "run")
+    made = result.selection["choice"]
+    sides = sides_folder(tmp_path / "run")
+    assert made["posthoc"]["lr"] == made["cog"]["lr"]
+    assert not (sides / "ce.select").exists()  # one run, no search of its own
+
+
 def test_an_explicit_method_is_trained_alone(tmp_path):
     result = _fit(tmp_path / "run", method="cog-fc")
     assert "choice" not in result.selection and not sides_folder(tmp_path / "run").exists()
@@ -245,9 +269,7 @@ def test_an_interrupted_default_path_resumes_the_same_choice(tmp_path, monkeypat
     assert resumed.selection["choice"]["cog"] == reference.selection["choice"]["cog"]
     assert resumed.selection["choice"]["posthoc"]["cv_nll"] == ref_ce["cv_nll"]
     assert resumed.metrics == reference.metrics
-    ce_epochs = (
-        RunDir(sides_folder(tmp_path / "run") / "ce").read_record().selection["epochs_trained"]
-    )
+    ce_epochs = RunDir(sides_folder(tmp_path / "run") / "ce").read_record().config["epochs"]
     assert len(epochs) == ce_epochs  # the COG side was reused: only the ce side trained
     assert not math.isnan(resumed.metrics["nll"])
 

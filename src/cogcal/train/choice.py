@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal import _io
-from cogcal.calibrators import make_calibrator
+from cogcal.calibrators import auto_candidates, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
 from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, POSTHOC_METHODS, Calibration, calibrate
+from cogcal.posthoc import AUTO, Calibration, calibrate
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
@@ -80,7 +80,7 @@ COG_SIDE = "cog-fc"  # the default method
 POSTHOC_SIDE = "ce"  # the network of the other side, calibrated post hoc
 CV_FOLDS = 5  # at most; fewer when the validation split holds under 10 samples a fold
 MIN_PER_FOLD = 10  # as cogcal.posthoc.calibrate requires
-NONPARAMETRIC = ("isotonic", "histogram")  # need more samples per fold than the others
+NONPARAMETRIC = ("isotonic", "histogram", "bbq")  # need more samples a fold than the others
 Z_SWITCH = 2.0  # standard errors of the paired NLL difference needed to leave COG-FC
 CHOICE_RULE = (
     "cross-entropy + post-hoc calibration replaces COG-FC when its validation NLL, "
@@ -142,6 +142,9 @@ def _side(
                 "(--overwrite) to train it again."
             )
         return record.to_dict(), load_back(folder.path, model)
+    if not cfg.selects_learning_rates:  # the cross-entropy side, at COG-FC's λ_f
+        resume = folder.has_state() and not overwrite  # an interrupted side continues
+        return train(cfg, resume=resume, overwrite=overwrite, data=source, model=model)
     return select_and_train(
         cfg, source, model, train=train, resume=not overwrite, overwrite=overwrite
     )
@@ -270,7 +273,7 @@ def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
     try:
         return calibrate(z, y, AUTO, cv=folds)
     except ValueError:
-        parametric = tuple(c for c in POSTHOC_METHODS if c not in NONPARAMETRIC)
+        parametric = tuple(c for c in auto_candidates(z.shape[1]) if c not in NONPARAMETRIC)
         return calibrate(z, y, AUTO, cv=folds, candidates=parametric)
 
 
@@ -281,7 +284,7 @@ def _weigh(
     """Train the cross-entropy side, calibrate its validation logits post hoc and choose;
     returns the choice and, when cross-entropy + post hoc wins, its run folder, model and
     selection record."""
-    ce_cfg = _side_config(config, POSTHOC_SIDE, sides)
+    ce_cfg = _side_config(config, POSTHOC_SIDE, sides).replace(lr=cog["config"]["lr"])
     ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
     z, y = (torch.from_numpy(a) for a in RunDir(ce_cfg.out).read_logits("val"))
     try:
@@ -300,7 +303,7 @@ def _weigh(
     _, trained = _posthoc_run(
         Path(ce_cfg.out), cal.method, ce_cfg, source, model, train=train, overwrite=overwrite
     )
-    return choice, (sides / cal.method, trained, ce["selection"])
+    return choice, (sides / cal.method, trained, cog["selection"])
 
 
 def weigh_and_train(
