@@ -2,13 +2,15 @@
 (docs/method.md §1, "defaults").
 
 Without a method (``cogcal train`` without ``--method``, :func:`cogcal.fit` without
-``method=``) and without ``lr``, the default path trains two sides, each with its learning
-rate chosen by the default search (:mod:`cogcal.train.select`):
+``method=``) and without ``lr``, the default path trains two sides:
 
-* COG-FC (``cog-fc``);
-* cross-entropy (``ce``), then calibrated post hoc on the validation split: the post-hoc
-  calibrator is chosen among :data:`cogcal.posthoc.POSTHOC_METHODS` by cross-validated
-  NLL on the validation logits (:func:`cogcal.posthoc.calibrate` with ``method="auto"``).
+* COG-FC (``cog-fc``), its learning rates chosen by the default search
+  (:mod:`cogcal.train.select`);
+* cross-entropy (``ce``) at the λ_f COG-FC chose (one run: the sides differ only in the
+  final layer's rate and the calibrator), then calibrated post hoc on the validation
+  split: the post-hoc calibrator is chosen among those of
+  :func:`cogcal.calibrators.auto_candidates` by cross-validated NLL on the validation
+  logits (:func:`cogcal.posthoc.calibrate` with ``method="auto"``).
 
 COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
 validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
@@ -20,8 +22,8 @@ exceeds :data:`Z_SWITCH` standard errors (:func:`paired_gain`), so that a few hu
 nearly perfectly classified validation samples do not swap the model on noise. The test
 split plays no part.
 
-The sides live in ``<out>.sides/``: ``cog-fc/`` and ``ce/`` (each a finished run with its
-points in ``cog-fc.select/`` and ``ce.select/``) and, when cross-entropy + post-hoc is
+The sides live in ``<out>.sides/``: ``cog-fc/`` (a finished run, its points in
+``cog-fc.select/``), ``ce/`` and, when cross-entropy + post-hoc is
 chosen, ``<kind>/``: a run of the post-hoc method ``kind`` (``ts``, ``dirichlet``, ...)
 whose network is the ``ce`` run's (its stage-1 checkpoints copied, the calibrator fitted by
 the runner on resuming it). The chosen run is copied into ``out``, a valid run of its
@@ -121,16 +123,16 @@ def _side_config(config: TrainConfig, method: str, folder: Path) -> TrainConfig:
     return config.replace(method=method, out=str(folder / method), extra=extra)
 
 
-_SAME = ("dataset", "seed", "preset", "epochs", "batch_size", "selection", "target")
+_SAME = ("dataset", "seed", "preset", "epochs", "batch_size", "selection", "target", "lr")
 
 
 def _side(
     cfg: TrainConfig, source: DataSource, model: nn.Module | None, *, train: TrainRun,
     overwrite: bool,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:  # fmt: skip
-    """One side: reused when its folder holds the finished run of the same budget, else
-    chosen and trained by the default search (its finished points reused, unfinished ones
-    resumed)."""
+    """One side: reused when its folder holds the finished run of the same budget; else
+    COG-FC chosen and trained by the default search (its finished points reused,
+    unfinished ones resumed), cross-entropy (``lr`` given) trained, or resumed, as one run."""
     folder = RunDir(cfg.out)
     record = folder.read_record()
     if record is not None and not overwrite:
