@@ -85,6 +85,22 @@ def test_the_paired_gain_is_the_cross_validated_nll_difference():
     assert mean == pytest.approx(nll - cal.cv_nll[cal.method], rel=1e-9) and se > 0
 
 
+def test_the_paired_gain_of_a_penalised_calibrator_is_scored_at_its_chosen_strength():
+    """Matrix scaling chose its penalty by cross-validation on all the validation logits;
+    the paired gain refits the folds at that strength (not a nested cross-validation), so
+    its mean is the cross-validated NLL difference ``calibrate`` reported."""
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(400) % 4
+    z = 3.0 * nn.functional.one_hot(y, 4).double() + 1.5 * torch.randn(
+        400, 4, generator=g, dtype=torch.float64
+    )
+    cal = cogcal.calibrate(z, y, "ms")
+    scored = cogcal.calibrate(z, y, "auto", candidates=("ms",))
+    mean, _ = paired_gain(z, z, y, "ms", 5, l2=cal.calibrator.l2_)
+    nll = float(nn.functional.cross_entropy(z, y))
+    assert mean == pytest.approx(nll - scored.cv_nll["ms"], abs=2e-4)
+
+
 def test_the_post_hoc_side_is_judged_by_its_cross_validated_nll_not_in_sample():
     """A calibrator fitted on validation looks better on validation than it is: its
     in-sample NLL (0.01 here) must not decide."""

@@ -153,19 +153,25 @@ def _side(
 
 
 def paired_gain(
-    cog_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, method: str, folds: int
-) -> tuple[float, float]:
+    cog_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, method: str,
+    folds: int, *, l2: float | None = None,
+) -> tuple[float, float]:  # fmt: skip
     """How much lower the post-hoc side's held-out NLL is than COG-FC's, sample by sample
     on the validation split: the mean and the standard error of ``nll_cog - nll_cv`` where
     ``nll_cv`` of a sample is that of the calibrator ``method`` fitted on the other folds
     (the folds of :func:`cogcal.posthoc.calibrate`, so the mean of ``nll_cv`` is its
-    ``cv_nll``)."""
+    ``cv_nll``). ``l2``: the penalty strength the calibrator chose by cross-validation on
+    all the validation logits (its ``l2_``), at which ``cv_nll`` scored it; the fold fits
+    use it rather than choosing their own by a cross-validation nested in each fold
+    (the same score, at a fifth of the fits or less)."""
     z, y = logits.double(), labels
     held_out = torch.empty(len(y), dtype=torch.float64)
     fold = _stratified_folds(y, folds, 0)
     for f in range(folds):
         held = fold == f
         cal = make_calibrator(method)
+        if l2 is not None:
+            cal.l2 = l2
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the final fit's warnings were shown already
             cal.fit(z[~held], y[~held])
@@ -298,7 +304,8 @@ def _weigh(
     cog_z, cog_y = RunDir(cog["config"]["out"]).read_logits("val")
     if not np.array_equal(cog_y, y.numpy()):
         raise RunFolderError(f"{sides}: the two sides were validated on different samples.")
-    gain = paired_gain(torch.from_numpy(cog_z), z, y, cal.method, folds)
+    l2 = getattr(cal.calibrator, "l2_", None)  # the strength its cv_nll was scored at
+    gain = paired_gain(torch.from_numpy(cog_z), z, y, cal.method, folds, l2=l2)
     choice = choose(cog, ce, cal, calibrated, gain)
     if choice["side"] == "cog":
         return choice, None
