@@ -95,6 +95,16 @@ def test_two_class_method_on_ten_classes_is_refused_before_training(
     assert not out.exists()  # nothing written either
 
 
+def test_tune_refuses_a_two_class_method_before_marking_its_folder(data_root, tmp_path, capsys):
+    out = tmp_path / "tune"
+    argv = ["tune", "--dataset", "digits", "--model", "cnn", "--method", "beta", "--epochs", "1"]
+    argv += ["--batch-size", "64", "--schedule", "none", "--data-root", str(data_root)]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--method beta is for two classes only" in err
+    assert not (out / "tune.json").exists()
+
+
 def test_two_class_method_through_fit(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 400)

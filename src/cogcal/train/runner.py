@@ -534,10 +534,12 @@ def tune(
     with RunDir(out).lock():
         check_tune_folder(out)  # the lock first, then the folder's owner
         source = None
-        # every point trains the same budget, and a plugin's backbone is known once loaded
-        if not config.budget_resolved or config.model_name is None:
+        # every point trains the same budget, a plugin's backbone is known once loaded, and
+        # a two-class method is refused on other data before the folder is marked
+        method = get_method(config.method)
+        if not config.budget_resolved or config.model_name is None or method.two_class:
             source = DatasetSource(_load(config))
-            _check_applies(get_method(config.method), source)
+            _check_applies(method, source)
         if not config.budget_resolved:
             config = config.with_budget(train_size(source), task=source.task)
         config = with_data_model(config, source, None)
