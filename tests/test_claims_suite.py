@@ -82,7 +82,8 @@ def test_quick_has_two_datasets_with_something_to_calibrate():
     assert [e.name for e in quick.datasets] == ["mnist1d", "blobs-100"]
     assert len(quick.seeds) == 5 and quick.protocols == ("fair",)
     mnist1d, blobs = quick.datasets
-    assert quick.methods_of(mnist1d) == quick.methods and len(quick.methods) == 9
+    assert quick.methods_of(mnist1d) == quick.methods and len(quick.methods) == 10
+    assert "sms" in quick.methods  # the strongest post-hoc calibrator there (docs/bench.md)
     # blobs-100 (100 classes): every COG variant with its post-hoc counterpart (C1, C2, C6)
     assert quick.methods_of(blobs) == ("ce", "ts", "ms", "cog-fc", "cog-ts", "cog-ms")
     # its time is measured (test_bench checks README and docs quote it) or said not to be
@@ -119,7 +120,8 @@ def test_the_plan_runs_a_dataset_only_with_its_own_methods(tmp_path):
     groups = {(g.dataset, g.method): g for g in plan.groups}
     assert {m for ds, m in groups if ds == "mnist1d-mtl"} == {"ce", "cog-fc", "cog-ts", "cog-ms"}
     assert groups[("mnist1d-mtl", "ce")].used_by == ["ce", "ts", "ms"]
-    assert set(groups[("digits", "ce")].used_by) == {"ce", "ts", "ms", "dirichlet", "isotonic"}
+    posthoc = {"ts", "ms", "dirichlet", "sms", "isotonic"}
+    assert set(groups[("digits", "ce")].used_by) == {"ce", *posthoc}
     assert ("mnist1d-mtl", "tst") not in groups and ("breast-cancer", "tst") in groups
 
 

@@ -1,8 +1,8 @@
 """Every method of the registry: a run's export (torch and ONNX) equals its model.
 
-One tiny digits run per method (one epoch, ``--lr`` given: no selection), loaded back with
-:func:`cogcal.load_run`; its model, its export and its ONNX file must give the logits the
-run evaluated (``test_logits.npz``), within 1e-5. The methods come from
+One tiny digits run per method (breast-cancer for the two-class ones; one epoch, ``--lr``
+given: no selection), loaded back with :func:`cogcal.load_run`; its model, its export and its
+ONNX file must give the logits the run evaluated (``test_logits.npz``), within 1e-5. The methods come from
 :func:`cogcal.train.methods.list_methods`, so a method registered later is tested too.
 """
 
@@ -32,10 +32,14 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("methods")
 
 
+def _dataset(method: str) -> str:
+    return "breast-cancer" if get_method(method).two_class else "digits"
+
+
 def _run(root, method):
     out = root / method
     if not (out / "metrics.json").is_file():
-        argv = ["train", "--dataset", "digits", "--method", method, "--epochs", "1"]
+        argv = ["train", "--dataset", _dataset(method), "--method", method, "--epochs", "1"]
         argv += ["--lr", "1e-2", "--stage2-epochs", "1", "--batch-size", "256"]
         argv += ["--data-root", str(root / "data")]
         assert main([*argv, "--no-progress", "--out", str(out)]) == 0
@@ -53,7 +57,7 @@ def test_every_methods_export_equals_its_run(method, root, tmp_path, capsys):
     out = _run(root, method)
     capsys.readouterr()
     loaded = cogcal.load_run(out)
-    x = load_dataset("digits", root=root / "data").test.x  # raw pixel values
+    x = load_dataset(_dataset(method), root=root / "data").test.x  # raw inputs
     with torch.no_grad():
         model = loaded.model(x)
         exported = loaded.model.export()(x)

@@ -255,6 +255,15 @@ def test_full_report_verdict_claims_and_links(tmp_path):
     assert '<a href="#paired-paper">table</a>' in page
 
 
+def test_sms_is_a_strong_posthoc_calibrator_when_the_suite_runs_it():
+    """STRONG_POSTHOC names sms (Berta et al. 2026's strongest on vision logits): present, every
+    COG variant is compared with it; absent (the family below), the family simply lacks it."""
+    means = {**MEANS, "sms": (0.80, 0.29, 0.18, 0.02)}
+    found = families(frame(means), "paper", None)["strong"]
+    assert {(c.a, c.b) for c in found} == {(a, "sms") for a, _ in PAIRS}
+    assert {c.metric for c in found} == set(METRICS)
+
+
 @pytest.mark.slow
 def test_strong_family_compares_every_cog_variant_with_each_strong_posthoc_calibrator():
     """Dirichlet and isotonic present: each COG variant against each of them, one Holm family,

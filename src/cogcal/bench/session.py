@@ -102,7 +102,8 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
 
     Loads every dataset once (``mnist1d`` is generated and cached under ``data_root``, so
     the workers only read the cache), checks for a GPU when the suite needs one, and
-    refuses methods without a multi-task form on multi-label datasets. (Every planned
+    refuses methods without a multi-task form on multi-label datasets and two-class methods
+    (``platt``, ``beta``) on datasets of more than two classes. (Every planned
     TrainConfig was validated when the suite was loaded.)
 
     Parameters
@@ -155,6 +156,13 @@ def check_requirements(suite: Suite, data_root: Path, *, check_train: bool = Tru
                     f"with a multi-task form; {', '.join(bad)} have none. Use some of: "
                     f"{', '.join(ok)} (give the dataset its own list, datasets.{entry.name}.methods, "
                     "or move the others to a suite of single-task datasets)."
+                )
+        for method in suite.methods_of(entry) if data.task == "multiclass" else ():
+            problem = get_method(method).classes_problem(data.num_classes, entry.name)
+            if problem is not None:
+                raise ArgumentError(
+                    f"suite {suite.name!r}: method {method} {problem} (give the dataset its "
+                    f"own list, datasets.{entry.name}.methods)."
                 )
         model = entry.model or data.default_model
         feature_dim = None

@@ -16,12 +16,16 @@ from torch import nn
 
 from cogcal.calibrators._base import DEFAULT_L2_GRID, Calibrator, _cast
 
+#: The calibrators the refusals of a two-class one suggest for K > 2 classes.
+MULTICLASS_ALTERNATIVES = ("ts", "svs", "sms")
+
 
 def two_class_error(name: str, width: int) -> ValueError:
     """The one-line refusal of a two-class calibrator given ``width`` != 2 classes."""
+    *first, last = (repr(k) for k in MULTICLASS_ALTERNATIVES)
     return ValueError(
         f"{name} is a two-class calibrator: `logits` has {width} columns, it needs 2; for "
-        "K > 2 classes use 'ts', 'svs' or 'sms'."
+        f"K > 2 classes use {', '.join(first)} or {last}."
     )
 
 

@@ -32,8 +32,10 @@ ACC_MARGIN = 0.02
 #: The expressive COG variants cog-fc is compared with.
 EXPRESSIVE: tuple[str, ...] = ("cog-ts", "cog-ms", "cog-vs", "cog-dir")
 #: The strongest post-hoc calibrators every COG variant is also compared with (beyond its
-#: own counterpart): Dirichlet calibration and the non-parametric maps (docs/method.md §2).
-STRONG_POSTHOC: tuple[str, ...] = ("dirichlet", "isotonic", "histogram")
+#: own counterpart), those of them a suite runs: Dirichlet calibration, structured matrix
+#: scaling (the strongest post-hoc method on vision logits in Berta et al. 2026) and the
+#: non-parametric maps (docs/method.md §2).
+STRONG_POSTHOC: tuple[str, ...] = ("dirichlet", "sms", "isotonic", "histogram")
 #: Classes from which a dataset counts as "many classes".
 MANY_CLASSES = 100
 #: "COG-FC ranks near the top": the places that count as near the top.

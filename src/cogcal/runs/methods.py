@@ -19,7 +19,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from cogcal._registry import Registry
-from cogcal.calibrators import default_latent_dim
+from cogcal.calibrators import KINDS, default_latent_dim
+from cogcal.calibrators.binary import MULTICLASS_ALTERNATIVES
 
 __all__ = [
     "COG_PAIRS",
@@ -51,9 +52,11 @@ class Method:
         Training loss (for COG: at both levels).
     cog : {"fc", "ts", "vs", "ms", "tst"} or None
         Calibrator trained jointly on the slower learning rate (``CalibratedModel``).
-    posthoc : {"ts", "vs", "ms", "dirichlet", "isotonic", "histogram"} or None
-        Calibrator fitted on the validation logits of the trained network
-        (:func:`cogcal.calibrators.make_calibrator`).
+    posthoc : str or None
+        Calibrator kind (:data:`cogcal.calibrators.KINDS`: ``"ts"``, ``"vs"``, ``"ms"``,
+        ``"dirichlet"``, ``"isotonic"``, ``"histogram"``, ``"ts-laplace"``, ``"svs"``,
+        ``"sms"``, ``"bbq"``, ``"platt"``, ``"beta"``) fitted on the validation logits of the
+        trained network (:func:`cogcal.calibrators.make_calibrator`).
     stage2 : {"tst", "vtst"} or None
         Second stage on the frozen body: a new TST / V-TST head on the training split.
     """
@@ -116,6 +119,30 @@ class Method:
         return self.loss in ("ce", "ls") and kind in (None, "fc", "ts", "ms")
 
     @property
+    def two_class(self) -> bool:
+        """Whether the method takes two classes only: its post-hoc calibrator is a two-class
+        kind (``two_class`` of :data:`cogcal.calibrators.KINDS`: Platt, Beta)."""
+        return self.posthoc is not None and KINDS.get(self.posthoc).two_class
+
+    def classes_problem(self, num_classes: int, dataset: str) -> str | None:
+        """Why the method cannot train on ``dataset`` of ``num_classes`` classes, as the end
+        of a sentence that starts with its name (``None``: it can).
+
+        >>> get_method("platt").classes_problem(10, "digits")
+        "is for two classes only (its post-hoc calibrator needs K = 2) and the dataset 'digits' has K = 10; use ts, svs or sms (post-hoc, any K), or a two-class dataset"
+        >>> get_method("platt").classes_problem(2, "breast-cancer") is None
+        True
+        """
+        if not self.two_class or num_classes == 2:
+            return None
+        *first, last = MULTICLASS_ALTERNATIVES  # methods of the same names
+        return (
+            "is for two classes only (its post-hoc calibrator needs K = 2) and the dataset "
+            f"{dataset!r} has K = {num_classes}; use {', '.join(first)} or {last} (post-hoc, "
+            "any K), or a two-class dataset"
+        )
+
+    @property
     def extra_hyperparameters(self) -> tuple[str, ...]:
         extra: list[str] = []
         if self.cog:
@@ -130,6 +157,8 @@ class Method:
             extra.append("MC samples M=10")
         if self.posthoc in ("vs", "ms", "dirichlet"):
             extra.append("penalty (cross-validated on validation)")
+        if self.posthoc in ("svs", "sms", "platt", "beta"):
+            extra.append("penalty λ=1 toward the identity")
         if self.posthoc == "histogram":
             extra.append(f"bins B={HISTOGRAM_BINS}")
         return tuple(extra)
@@ -143,8 +172,14 @@ class Method:
         kind = self.cog or self.posthoc or self.stage2
         if kind in (None, "fc"):
             return 0
-        if kind == "isotonic":
+        if kind in ("isotonic", "bbq"):
             return None
+        if kind in ("platt", "beta"):
+            return 2 if kind == "platt" else 3
+        if kind == "ts-laplace":
+            return 1
+        if kind in ("svs", "sms"):
+            return 1 + (2 * k if kind == "svs" else k * k + k)
         if kind == "histogram":
             return k * HISTOGRAM_BINS
         if kind == "dirichlet":
@@ -172,6 +207,12 @@ class Method:
             "dirichlet": "K²+K",
             "isotonic": "≤ 2K per distinct validation score (non-parametric)",
             "histogram": "K·B bin frequencies (non-parametric)",
+            "ts-laplace": "1",
+            "svs": "1 + 2K",
+            "sms": "1 + K²+K",
+            "bbq": "K histograms over all the models' edges (non-parametric)",
+            "platt": "2",
+            "beta": "3",
             "tst": "TST head − final layer",
             "vtst": "TST + variance head − final layer",
         }[kind]
@@ -251,6 +292,8 @@ for _m in (
     Method(
         "bbq", "cross-entropy + post-hoc Bayesian binning into quantiles (BBQ)", "ce", posthoc="bbq"
     ),
+    Method("platt", "cross-entropy + post-hoc Platt scaling (two classes)", "ce", posthoc="platt"),
+    Method("beta", "cross-entropy + post-hoc Beta calibration (two classes)", "ce", posthoc="beta"),
     Method("tst", "two-stage training (new TST head on the frozen body)", "ce", stage2="tst"),
     Method("vtst", "variational two-stage training (V-TST, 10 samples)", "ce", stage2="vtst"),
     Method("cog-fc", "COG: final linear layer as calibrator", "ce", cog="fc"),

@@ -87,7 +87,12 @@ def _stage1_groups(method: Method, model: nn.Module, config: TrainConfig) -> lis
     return [{"params": params, "lr": lr, "name": "network"}]
 
 
-def _check_multilabel(method: Method, source: DataSource) -> None:
+def _check_applies(method: Method, source: DataSource) -> None:
+    """Refuse, before any training, a method the data cannot take: one without a multi-task
+    form on multi-label data, a two-class method on K != 2 classes."""
+    problem = method.classes_problem(source.num_classes, source.name)
+    if source.task == "multiclass" and problem is not None:
+        raise ConfigError(lambda n: f"{n('method')} {method.name} {problem}.")
     if source.task == "multilabel" and not method.supports_multilabel:
         usable = [m for m, spec in METHODS.items() if spec.supports_multilabel]
         raise ConfigError(
@@ -141,7 +146,7 @@ def execute(
     """
     method = get_method(config.method)
     source = data if data is not None else DatasetSource(_load(config))
-    _check_multilabel(method, source)
+    _check_applies(method, source)
     # the budget left unset: from the training-set size (auto) or the paper's (fields given
     # are kept, so a fully specified configuration is unchanged)
     config = config.with_budget(train_size(source), task=source.task)
@@ -529,10 +534,12 @@ def tune(
     with RunDir(out).lock():
         check_tune_folder(out)  # the lock first, then the folder's owner
         source = None
-        # every point trains the same budget, and a plugin's backbone is known once loaded
-        if not config.budget_resolved or config.model_name is None:
+        # every point trains the same budget, a plugin's backbone is known once loaded, and
+        # a two-class method is refused on other data before the folder is marked
+        method = get_method(config.method)
+        if not config.budget_resolved or config.model_name is None or method.two_class:
             source = DatasetSource(_load(config))
-            _check_multilabel(get_method(config.method), source)
+            _check_applies(method, source)
         if not config.budget_resolved:
             config = config.with_budget(train_size(source), task=source.task)
         config = with_data_model(config, source, None)
