@@ -72,7 +72,7 @@ def _reflected_spectrum(grid: np.ndarray) -> tuple[np.ndarray, int]:
     return np.fft.rfft(ext, size), size
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)  # 128 x 33 kB (m = 1001)
 def _gaussian_spectrum(m: int, size: int, sigma: float) -> np.ndarray:
     """The spectrum of the Gaussian of width ``sigma`` sampled on the offsets of ``m`` grid
     points within ``[-1/2, 1/2]``; cached: the bisections of successive sets (the 20 shift
@@ -98,7 +98,7 @@ def _reflected_smooth(spectrum: tuple[np.ndarray, int], m: int, sigma: float) ->
     return full[:, start : start + m]
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _interpolation(m: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Grid index ``i`` and weights ``1 - w``, ``w`` of ``n`` evenly spaced points of [0, 1]
     between grid points ``i`` and ``i + 1`` of an ``m``-point grid (read only: cached)."""
