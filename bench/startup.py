@@ -1,6 +1,6 @@
 """Start-up cost of ``cogcal train`` against the floor every torch program pays.
 
-    python bench/startup.py [--repeats 5] [--data-root DATA]
+    python bench/startup.py [--repeats 5] [--data-root DATA] [--breakdown]
 
 Times, as fresh processes, interleaved, best and median of the repeats (wall seconds, and
 the processes' CPU seconds, user + system, which a shared machine disturbs less):
@@ -17,6 +17,13 @@ difference ``cogcal train - (torch + Adam)`` is everything cogcal adds. The data
 is built once before timing (``--data-root``), and so are the compiled bytecode files of
 cogcal's modules: the timed processes run without ``PYTHONDONTWRITEBYTECODE`` (which some
 containers set, making every start compile cogcal from source), as on a user's machine.
+
+``--breakdown`` instead pays the floor in this process, then runs the same ``cogcal train``
+in it and prints the CPU milliseconds of its parts (one torch thread, so that the CPU time is
+the work): importing cogcal, building the parser, loading the dataset, the 2 epochs (with
+their validation), the predictions of every set, the metrics of the validation and test sets
+and of the shift sets, the OOD metrics, loading the OOD and shift sets, the health check,
+the fsyncs, and the rest (building the model, the files, the configuration).
 """
 
 from __future__ import annotations
@@ -77,11 +84,79 @@ def _train(root: str) -> tuple[float, float, float]:
     return wall, cpu, run
 
 
+def _timed(module: object, name: str, part: str, parts: dict[str, float]) -> None:
+    """Replace ``module.name`` by a wrapper adding its CPU seconds to ``parts[part]`` (an
+    inner call of the same part is not counted twice)."""
+    inner = getattr(module, name)
+    running: list[bool] = []
+
+    def wrapper(*args: object, **kwargs: object) -> object:
+        if running:
+            return inner(*args, **kwargs)
+        running.append(True)
+        start = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            parts[part] = parts.get(part, 0.0) + time.process_time() - start
+            running.pop()
+
+    setattr(module, name, wrapper)
+
+
+def breakdown(root: str) -> None:
+    """CPU milliseconds of the parts of one ``cogcal train`` run after the floor."""
+    import contextlib
+    import io
+
+    import torch
+
+    exec(FLOOR["torch + Adam"], {})
+    torch.set_num_threads(1)
+    parts: dict[str, float] = {}
+    start = time.process_time()
+    import cogcal.cli
+    import cogcal.train.robustness as robustness
+    import cogcal.train.runner as runner
+
+    parts["import cogcal"] = time.process_time() - start
+    _timed(cogcal.cli, "build_parser", "parser", parts)
+    _timed(runner, "load_dataset", "load the dataset", parts)
+    _timed(runner, "fit_stage", "2 epochs (with validation)", parts)
+    _timed(runner, "predict_logits", "predictions (val, test, OOD, shift)", parts)
+    _timed(runner, "evaluate", "metrics: val, test", parts)
+    _timed(robustness, "evaluate", "metrics: 20 shift sets", parts)
+    _timed(robustness, "ood", "metrics: OOD", parts)
+    _timed(robustness, "shift_sets", "load the shift sets", parts)
+    _timed(robustness, "ood_sets", "load the OOD sets", parts)
+    _timed(runner, "run_health", "health check", parts)
+    _timed(os, "fsync", "fsync", parts)
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = ["train", "--dataset", "mnist1d", "--model", "mlp", "--epochs", "2"]
+        argv += ["--lr", "1e-3", "--data-root", root, "--out", str(Path(tmp) / "run")]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            code = cogcal.cli.main([*argv, "--no-progress"])
+    total = time.process_time() - start
+    if code != 0:
+        raise SystemExit(f"cogcal train failed (exit status {code})")
+    print(f"# bench/startup.py --breakdown | {stamp()}")
+    print("# CPU milliseconds of cogcal train after the floor (torch + Adam), one torch thread")
+    for part, seconds in parts.items():
+        print(f"{part:38s} {seconds * 1e3:6.0f}")
+    print(f"{'rest (model, files, configuration)':38s} {(total - sum(parts.values())) * 1e3:6.0f}")
+    print(f"{'total':38s} {total * 1e3:6.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data-root", default="data")
+    parser.add_argument("--breakdown", action="store_true", help="CPU time of the parts")
     args = parser.parse_args()
+    if args.breakdown:
+        _train(args.data_root)  # the dataset cache and the bytecode files
+        breakdown(args.data_root)
+        return
     _train(args.data_root)  # builds the dataset cache and the bytecode files; not timed
     names = (*FLOOR, "cogcal train")
     times: dict[str, list[float]] = {name: [] for name in (*names, "its run")}
