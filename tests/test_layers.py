@@ -325,6 +325,18 @@ def test_core_imports_only_torch_and_numpy():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_train_command_imports_no_heavy_dependency_nor_pillow():
+    """The modules a `cogcal train` on arrays (mnist1d, a table) loads import none of the
+    heavy dependencies nor Pillow (start-up time: docs/performance.md, "Start-up")."""
+    code = (
+        "import sys, cogcal.cli, cogcal.commands.train, cogcal.train.runner, cogcal.data\n"
+        "cogcal.cli.build_parser()\n"
+        f"print([m for m in {(*HEAVY, 'PIL')!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 @pytest.mark.slow
 def test_cli_help_list_and_report_never_import_lightning(tmp_path):
     """`cogcal --help`, `cogcal bench --list` and `cogcal report` (a bench folder and a run

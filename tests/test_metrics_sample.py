@@ -13,7 +13,7 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from cogcal.metrics import ece_interval, evaluate, ood, ood_scores
+from cogcal.metrics import ece_interval, evaluate, ood, ood_scores, sample
 
 # ----------------------------------------------------------------------------- references
 
@@ -167,6 +167,23 @@ def test_smece_multilabel_per_task():
         for j in range(3):
             assert m[f"{key}/t{j}"] == pytest.approx(per[j][key], abs=1e-14)
         assert m[key] == pytest.approx(np.mean([d[key] for d in per]), abs=1e-14)
+
+
+def test_smece_does_not_depend_on_the_sets_evaluated_before():
+    """The kernels' spectra and interpolation weights are cached across calls (the 20 shift
+    sets of a run share most bandwidths); a value is the same, bit for bit, with or
+    without them."""
+    sets = [_data(n=n, seed=s) for n, s in ((400, 1), (2000, 2), (60, 3))]
+    sample._gaussian_spectrum.cache_clear()
+    sample._interpolation.cache_clear()
+    fresh = []
+    for z, y in sets:
+        fresh.append(evaluate(z, y)["smece"])
+        sample._gaussian_spectrum.cache_clear()
+        sample._interpolation.cache_clear()
+    warm = [evaluate(z, y)["smece"] for z, y in sets + sets]
+    assert sample._gaussian_spectrum.cache_info().hits > 0
+    assert warm == fresh + fresh
 
 
 # ----------------------------------------------------------------------------- aurc

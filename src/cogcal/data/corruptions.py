@@ -24,9 +24,9 @@ from types import ModuleType
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from cogcal._constraints import Integer, check
+from cogcal.data.images import pil_image
 
 __all__ = [
     "CIFAR_C_CORRUPTIONS",
@@ -292,8 +292,9 @@ def _saturate(x: Array, severity: int, rng: np.random.Generator) -> Array:
 def _pil_map(x: Array, fn: Callable[[object], object]) -> Array:
     q = np.rint(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
     out = np.empty_like(q)
+    image = pil_image()
     for i in range(q.shape[0]):
-        img = Image.fromarray(q[i, :, :, 0], "L") if q.shape[3] == 1 else Image.fromarray(q[i])
+        img = image.fromarray(q[i, :, :, 0], "L") if q.shape[3] == 1 else image.fromarray(q[i])
         res = np.asarray(fn(img), dtype=np.uint8)
         out[i] = res.reshape(q.shape[1:])
     return out.astype(np.float32) / 255.0
@@ -306,7 +307,7 @@ def _jpeg_compression(x: Array, severity: int, rng: np.random.Generator) -> Arra
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=quality)  # type: ignore[attr-defined]
         buf.seek(0)
-        with Image.open(buf) as out:
+        with pil_image().open(buf) as out:
             out.load()
             return out.copy()
 
@@ -317,10 +318,11 @@ def _pixelate(x: Array, severity: int, rng: np.random.Generator) -> Array:
     c = _PIXELATE[severity - 1]
     h, w = x.shape[1:3]
     small = (int(w * c), int(h * c))
+    box = pil_image().Resampling.BOX
 
     def pixelate(img: object) -> object:
-        down = img.resize(small, Image.Resampling.BOX)  # type: ignore[attr-defined]
-        return down.resize((w, h), Image.Resampling.BOX)
+        down = img.resize(small, box)  # type: ignore[attr-defined]
+        return down.resize((w, h), box)
 
     return _pil_map(x, pixelate)
 

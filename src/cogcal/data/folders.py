@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from cogcal._constraints import Integer, violation
 from cogcal.data.base import (
@@ -37,7 +36,7 @@ from cogcal.data.custom import (
     _not_found,
     split_indices,
 )
-from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
+from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, pil_image, resize_center_crop
 
 __all__ = ["DEFAULT_IMAGE_SIZE", "image_files", "load_image_folder"]
 
@@ -183,6 +182,7 @@ def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
     """Decode ``paths`` (resized, centre-cropped); also return each file's sha256."""
     arrays: list[np.ndarray] = [np.empty(0, np.uint8)] * len(paths)
     digests = [""] * len(paths)
+    image = pil_image()
 
     def one(i: int) -> None:
         path = paths[i]
@@ -192,7 +192,7 @@ def _decode(paths: list[Path], size: int) -> tuple[list[np.ndarray], list[str]]:
             raise DatasetCorruptError(f"cannot read image {path}: {err}.") from None
         digests[i] = hashlib.sha256(data).hexdigest()
         try:
-            with Image.open(io.BytesIO(data)) as img:
+            with image.open(io.BytesIO(data)) as img:
                 mode = "L" if img.mode in GRAYSCALE_MODES else "RGB"
                 arrays[i] = resize_center_crop(img, size, mode=mode)
         except Exception as err:  # PIL raises many types for broken files

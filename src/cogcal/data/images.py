@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
-__all__ = ["GRAYSCALE_MODES", "IMAGE_EXTENSIONS", "resize_center_crop"]
+__all__ = ["GRAYSCALE_MODES", "IMAGE_EXTENSIONS", "pil_image", "resize_center_crop"]
 
 #: File extensions read as images (torchvision's ``IMG_EXTENSIONS``), lower case.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 #: PIL modes holding one grey channel (``LA``: grey plus alpha, the alpha is dropped).
 GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
+
+
+def pil_image() -> ModuleType:
+    """``PIL.Image``, imported on first use (start-up cost: about 12 ms of CPU after torch,
+    which a run on arrays, such as mnist1d or a table, never needs)."""
+    from PIL import Image
+
+    return Image
 
 
 def resize_center_crop(image: Any, size: int, *, mode: str = "RGB") -> np.ndarray:
@@ -52,7 +60,7 @@ def resize_center_crop(image: Any, size: int, *, mode: str = "RGB") -> np.ndarra
     if image.mode.startswith("I;16"):
         # 16-bit grey (e.g. 16-bit PNGs): map 0..65535 to 0..255 (PIL's convert would clip).
         arr = np.asarray(image, dtype=np.float64) / 257.0
-        image = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L")
+        image = pil_image().fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L")
     image = image.convert(mode)
     w, h = image.size
     if w <= h:
@@ -60,7 +68,7 @@ def resize_center_crop(image: Any, size: int, *, mode: str = "RGB") -> np.ndarra
     else:
         new_w, new_h = int(size * w / h), size
     if (new_w, new_h) != (w, h):
-        image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+        image = image.resize((new_w, new_h), pil_image().Resampling.BILINEAR)
     top = int(round((new_h - size) / 2.0))
     left = int(round((new_w - size) / 2.0))
     image = image.crop((left, top, left + size, top + size))

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from cogcal._io import save_npz
 from cogcal.data.base import (
@@ -37,7 +36,7 @@ from cogcal.data.base import (
     register_dataset,
 )
 from cogcal.data.downloads import describe
-from cogcal.data.images import resize_center_crop
+from cogcal.data.images import pil_image, resize_center_crop
 from cogcal.data.loading import load_dataset
 
 __all__ = [
@@ -113,7 +112,7 @@ def celeba_preprocess(image: Any, size: int = CELEBA_IMAGE_SIZE) -> np.ndarray:
 def _decode_image(path: Path) -> np.ndarray:
     """Decode and preprocess one CelebA image (see :func:`celeba_preprocess`)."""
     try:
-        with Image.open(path) as img:
+        with pil_image().open(path) as img:
             return celeba_preprocess(img, CELEBA_IMAGE_SIZE)
     except (OSError, ValueError, SyntaxError) as err:
         raise DatasetCorruptError(

@@ -348,7 +348,8 @@ def _finish(
     per: dict[str, torch.Tensor], task: str, task_names: list[str] | None, n_tasks: int
 ) -> dict[str, float]:
     """Per-task tensors of shape (T,) -> plain keys (mean over tasks) + per-task keys."""
-    out = {key: float(v.mean()) for key, v in per.items()}
+    # one task: the value itself (its mean, exactly) without a reduction per key
+    out = {key: float(v) if v.numel() == 1 else float(v.mean()) for key, v in per.items()}
     if task == "multilabel":
         names = task_names if task_names is not None else _check_task_names(None, n_tasks)
         for key, v in per.items():

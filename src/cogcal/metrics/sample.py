@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -61,52 +62,83 @@ def _aurc(conf: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
     return (err.cumsum(0) / cover).mean(0)
 
 
-def _reflected_smooth(grid: np.ndarray, sigma: float) -> np.ndarray:
-    """Rows of ``grid`` (values on ``m`` points of [0, 1]) convolved with a reflected Gaussian.
+def _reflected_spectrum(grid: np.ndarray) -> tuple[np.ndarray, int]:
+    """The spectrum of the rows of ``grid`` (values on ``m`` points of [0, 1]) mirrored at
+    both ends, and its FFT length: the part of :func:`_reflected_smooth` that does not
+    depend on the kernel width, computed once per grid."""
+    m = grid.shape[-1]
+    ext = np.concatenate([grid[:, :0:-1], grid, grid[:, -2::-1]], axis=1)  # 3m - 2
+    size = 1 << (ext.shape[1] + m - 2).bit_length()
+    return np.fft.rfft(ext, size), size
+
+
+@functools.lru_cache(maxsize=128)  # 128 x 33 kB (m = 1001)
+def _gaussian_spectrum(m: int, size: int, sigma: float) -> np.ndarray:
+    """The spectrum of the Gaussian of width ``sigma`` sampled on the offsets of ``m`` grid
+    points within ``[-1/2, 1/2]``; cached: the bisections of successive sets (the 20 shift
+    sets of a run) mostly visit the same widths."""
+    t = np.linspace(0.0, 1.0, m)
+    ker = np.exp(-((t - 0.5) ** 2) / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
+    out = np.fft.rfft(ker, size)
+    out.flags.writeable = False
+    return out
+
+
+def _reflected_smooth(spectrum: tuple[np.ndarray, int], m: int, sigma: float) -> np.ndarray:
+    """Rows of a grid (values on ``m`` points of [0, 1]) convolved with a reflected Gaussian.
 
     The kernel is the Gaussian of width ``sigma`` sampled on the grid's offsets within
     ``[-1/2, 1/2]`` (``m`` is odd), the rows are mirrored at both ends, and the ``m``
     central outputs of the convolution are kept (relplot's ``ReflectedGaussianKernel``),
-    computed by FFT.
+    computed by FFT from the mirrored rows' ``spectrum`` (:func:`_reflected_spectrum`).
     """
-    m = grid.shape[-1]
-    t = np.linspace(0.0, 1.0, m)
-    ker = np.exp(-((t - 0.5) ** 2) / (2 * sigma**2)) / (math.sqrt(2 * math.pi) * sigma)
-    ext = np.concatenate([grid[:, :0:-1], grid, grid[:, -2::-1]], axis=1)  # 3m - 2
-    size = 1 << (ext.shape[1] + m - 2).bit_length()
-    full = np.fft.irfft(np.fft.rfft(ext, size) * np.fft.rfft(ker, size), size)
+    ext, size = spectrum
+    full = np.fft.irfft(ext * _gaussian_spectrum(m, size, sigma), size)
     start = m - 1 + m // 2  # 'valid' starts at m - 1; relplot keeps [m // 2, m // 2 + m)
     return full[:, start : start + m]
 
 
+@functools.lru_cache(maxsize=64)
+def _interpolation(m: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Grid index ``i`` and weights ``1 - w``, ``w`` of ``n`` evenly spaced points of [0, 1]
+    between grid points ``i`` and ``i + 1`` of an ``m``-point grid (read only: cached)."""
+    te = np.linspace(0.0, 1.0, n)
+    inds = np.clip((te * (m - 1)).astype(np.int64), 0, m - 2)
+    w = (te - inds * (1 / (m - 1))) / (1 / (m - 1))
+    out = (inds, 1 - w, w)
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
 def _smooth_ece_1d(f: np.ndarray, resid: np.ndarray) -> float:
     """smECE of confidences ``f`` with residuals ``f - y`` (relplot's ``smECE``, see Notes)."""
-    grids: dict[int, np.ndarray] = {}
+    spectra: dict[int, tuple[np.ndarray, int]] = {}
     values: dict[float, float] = {}
 
-    def rounded(m: int) -> np.ndarray:
-        # mass and residual of each sample shared linearly between its two grid points
-        if m not in grids:
+    def rounded(m: int) -> tuple[np.ndarray, int]:
+        # mass and residual of each sample shared linearly between its two grid points;
+        # the grid's spectrum serves every sigma of this m (one grid for sigma >= 0.01)
+        if m not in spectra:
             pos = f * (m - 1)
             i = np.clip(pos.astype(np.int64), 0, m - 2)
             frac = pos - i
-            grids[m] = np.stack(
+            grid = np.stack(
                 [
                     np.bincount(i, resid * (1 - frac), m) + np.bincount(i + 1, resid * frac, m),
                     np.bincount(i, 1 - frac, m) + np.bincount(i + 1, frac, m),
                 ]
             )
-        return grids[m]
+            spectra[m] = _reflected_spectrum(grid)
+        return spectra[m]
 
     def at(sigma: float) -> float:
         if sigma not in values:
             m = max(2000, round(20 / sigma)) // 2 + 1
-            ys, dens = _reflected_smooth(rounded(m), sigma)
-            te = np.linspace(0.0, 1.0, max(round(10 / sigma), 200))
-            inds = np.clip((te * (m - 1)).astype(np.int64), 0, m - 2)
-            w = (te - inds * (1 / (m - 1))) / (1 / (m - 1))
-            ys = ys[inds] * (1 - w) + ys[inds + 1] * w
-            dens = dens[inds] * (1 - w) + dens[inds + 1] * w + 1e-4
+            smooth = _reflected_smooth(rounded(m), m, sigma)
+            inds, w0, w1 = _interpolation(m, max(round(10 / sigma), 200))
+            ys, dens = smooth[:, inds] * w0 + smooth[:, inds + 1] * w1
+            dens = dens + 1e-4
             values[sigma] = float(np.sum(np.abs(ys / dens) * dens) / np.sum(dens))
         return values[sigma]
 

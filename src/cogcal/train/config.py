@@ -732,12 +732,15 @@ def _field_type(name: str) -> Any:
     >>> _field_type("lr"), _field_type("epochs"), _field_type("allow_fast_calibrator")
     (<class 'float'>, <class 'int'>, <class 'bool'>)
     """
-    hint = typing.get_type_hints(TrainConfig)[name]
+    hint = _HINTS[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+#: The fields' annotations, resolved once: ``typing.get_type_hints`` evaluates every string
+#: annotation anew on each call (~0.4 ms, once per flag of every parser built).
+_HINTS = typing.get_type_hints(TrainConfig)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
