@@ -18,6 +18,7 @@ from cogcal.calibrators._base import (
     _one_hot_columns,
     _Problem,
 )
+from cogcal.calibrators._newton import VectorProblem
 from cogcal.calibrators.temperature import fit_temperature
 
 
@@ -199,6 +200,24 @@ class _ClassScaling(_AffineScaling):
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
+
+    def _vector_problem(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float
+    ) -> VectorProblem | None:
+        """Vector scaling's fit for Newton's method: the penalty ``weight |T_0 w - c|^2``
+        (``c`` the identity, or 0 for the test hook) is ``a = 2 weight T_0^2`` around
+        ``c / T_0``, and ``weight |b - mean(b)|^2`` is ``B = 2 weight (I - 11^T / K)``."""
+        if self._full_matrix:
+            return None
+        k = logits.shape[1]
+        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
+        centre = 1.0 / t0 if self._weights_toward_identity else 0.0
+        like = dict(dtype=logits.dtype, device=logits.device)
+        bb = torch.eye(k, **like) - 1.0 / k
+        return VectorProblem(
+            logits, labels, torch.full((k,), 2.0 * weight * t0**2, **like),
+            torch.full((k,), centre, **like), 2.0 * weight * bb * float(self._penalize_bias),
+        )  # fmt: skip
 
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written

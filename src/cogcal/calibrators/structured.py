@@ -28,6 +28,7 @@ from cogcal.calibrators._base import (
     _LazyWidth,
     _Problem,
 )
+from cogcal.calibrators._newton import VectorProblem
 from cogcal.calibrators.temperature import Temperature, fit_temperature
 
 
@@ -176,6 +177,23 @@ class _StructuredScaling(_LazyWidth):
         eye = torch.eye(k, dtype=w.dtype, device=w.device)
         off = math.sqrt(2.0 * k * (k - 1)) * (w * (1.0 - eye))
         return [diagonal * (w.diagonal() - 1.0), diagonal * params["bias"], off]
+
+    def _vector_problem(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float
+    ) -> VectorProblem | None:
+        """Structured vector scaling's fit for Newton's method on ``x = log q``: the penalty
+        ``weight 2K (|w - 1|^2 + |b|^2)`` is ``a = 4 K weight`` around 1 and
+        ``B = 4 K weight I``."""
+        if self._full_matrix:
+            return None
+        k = logits.shape[1]
+        like = dict(dtype=logits.dtype, device=logits.device)
+        x = self._features(logits).detach()
+        curvature = 4.0 * k * weight
+        return VectorProblem(
+            x, labels, torch.full((k,), curvature, **like), torch.ones(k, **like),
+            curvature * torch.eye(k, **like),
+        )  # fmt: skip
 
     # -- conditioning ------------------------------------------------------------------------
     # The fit runs on centred features xc = x - mu (x = log q sits far below 0, coupling W
