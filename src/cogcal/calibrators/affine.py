@@ -3,7 +3,7 @@ scaling) and one affine map per binary task (:class:`TaskAffine`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -317,6 +317,60 @@ def _row_blocks(h: torch.Tensor) -> _RowBlocks:
     return _RowBlocks(factor, inverse)
 
 
+def _encode_rows(w: torch.Tensor, b: torch.Tensor, blocks: _RowBlocks) -> dict[str, torch.Tensor]:
+    """The variables ``v_j = [W | b]_j L_j`` of a row-conditioned fit."""
+    v = torch.bmm(torch.cat([w, b[:, None]], 1)[:, None, :], blocks.factor).squeeze(1)
+    return {"weight": v[:, :-1].contiguous(), "bias": v[:, -1].contiguous()}
+
+
+def _decode_rows(
+    v: torch.Tensor, c: torch.Tensor, blocks: _RowBlocks
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[W | b]_j = v_j L_j^{-1}``: the map of a row-conditioned fit's variables."""
+    wb = torch.bmm(torch.cat([v, c[:, None]], 1)[:, None, :], blocks.inverse).squeeze(1)
+    return wb[:, :-1], wb[:, -1]
+
+
+#: The penalty of a full affine map: ``(W, b) -> (value, gradient in W, gradient in b)``.
+_Penalty = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any, Any]]
+
+
+def _row_closure(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    variables: dict[str, torch.Tensor],
+    blocks: _RowBlocks | None,
+    penalty: _Penalty | None,
+) -> _Closure:
+    """The closure of a full affine map ``W x + b`` of features ``x`` with the mean NLL
+    and ``penalty``, by hand (tests check it against autograd): the data term's gradient
+    is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``, chained back through
+    ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``)."""
+    x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
+    onehot = _one_hot_columns(labels, x)
+    v, c = variables["weight"], variables["bias"]
+
+    @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
+    def closure() -> torch.Tensor:
+        w, b = (v, c) if blocks is None else _decode_rows(v, c, blocks)
+        logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
+        loss = -(logp * onehot).sum()
+        g = logp.exp().div_(n).sub_(onehot)
+        grad_w, grad_b = g @ x, g.sum(1)
+        if penalty is not None:
+            value, pen_w, pen_b = penalty(w, b)
+            loss, grad_w, grad_b = loss + value, grad_w + pen_w, grad_b + pen_b
+        if blocks is None:
+            v.grad, c.grad = grad_w, grad_b
+        else:
+            grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, :, None]
+            grad = torch.bmm(blocks.inverse, grad).squeeze(2)  # L_j^{-1} [G_W | g_b]_j
+            v.grad, c.grad = grad[:, :-1].contiguous(), grad[:, -1].contiguous()
+        return loss
+
+    return closure
+
+
 class _RowConditioned(_ClassScaling):
     """A full affine map ``W x + b`` of features ``x`` of the logits, penalised toward
     ``I / T_0`` as :class:`_ClassScaling`, fitted from temperature scaling with block-Jacobi
@@ -377,61 +431,35 @@ class _RowConditioned(_ClassScaling):
     def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
         if not isinstance(stats, _RowBlocks):
             return super()._encode(stats)
-        w, b = self.weight.detach(), self.bias.detach()
-        v = torch.bmm(torch.cat([w, b[:, None]], 1)[:, None, :], stats.factor).squeeze(1)
-        return {"weight": v[:, :-1].contiguous(), "bias": v[:, -1].contiguous()}
+        return _encode_rows(self.weight.detach(), self.bias.detach(), stats)
 
     def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
         if not isinstance(stats, _RowBlocks):
             return super()._decode(variables, stats)
-        v = torch.cat([variables["weight"], variables["bias"][:, None]], 1)
-        wb = torch.bmm(v[:, None, :], stats.inverse).squeeze(1)
-        return {"weight": wb[:, :-1], "bias": wb[:, -1]}
+        w, b = _decode_rows(variables["weight"], variables["bias"], stats)
+        return {"weight": w, "bias": b}
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` and its gradient by hand (tests check them against autograd on
-        the generic objective). The calibrated logits are ``W x + b`` (:meth:`_features`);
-        the data term's gradient is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``;
-        the penalty's is ``2 weight T_0 D`` on ``W`` (``D = T_0 W - I`` with centred
-        columns, an orthogonal projection: :meth:`_weight_penalty_deviation`) and
-        ``2 weight d_b``; both are chained back through ``[W | b]_j = v_j L_j^{-1}``."""
+        """:math:`J_\\lambda` and its gradient by hand (:func:`_row_closure`; tests check
+        them against autograd on the generic objective). The calibrated logits are
+        ``W x + b`` (:meth:`_features`); the penalty's gradient is ``2 weight T_0 D`` on ``W``
+        (``D = T_0 W - I`` with centred columns, an orthogonal projection:
+        :meth:`_weight_penalty_deviation`) and ``2 weight d_b``."""
         logits, labels, stats, weight = problem
-        x = self._features(logits)
-        x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
-        onehot = _one_hot_columns(labels, logits)
-        v, c = variables["weight"], variables["bias"]
         blocks = stats if isinstance(stats, _RowBlocks) else None
         t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
         identity = self._identity() if self._weights_toward_identity else 0.0
 
-        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
-        def closure() -> torch.Tensor:
-            if blocks is None:
-                w, b = v, c
-            else:
-                wb = torch.bmm(torch.cat([v, c[:, None]], 1)[:, None, :], blocks.inverse)
-                w, b = wb[:, 0, :-1], wb[:, 0, -1]
-            logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
-            loss = -(logp * onehot).sum()
-            g = logp.exp().div_(n).sub_(onehot)
-            grad_w, grad_b = g @ x, g.sum(1)
-            if weight:
-                d_w = self._weight_penalty_deviation(w, t0, identity)
-                loss = loss + weight * (d_w**2).sum()
-                grad_w = grad_w + (2.0 * weight * t0) * d_w
-                if self._penalize_bias:
-                    d_b = b - b.mean()
-                    loss = loss + weight * (d_b**2).sum()
-                    grad_b = grad_b + 2.0 * weight * d_b
-            if blocks is None:
-                v.grad, c.grad = grad_w, grad_b
-            else:
-                grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, :, None]
-                grad = torch.bmm(blocks.inverse, grad).squeeze(2)  # L_j^{-1} [G_W | g_b]_j
-                v.grad, c.grad = grad[:, :-1].contiguous(), grad[:, -1].contiguous()
-            return loss
+        def penalty(w: torch.Tensor, b: torch.Tensor) -> tuple[Any, Any, Any]:
+            d_w = self._weight_penalty_deviation(w, t0, identity)
+            value, grad_b = weight * (d_w**2).sum(), 0.0
+            if self._penalize_bias:
+                d_b = b - b.mean()
+                value, grad_b = value + weight * (d_b**2).sum(), 2.0 * weight * d_b
+            return value, (2.0 * weight * t0) * d_w, grad_b
 
-        return closure
+        features = self._features(logits)
+        return _row_closure(features, labels, variables, blocks, penalty if weight else None)
 
 
 class VectorScaling(_ClassScaling):
