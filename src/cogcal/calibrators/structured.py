@@ -366,7 +366,11 @@ class StructuredMatrixScaling(_StructuredScaling):
     def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._prepare(logits, labels)
         x = self._features(logits).detach()
-        self._data_curvature = _row_curvature(x, x.exp(), _CURVATURE_ROWS)
+        # its K (K+1)^2 work per row costs, for 100 classes and 2,500 rows, more than the
+        # fit: above 2^27 / K^3 rows (but at least 1,024) a strided subset, the same
+        # iterations on 100 classes (bench/posthoc_peers.py's gauss100)
+        rows = min(_CURVATURE_ROWS, max(1024, 2**27 // x.shape[1] ** 3))
+        self._data_curvature = _row_curvature(x, x.exp(), rows)
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         self._data_curvature = None  # (K, K+1, K+1): a fitted calibrator need not carry it
