@@ -154,7 +154,7 @@ _AFFINE_PARAMETERS_DOC = r"""
     num_classes : int or None
         Number of classes ``K``; ``None`` takes it from :meth:`fit`.
     max_iter : int
-        L-BFGS iterations per fit.
+        Iterations per fit (L-BFGS; Newton steps for vector scaling).
     l2 : float or "cv"
         Penalty strength :math:`\lambda`, or ``"cv"`` (default) to choose it by
         stratified ``cv``-fold cross-validation from ``l2_grid``; ``l2=0`` is plain
@@ -227,53 +227,6 @@ class _ClassScaling(_AffineScaling):
         in ``w`` is ``2 weight t0`` times it)."""
         d_w = t0 * w - identity
         return d_w - d_w.mean(0, keepdim=True) if self._full_matrix else d_w
-
-    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` and its gradient by hand, the same function as the autograd
-        closure (tests check both against it): a fit is ~400 evaluations of a small
-        objective, dominated by per-operation overhead, and this takes half the operations.
-
-        In the variables ``(v, c)`` the calibrated logits are ``x v^T + c`` (``x * v + c``
-        for a vector), ``x`` the standardised logits; the data term's gradient
-        is ``G^T x`` and ``G 1`` with ``G = (softmax - onehot) / n``. The penalty is
-        ``weight * (|D_W|^2 + |D_b|^2)`` on the decoded ``W`` and ``b = c - W mu``, whose
-        deviations are centred projections (:meth:`_penalty_terms`), so its gradient is
-        ``2 weight D`` chained back through ``T_0 W``, ``b`` and ``W = v / sd``.
-        """
-        logits, labels, stats, weight = problem
-        v, c = variables["weight"], variables["bias"]
-        full, n = self._full_matrix, logits.shape[0]
-        onehot = _one_hot_columns(labels, logits)
-        mu, scale = stats if stats is not None else (None, None)
-        x = logits if scale is None else (logits - mu) / scale
-        x_cols = x.T.contiguous()  # (K, n): see _one_hot_columns
-        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
-        identity = self._identity() if self._weights_toward_identity else 0.0
-
-        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
-        def closure() -> torch.Tensor:
-            z = torch.addmm(c[:, None], v, x_cols) if full else x_cols * v[:, None] + c[:, None]
-            logp = torch.log_softmax(z, dim=0)
-            loss = -(logp * onehot).sum()
-            g = logp.exp().div_(n).sub_(onehot)
-            grad_v, grad_c = (g @ x if full else (g * x_cols).sum(1)), g.sum(1)
-            if weight:
-                w = v if scale is None else v / scale
-                b = c if mu is None else c - self._times(w, mu)
-                d_w = self._weight_penalty_deviation(w, t0, identity)
-                d_b = b - b.mean()
-                loss = loss + weight * (d_w**2).sum()
-                grad_w, grad_b = (2.0 * weight * t0) * d_w, 2.0 * weight * d_b
-                if self._penalize_bias:
-                    loss = loss + weight * (d_b**2).sum()
-                    grad_c = grad_c + grad_b
-                    if mu is not None:
-                        grad_w = grad_w - (torch.outer(grad_b, mu) if full else grad_b * mu)
-                grad_v = grad_v + (grad_w if scale is None else grad_w / scale)
-            v.grad, c.grad = grad_v, grad_c
-            return loss
-
-        return closure
 
 
 class _RowBlocks(NamedTuple):
