@@ -1,6 +1,6 @@
 """The block-Jacobi conditioning of the full affine maps: structured matrix scaling's
-hand-written closure against autograd, and the fold curvatures of one pass against one
-pass per fold."""
+hand-written closure against autograd, and cross-validation with one preconditioner for
+all folds against one per fold."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cogcal.calibrators import MatrixScaling, StructuredMatrixScaling
+from cogcal.calibrators import Dirichlet, MatrixScaling, StructuredMatrixScaling
 from cogcal.calibrators._base import Calibrator, _Problem
-from cogcal.calibrators._folds import _stratified_folds
-from cogcal.calibrators.affine import _fold_row_curvatures, _row_curvature, _RowBlocks
+from cogcal.calibrators.affine import _RowBlocks
 
 
 def _data(n: int = 200, k: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,25 +43,12 @@ def test_structured_matrix_closure_equals_autograd(weight: float) -> None:
         torch.testing.assert_close(ours[name].grad, reference[name].grad, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("max_rows", [1000, 37])
-def test_fold_curvatures_equal_one_pass_per_fold(max_rows: int) -> None:
-    z, y = _data(n=150, k=3, seed=2)
-    p = F.softmax(z / 1.7, dim=1)
-    folds = _stratified_folds(y, 5)
-    held_out = [folds == f for f in range(5)]
-    curvatures = _fold_row_curvatures(z, p, held_out, max_rows)
-    assert len(curvatures) == 6
-    torch.testing.assert_close(curvatures[-1], _row_curvature(z, p, max_rows))
-    if max_rows >= z.shape[0]:  # no striding: each complement's own curvature exactly
-        for held, curvature in zip(held_out, curvatures, strict=False):
-            torch.testing.assert_close(curvature, _row_curvature(z[~held], p[~held], max_rows))
-
-
-def test_cross_validation_with_shared_curvature_fits_the_same_maps(monkeypatch) -> None:
+@pytest.mark.parametrize("cls", [MatrixScaling, Dirichlet])
+def test_cross_validation_with_a_shared_preconditioner_fits_the_same_maps(cls, monkeypatch) -> None:
     z, y = _data(n=300, k=4, seed=3)
-    shared = MatrixScaling().fit(z, y)
-    monkeypatch.setattr(MatrixScaling, "_fold_models", Calibrator._fold_models)
-    per_fold = MatrixScaling().fit(z, y)
+    shared = cls().fit(z, y)
+    monkeypatch.setattr(cls, "_fold_models", Calibrator._fold_models)
+    per_fold = cls().fit(z, y)
     assert shared.l2_ == per_fold.l2_
     torch.testing.assert_close(
         torch.tensor(shared.cv_scores_), torch.tensor(per_fold.cv_scores_), equal_nan=True,

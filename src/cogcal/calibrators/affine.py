@@ -256,27 +256,6 @@ def _row_curvature(
     return torch.stack([(x * s[:, j : j + 1]).T @ x for j in range(k)])
 
 
-def _fold_row_curvatures(
-    features: torch.Tensor, probs: torch.Tensor, held_out: list[torch.Tensor], max_rows: int
-) -> list[torch.Tensor]:
-    """:func:`_row_curvature` of each fold's complement and, last, of all the data, from one
-    pass over the data: the sums over each fold's rows (strided as there), each
-    complement's the total less its fold's."""
-    n, k = features.shape
-    step = -(-n // max_rows)
-    x = torch.cat([features[::step], torch.ones_like(features[::step, :1])], 1)
-    s = probs[::step] * (1.0 - probs[::step])
-    sums, counts = [], []
-    for held in held_out:
-        rows = held[::step]
-        xf, sf = x[rows], s[rows]
-        sums.append(torch.stack([(xf * sf[:, j : j + 1]).T @ xf for j in range(k)]))
-        counts.append(int(rows.sum()))
-    total, count = sum(sums), sum(counts)
-    folds = [(total - part) / max(count - c, 1) for part, c in zip(sums, counts, strict=True)]
-    return [*folds, total / count]
-
-
 def _row_blocks(h: torch.Tensor) -> _RowBlocks:
     """Cholesky factors of the (K, K+1, K+1) symmetric blocks ``h`` and their inverses,
     adding to each block's diagonal the least jitter (from 1e-10 of its largest entry) that
@@ -386,23 +365,25 @@ class _RowConditioned(_ClassScaling):
     def _fold_models(
         self, logits: torch.Tensor, labels: torch.Tensor, held_out: list[torch.Tensor]
     ) -> list[Calibrator]:
-        """The fold copies, their curvature (:meth:`_standardisation`) and the final fit's
-        from one pass over all the data at its temperature (:func:`_fold_row_curvatures`) instead of one pass
-        per fold at each fold's: a preconditioner, it changes the path of a fold's fit, not
-        its solution (for 100 classes the passes cost as much as the fits)."""
+        """The fold copies, sharing one preconditioner: the curvature of all the data at
+        its temperature (also the final fit's) and, per penalty strength, its row blocks
+        (:meth:`_standardisation`), instead of one curvature and one set of blocks per fold
+        (for 100 classes those cost as much as the fits). The labels enter it only through
+        that temperature; a preconditioner changes the path of a fold's fit, not its
+        solution."""
         t0 = fit_temperature(logits, labels)
-        curvatures = _fold_row_curvatures(
-            self._features(logits), F.softmax(logits / t0, dim=1), held_out,
-            self._curvature_rows(),
-        )  # fmt: skip
+        curvature = _row_curvature(
+            self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
+        )
+        blocks: dict[float, _RowBlocks] = {}
         models = []
-        for held, curvature in zip(held_out, curvatures[:-1], strict=True):
+        for held in held_out:
             model = copy.deepcopy(self)
             model._reset_parameters()
-            model._fold_curvature = curvature
+            model._fold_curvature, model._shared_blocks = curvature, blocks
             model._prepare(logits[~held], labels[~held])
             models.append(model)
-        self._fold_curvature = curvatures[-1]  # for the final fit's _prepare, on all of it
+        self._fold_curvature = curvature  # for the final fit's _prepare, on all of it
         return models
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -417,6 +398,10 @@ class _RowConditioned(_ClassScaling):
         ``v_j = [W | b]_j L_j``, in which each block's curvature is the identity; the blocks
         neglect only the coupling between rows. (6-7x fewer L-BFGS evaluations than
         whitening or a diagonal scaling on over-confident logits, K = 10-100.)"""
+        shared = getattr(self, "_shared_blocks", None)  # the folds' (:meth:`_fold_models`)
+        key = float(f"{penalty_weight:.3g}")  # folds of unequal sizes: weights within 0.5%
+        if shared is not None and key in shared:
+            return shared[key]
         curvature = getattr(self, "_data_curvature", None)
         k = logits.shape[1]
         if curvature is None or curvature.shape[0] != k:  # only a speed matter: any SPD works
@@ -426,7 +411,10 @@ class _RowConditioned(_ClassScaling):
         penalised = torch.full((k, k + 1), t0**2, dtype=curvature.dtype, device=curvature.device)
         penalised[:, k] = 1.0 if self._penalize_bias else 0.0
         h = curvature + torch.diag_embed(2.0 * penalty_weight * penalised)
-        return _row_blocks(h)
+        blocks = _row_blocks(h)
+        if shared is not None:
+            shared[key] = blocks
+        return blocks
 
     def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
         if not isinstance(stats, _RowBlocks):
