@@ -329,9 +329,13 @@ class StructuredMatrixScaling(_StructuredScaling):
         return _row_blocks(curvature + torch.diag_embed(penalty_weight * penalised))
 
     def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
+        if stats is None:  # unconditioned (tests): the parameters themselves
+            return super()._encode(stats)
         return _encode_rows(self.weight.detach(), self.bias.detach(), stats)
 
     def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
+        if stats is None:
+            return variables
         w, b = _decode_rows(variables["weight"], variables["bias"], stats)
         return {"weight": w, "bias": b}
 

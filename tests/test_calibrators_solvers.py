@@ -1,5 +1,7 @@
-"""Newton's method for the vector maps (cogcal.calibrators._newton): its Hessian against
-autograd's, and its fits against L-BFGS on the same objective."""
+"""The solvers of the post-hoc fits: Newton's method for the vector maps
+(cogcal.calibrators._newton; its Hessian against autograd's, its fits against L-BFGS on the
+same objective), and the preconditioner the cross-validation folds of the full affine maps
+share (against one per fold)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cogcal.calibrators import StructuredVectorScaling, VectorScaling
+from cogcal.calibrators import Dirichlet, MatrixScaling, StructuredVectorScaling, VectorScaling
 from cogcal.calibrators._base import Calibrator
 from cogcal.calibrators._newton import VectorProblem, vector_objective
 
@@ -66,13 +68,26 @@ def test_newton_fit_equals_the_lbfgs_fit(cls: type, l2: float, monkeypatch) -> N
     assert newton.nll_after_ <= lbfgs.nll_after_ + 1e-9
 
 
+def _same_cross_validation(ours, reference, atol: float) -> None:
+    assert ours.l2_ == reference.l2_
+    torch.testing.assert_close(
+        torch.tensor(ours.cv_scores_), torch.tensor(reference.cv_scores_), equal_nan=True,
+        rtol=0, atol=atol,
+    )  # fmt: skip
+
+
 def test_newton_cross_validation_chooses_as_lbfgs(monkeypatch) -> None:
     z, y = _data(n=500, k=6, seed=4)
     newton = VectorScaling().fit(z, y)
     monkeypatch.setattr(VectorScaling, "_vector_problem", Calibrator._vector_problem)
-    lbfgs = VectorScaling().fit(z, y)
-    assert newton.l2_ == lbfgs.l2_
-    torch.testing.assert_close(
-        torch.tensor(newton.cv_scores_), torch.tensor(lbfgs.cv_scores_), equal_nan=True,
-        rtol=0, atol=1e-6,
-    )  # fmt: skip
+    _same_cross_validation(newton, VectorScaling().fit(z, y), atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [MatrixScaling, Dirichlet])
+def test_folds_sharing_a_preconditioner_fit_the_same_maps(cls: type, monkeypatch) -> None:
+    z, y = _data(n=300, k=4, seed=3)
+    shared = cls().fit(z, y)
+    monkeypatch.setattr(cls, "_fold_models", Calibrator._fold_models)
+    per_fold = cls().fit(z, y)
+    _same_cross_validation(shared, per_fold, atol=1e-5)
+    torch.testing.assert_close(shared.weight, per_fold.weight, rtol=0, atol=1e-5)
