@@ -93,22 +93,25 @@ def fit_vector(
     changes the objective by less than ``tolerance_change``, or after ``max_iter`` steps.
     """
     k = w.shape[0]
-    loss, grad, h = vector_objective(problem, w, b, hessian=True)
+    loss, grad, _ = vector_objective(problem, w, b, hessian=False)
     n_iter = 0
+    # the Hessian (the (2K x N) (N x 2K) product, most of a step's cost) only where a step
+    # starts: a warm-started fit that converges in one step forms it once
     while n_iter < max_iter and float(grad.abs().max()) > tolerance_grad:
         n_iter += 1
+        h = vector_objective(problem, w, b, hessian=True)[2]
         step = _solve(h, grad)
         slope, t = float(grad @ step), 1.0
-        for _ in range(40):  # the full step is nearly always taken: evaluate all of it there
+        for _ in range(40):
             w_new, b_new = w + t * step[:k], b + t * step[k:]
-            new = vector_objective(problem, w_new, b_new, hessian=True)
-            if new[0] <= loss + 1e-4 * t * slope:
+            new_loss, new_grad, _ = vector_objective(problem, w_new, b_new, hessian=False)
+            if new_loss <= loss + 1e-4 * t * slope:
                 break
             t *= 0.5
         else:
             break  # no decrease along the Newton direction: at the minimum to rounding
         previous = loss
-        w, b, (loss, grad, h) = w_new, b_new, new
+        w, b, loss, grad = w_new, b_new, new_loss, new_grad
         if abs(previous - loss) < tolerance_change:
             break
     return w, b, n_iter
