@@ -14,6 +14,7 @@ from cogcal.calibrators import (
     Calibrator,
     L2GridEdgeWarning,
     MatrixScaling,
+    StructuredMatrixScaling,
     TaskAffine,
     Temperature,
     VectorScaling,
@@ -111,7 +112,8 @@ def _closure_value_and_grads(closure, variables):
     return loss, {name: v.grad.clone() for name, v in variables.items()}
 
 
-@pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, Temperature])
+# (vector scaling is fitted by Newton's method: tests/test_calibrators_newton.py)
+@pytest.mark.parametrize("cls", [MatrixScaling, StructuredMatrixScaling, Temperature])
 @pytest.mark.parametrize("weight", [0.0, 0.01, 5.0])
 @pytest.mark.parametrize("conditioning", ["standardised", "raw"])
 @pytest.mark.parametrize("toward_identity", [True, False])
@@ -124,7 +126,7 @@ def test_hand_written_gradients_equal_autograd(cls, weight, conditioning, toward
     cal._weights_toward_identity = cal._penalize_bias = toward_identity
     cal._prepare(z, y)
     stats = cal._standardisation(z, weight) if conditioning == "standardised" else None
-    if cls is MatrixScaling and conditioning == "standardised":
+    if cls is not Temperature and conditioning == "standardised":
         assert isinstance(stats, _RowBlocks)  # the block-Jacobi case is exercised
     g = torch.Generator().manual_seed(1)
     start = {

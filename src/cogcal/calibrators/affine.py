@@ -3,7 +3,8 @@ scaling) and one affine map per binary task (:class:`TaskAffine`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -12,12 +13,14 @@ from torch import nn
 
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
+    Calibrator,
     _cast,
     _Closure,
     _LazyWidth,
     _one_hot_columns,
     _Problem,
 )
+from cogcal.calibrators._newton import VectorProblem
 from cogcal.calibrators.temperature import fit_temperature
 
 
@@ -151,7 +154,7 @@ _AFFINE_PARAMETERS_DOC = r"""
     num_classes : int or None
         Number of classes ``K``; ``None`` takes it from :meth:`fit`.
     max_iter : int
-        L-BFGS iterations per fit.
+        Iterations per fit (L-BFGS; Newton steps for vector scaling).
     l2 : float or "cv"
         Penalty strength :math:`\lambda`, or ``"cv"`` (default) to choose it by
         stratified ``cv``-fold cross-validation from ``l2_grid``; ``l2=0`` is plain
@@ -200,59 +203,30 @@ class _ClassScaling(_AffineScaling):
     def extra_repr(self) -> str:
         return f"num_classes={self.num_outputs}"
 
+    def _vector_problem(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float
+    ) -> VectorProblem | None:
+        """Vector scaling's fit for Newton's method: the penalty ``weight |T_0 w - c|^2``
+        (``c`` the identity, or 0 for the test hook) is ``a = 2 weight T_0^2`` around
+        ``c / T_0``, and ``weight |b - mean(b)|^2`` is ``B = 2 weight (I - 11^T / K)``."""
+        if self._full_matrix:
+            return None
+        k = logits.shape[1]
+        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
+        centre = 1.0 / t0 if self._weights_toward_identity else 0.0
+        like = dict(dtype=logits.dtype, device=logits.device)
+        bb = torch.eye(k, **like) - 1.0 / k
+        return VectorProblem(
+            logits, labels, torch.full((k,), 2.0 * weight * t0**2, **like),
+            torch.full((k,), centre, **like), 2.0 * weight * bb * float(self._penalize_bias),
+        )  # fmt: skip
+
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written
         closure, an orthogonal projection of ``t0 * w - identity`` (so the penalty's gradient
         in ``w`` is ``2 weight t0`` times it)."""
         d_w = t0 * w - identity
         return d_w - d_w.mean(0, keepdim=True) if self._full_matrix else d_w
-
-    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` and its gradient by hand, the same function as the autograd
-        closure (tests check both against it): a fit is ~400 evaluations of a small
-        objective, dominated by per-operation overhead, and this takes half the operations.
-
-        In the variables ``(v, c)`` the calibrated logits are ``x v^T + c`` (``x * v + c``
-        for a vector), ``x`` the standardised logits; the data term's gradient
-        is ``G^T x`` and ``G 1`` with ``G = (softmax - onehot) / n``. The penalty is
-        ``weight * (|D_W|^2 + |D_b|^2)`` on the decoded ``W`` and ``b = c - W mu``, whose
-        deviations are centred projections (:meth:`_penalty_terms`), so its gradient is
-        ``2 weight D`` chained back through ``T_0 W``, ``b`` and ``W = v / sd``.
-        """
-        logits, labels, stats, weight = problem
-        v, c = variables["weight"], variables["bias"]
-        full, n = self._full_matrix, logits.shape[0]
-        onehot = _one_hot_columns(labels, logits)
-        mu, scale = stats if stats is not None else (None, None)
-        x = logits if scale is None else (logits - mu) / scale
-        x_cols = x.T.contiguous()  # (K, n): see _one_hot_columns
-        t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
-        identity = self._identity() if self._weights_toward_identity else 0.0
-
-        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
-        def closure() -> torch.Tensor:
-            z = torch.addmm(c[:, None], v, x_cols) if full else x_cols * v[:, None] + c[:, None]
-            logp = torch.log_softmax(z, dim=0)
-            loss = -(logp * onehot).sum()
-            g = logp.exp().div_(n).sub_(onehot)
-            grad_v, grad_c = (g @ x if full else (g * x_cols).sum(1)), g.sum(1)
-            if weight:
-                w = v if scale is None else v / scale
-                b = c if mu is None else c - self._times(w, mu)
-                d_w = self._weight_penalty_deviation(w, t0, identity)
-                d_b = b - b.mean()
-                loss = loss + weight * (d_w**2).sum()
-                grad_w, grad_b = (2.0 * weight * t0) * d_w, 2.0 * weight * d_b
-                if self._penalize_bias:
-                    loss = loss + weight * (d_b**2).sum()
-                    grad_c = grad_c + grad_b
-                    if mu is not None:
-                        grad_w = grad_w - (torch.outer(grad_b, mu) if full else grad_b * mu)
-                grad_v = grad_v + (grad_w if scale is None else grad_w / scale)
-            v.grad, c.grad = grad_v, grad_c
-            return loss
-
-        return closure
 
 
 class _RowBlocks(NamedTuple):
@@ -298,6 +272,60 @@ def _row_blocks(h: torch.Tensor) -> _RowBlocks:
     return _RowBlocks(factor, inverse)
 
 
+def _encode_rows(w: torch.Tensor, b: torch.Tensor, blocks: _RowBlocks) -> dict[str, torch.Tensor]:
+    """The variables ``v_j = [W | b]_j L_j`` of a row-conditioned fit."""
+    v = torch.bmm(torch.cat([w, b[:, None]], 1)[:, None, :], blocks.factor).squeeze(1)
+    return {"weight": v[:, :-1].contiguous(), "bias": v[:, -1].contiguous()}
+
+
+def _decode_rows(
+    v: torch.Tensor, c: torch.Tensor, blocks: _RowBlocks
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[W | b]_j = v_j L_j^{-1}``: the map of a row-conditioned fit's variables."""
+    wb = torch.bmm(torch.cat([v, c[:, None]], 1)[:, None, :], blocks.inverse).squeeze(1)
+    return wb[:, :-1], wb[:, -1]
+
+
+#: The penalty of a full affine map: ``(W, b) -> (value, gradient in W, gradient in b)``.
+_Penalty = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any, Any]]
+
+
+def _row_closure(
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    variables: dict[str, torch.Tensor],
+    blocks: _RowBlocks | None,
+    penalty: _Penalty | None,
+) -> _Closure:
+    """The closure of a full affine map ``W x + b`` of features ``x`` with the mean NLL
+    and ``penalty``, by hand (tests check it against autograd): the data term's gradient
+    is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``, chained back through
+    ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``)."""
+    x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
+    onehot = _one_hot_columns(labels, x)
+    v, c = variables["weight"], variables["bias"]
+
+    @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
+    def closure() -> torch.Tensor:
+        w, b = (v, c) if blocks is None else _decode_rows(v, c, blocks)
+        logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
+        loss = -(logp * onehot).sum()
+        g = logp.exp().div_(n).sub_(onehot)
+        grad_w, grad_b = g @ x, g.sum(1)
+        if penalty is not None:
+            value, pen_w, pen_b = penalty(w, b)
+            loss, grad_w, grad_b = loss + value, grad_w + pen_w, grad_b + pen_b
+        if blocks is None:
+            v.grad, c.grad = grad_w, grad_b
+        else:
+            grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, :, None]
+            grad = torch.bmm(blocks.inverse, grad).squeeze(2)  # L_j^{-1} [G_W | g_b]_j
+            v.grad, c.grad = grad[:, :-1].contiguous(), grad[:, -1].contiguous()
+        return loss
+
+    return closure
+
+
 class _RowConditioned(_ClassScaling):
     """A full affine map ``W x + b`` of features ``x`` of the logits, penalised toward
     ``I / T_0`` as :class:`_ClassScaling`, fitted from temperature scaling with block-Jacobi
@@ -328,9 +356,35 @@ class _RowConditioned(_ClassScaling):
             k = self.weight.shape[0]
             self.weight.copy_(torch.eye(k, dtype=self.weight.dtype) / t0)
             self.bias.zero_()
-        self._data_curvature = _row_curvature(
+        shared = getattr(self, "_fold_curvature", None)
+        self._fold_curvature = None
+        self._data_curvature = shared if shared is not None else _row_curvature(
+            self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
+        )  # fmt: skip
+
+    def _fold_models(
+        self, logits: torch.Tensor, labels: torch.Tensor, held_out: list[torch.Tensor]
+    ) -> list[Calibrator]:
+        """The fold copies, sharing one preconditioner: the curvature of all the data at
+        its temperature (also the final fit's) and, per penalty strength, its row blocks
+        (:meth:`_standardisation`), instead of one curvature and one set of blocks per fold
+        (for 100 classes those cost as much as the fits). The labels enter it only through
+        that temperature; a preconditioner changes the path of a fold's fit, not its
+        solution."""
+        t0 = fit_temperature(logits, labels)
+        curvature = _row_curvature(
             self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
         )
+        blocks: dict[float, _RowBlocks] = {}
+        models = []
+        for held in held_out:
+            model = copy.deepcopy(self)
+            model._reset_parameters()
+            model._fold_curvature, model._shared_blocks = curvature, blocks
+            model._prepare(logits[~held], labels[~held])
+            models.append(model)
+        self._fold_curvature = curvature  # for the final fit's _prepare, on all of it
+        return models
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._after_fit(logits, labels)
@@ -344,6 +398,10 @@ class _RowConditioned(_ClassScaling):
         ``v_j = [W | b]_j L_j``, in which each block's curvature is the identity; the blocks
         neglect only the coupling between rows. (6-7x fewer L-BFGS evaluations than
         whitening or a diagonal scaling on over-confident logits, K = 10-100.)"""
+        shared = getattr(self, "_shared_blocks", None)  # the folds' (:meth:`_fold_models`)
+        key = float(f"{penalty_weight:.3g}")  # folds of unequal sizes: weights within 0.5%
+        if shared is not None and key in shared:
+            return shared[key]
         curvature = getattr(self, "_data_curvature", None)
         k = logits.shape[1]
         if curvature is None or curvature.shape[0] != k:  # only a speed matter: any SPD works
@@ -353,66 +411,43 @@ class _RowConditioned(_ClassScaling):
         penalised = torch.full((k, k + 1), t0**2, dtype=curvature.dtype, device=curvature.device)
         penalised[:, k] = 1.0 if self._penalize_bias else 0.0
         h = curvature + torch.diag_embed(2.0 * penalty_weight * penalised)
-        return _row_blocks(h)
+        blocks = _row_blocks(h)
+        if shared is not None:
+            shared[key] = blocks
+        return blocks
 
     def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
         if not isinstance(stats, _RowBlocks):
             return super()._encode(stats)
-        w, b = self.weight.detach(), self.bias.detach()
-        v = torch.bmm(torch.cat([w, b[:, None]], 1)[:, None, :], stats.factor).squeeze(1)
-        return {"weight": v[:, :-1].contiguous(), "bias": v[:, -1].contiguous()}
+        return _encode_rows(self.weight.detach(), self.bias.detach(), stats)
 
     def _decode(self, variables: dict[str, torch.Tensor], stats: Any) -> dict[str, torch.Tensor]:
         if not isinstance(stats, _RowBlocks):
             return super()._decode(variables, stats)
-        v = torch.cat([variables["weight"], variables["bias"][:, None]], 1)
-        wb = torch.bmm(v[:, None, :], stats.inverse).squeeze(1)
-        return {"weight": wb[:, :-1], "bias": wb[:, -1]}
+        w, b = _decode_rows(variables["weight"], variables["bias"], stats)
+        return {"weight": w, "bias": b}
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` and its gradient by hand (tests check them against autograd on
-        the generic objective). The calibrated logits are ``W x + b`` (:meth:`_features`);
-        the data term's gradient is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``;
-        the penalty's is ``2 weight T_0 D`` on ``W`` (``D = T_0 W - I`` with centred
-        columns, an orthogonal projection: :meth:`_weight_penalty_deviation`) and
-        ``2 weight d_b``; both are chained back through ``[W | b]_j = v_j L_j^{-1}``."""
+        """:math:`J_\\lambda` and its gradient by hand (:func:`_row_closure`; tests check
+        them against autograd on the generic objective). The calibrated logits are
+        ``W x + b`` (:meth:`_features`); the penalty's gradient is ``2 weight T_0 D`` on ``W``
+        (``D = T_0 W - I`` with centred columns, an orthogonal projection:
+        :meth:`_weight_penalty_deviation`) and ``2 weight d_b``."""
         logits, labels, stats, weight = problem
-        x = self._features(logits)
-        x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
-        onehot = _one_hot_columns(labels, logits)
-        v, c = variables["weight"], variables["bias"]
         blocks = stats if isinstance(stats, _RowBlocks) else None
         t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
         identity = self._identity() if self._weights_toward_identity else 0.0
 
-        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
-        def closure() -> torch.Tensor:
-            if blocks is None:
-                w, b = v, c
-            else:
-                wb = torch.bmm(torch.cat([v, c[:, None]], 1)[:, None, :], blocks.inverse)
-                w, b = wb[:, 0, :-1], wb[:, 0, -1]
-            logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
-            loss = -(logp * onehot).sum()
-            g = logp.exp().div_(n).sub_(onehot)
-            grad_w, grad_b = g @ x, g.sum(1)
-            if weight:
-                d_w = self._weight_penalty_deviation(w, t0, identity)
-                loss = loss + weight * (d_w**2).sum()
-                grad_w = grad_w + (2.0 * weight * t0) * d_w
-                if self._penalize_bias:
-                    d_b = b - b.mean()
-                    loss = loss + weight * (d_b**2).sum()
-                    grad_b = grad_b + 2.0 * weight * d_b
-            if blocks is None:
-                v.grad, c.grad = grad_w, grad_b
-            else:
-                grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, :, None]
-                grad = torch.bmm(blocks.inverse, grad).squeeze(2)  # L_j^{-1} [G_W | g_b]_j
-                v.grad, c.grad = grad[:, :-1].contiguous(), grad[:, -1].contiguous()
-            return loss
+        def penalty(w: torch.Tensor, b: torch.Tensor) -> tuple[Any, Any, Any]:
+            d_w = self._weight_penalty_deviation(w, t0, identity)
+            value, grad_b = weight * (d_w**2).sum(), 0.0
+            if self._penalize_bias:
+                d_b = b - b.mean()
+                value, grad_b = value + weight * (d_b**2).sum(), 2.0 * weight * d_b
+            return value, (2.0 * weight * t0) * d_w, grad_b
 
-        return closure
+        features = self._features(logits)
+        return _row_closure(features, labels, variables, blocks, penalty if weight else None)
 
 
 class VectorScaling(_ClassScaling):

@@ -177,7 +177,7 @@ class Temperature(Calibrator):
         return [("log_temperature", 0.0, "weight")]
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` by hand (as :meth:`_ClassScaling._closure`): with
+        """:math:`J_\\lambda` by hand (as :func:`~cogcal.calibrators.affine._row_closure`): with
         ``z' = z e^{-\\log T}``, the gradient is ``-sum(G * z') + 2 weight log T``."""
         logits, labels, _, weight = problem
         log_t = variables["log_temperature"]

@@ -1,0 +1,93 @@
+"""The solvers of the post-hoc fits: Newton's method for the vector maps
+(cogcal.calibrators._newton; its Hessian against autograd's, its fits against L-BFGS on the
+same objective), and the preconditioner the cross-validation folds of the full affine maps
+share (against one per fold)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cogcal.calibrators import Dirichlet, MatrixScaling, StructuredVectorScaling, VectorScaling
+from cogcal.calibrators._base import Calibrator
+from cogcal.calibrators._newton import VectorProblem, vector_objective
+
+
+def _data(n: int = 300, k: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, k, (n,), generator=g)
+    z = 3.0 * (torch.randn(n, k, generator=g, dtype=torch.float64) + 1.5 * F.one_hot(y, k))
+    return z, y
+
+
+def _problem(k: int, seed: int = 1) -> VectorProblem:
+    z, y = _data(k=k)
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(k, generator=g, dtype=torch.float64)
+    m = torch.randn(k, k, generator=g, dtype=torch.float64)
+    return VectorProblem(z, y, a, torch.randn(k, generator=g, dtype=torch.float64), m @ m.T)
+
+
+def _reference(problem: VectorProblem, wb: torch.Tensor) -> torch.Tensor:
+    x, y, a, w0, bb = problem
+    k = x.shape[1]
+    w, b = wb[:k], wb[k:]
+    return F.cross_entropy(x * w + b, y) + 0.5 * (a * (w - w0) ** 2).sum() + 0.5 * b @ bb @ b
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_vector_objective_matches_autograd(k: int) -> None:
+    problem = _problem(k)
+    g = torch.Generator().manual_seed(2)
+    wb = torch.randn(2 * k, generator=g, dtype=torch.float64)
+    loss, grad, hess = vector_objective(problem, wb[:k], wb[k:], hessian=True)
+    ref = wb.clone().requires_grad_(True)
+    ref_loss = _reference(problem, ref)
+    (ref_grad,) = torch.autograd.grad(ref_loss, ref)
+    ref_hess = torch.autograd.functional.hessian(lambda v: _reference(problem, v), wb)
+    assert loss == pytest.approx(float(ref_loss.detach()), rel=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(hess, ref_hess, rtol=1e-10, atol=1e-12)
+    assert vector_objective(problem, wb[:k], wb[k:], hessian=False)[2] is None
+
+
+@pytest.mark.parametrize("cls", [VectorScaling, StructuredVectorScaling])
+@pytest.mark.parametrize("l2", [0.0, 3.0, 300.0])
+def test_newton_fit_equals_the_lbfgs_fit(cls: type, l2: float, monkeypatch) -> None:
+    z, y = _data(n=400, k=4, seed=3)
+    newton = cls(l2=l2).fit(z, y)
+    monkeypatch.setattr(cls, "_vector_problem", Calibrator._vector_problem)
+    lbfgs = cls(l2=l2).fit(z, y)
+    assert newton.n_iter_ < lbfgs.n_iter_
+    # (without a penalty structured vector scaling's b is defined up to a constant)
+    torch.testing.assert_close(newton.predict_proba(z), lbfgs.predict_proba(z), atol=1e-5, rtol=0)
+    if l2 > 0:
+        torch.testing.assert_close(newton.weight, lbfgs.weight, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(newton.bias, lbfgs.bias, rtol=1e-4, atol=1e-5)
+    assert newton.nll_after_ <= lbfgs.nll_after_ + 1e-9
+
+
+def _same_cross_validation(ours, reference, atol: float) -> None:
+    assert ours.l2_ == reference.l2_
+    torch.testing.assert_close(
+        torch.tensor(ours.cv_scores_), torch.tensor(reference.cv_scores_), equal_nan=True,
+        rtol=0, atol=atol,
+    )  # fmt: skip
+
+
+def test_newton_cross_validation_chooses_as_lbfgs(monkeypatch) -> None:
+    z, y = _data(n=500, k=6, seed=4)
+    newton = VectorScaling().fit(z, y)
+    monkeypatch.setattr(VectorScaling, "_vector_problem", Calibrator._vector_problem)
+    _same_cross_validation(newton, VectorScaling().fit(z, y), atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [MatrixScaling, Dirichlet])
+def test_folds_sharing_a_preconditioner_fit_the_same_maps(cls: type, monkeypatch) -> None:
+    z, y = _data(n=300, k=4, seed=3)
+    shared = cls().fit(z, y)
+    monkeypatch.setattr(cls, "_fold_models", Calibrator._fold_models)
+    per_fold = cls().fit(z, y)
+    _same_cross_validation(shared, per_fold, atol=1e-5)
+    torch.testing.assert_close(shared.weight, per_fold.weight, rtol=0, atol=1e-5)
