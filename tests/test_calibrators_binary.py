@@ -3,6 +3,8 @@ regression, the refusal of K != 2, shapes and the pending registry entries."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -118,3 +120,15 @@ def test_registry_entries_build_and_refuse_widths():
         pending["platt"].multiclass(3)
     assert all(e.auto_max_classes == 2 for e in pending.values())
     assert pending["platt"].two_class and not pending["bbq"].two_class
+
+
+@pytest.mark.parametrize("cls", [Platt, BetaCalibration])
+def test_a_fit_warns_about_nothing(cls):
+    """The L-BFGS objective hands the line search a detached loss: no torch warning about
+    converting a tensor that requires grad (it printed on every `--method platt` run)."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300)
+    z = np.stack([np.zeros(300), 3 * (y - 0.5) + rng.normal(size=300)], 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cls().fit(z, y)

@@ -517,7 +517,7 @@ class Calibrator(nn.Module):
                     v.copy_(part.view_as(v))
             if closure is None:
                 return 0.0, x
-            loss = float(closure())
+            loss = float(closure().detach())
             return loss, torch.cat([v.grad.reshape(-1) for v in variables.values()])
 
         return objective
