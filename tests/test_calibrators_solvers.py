@@ -9,7 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cogcal.calibrators import Dirichlet, MatrixScaling, StructuredVectorScaling, VectorScaling
+from cogcal.calibrators import (
+    Dirichlet,
+    MatrixScaling,
+    StructuredVectorScaling,
+    VectorScaling,
+    affine,
+    make_calibrator,
+)
 from cogcal.calibrators._base import Calibrator
 from cogcal.calibrators._newton import VectorProblem, vector_objective
 
@@ -91,3 +98,24 @@ def test_folds_sharing_a_preconditioner_fit_the_same_maps(cls: type, monkeypatch
     per_fold = cls().fit(z, y)
     _same_cross_validation(shared, per_fold, atol=1e-5)
     torch.testing.assert_close(shared.weight, per_fold.weight, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["ms", "dirichlet", "sms"])
+def test_full_maps_beyond_the_block_limit_fit_unconditioned_to_the_same_optimum(kind, monkeypatch):
+    """Above BLOCK_MAX_CLASSES the row blocks (K (K+1)^2 numbers each: 24 GB at 1,000
+    classes) are not built; the fit runs on W and b themselves and reaches the same map."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.arange(600) % 5
+    z = 2.0 * torch.nn.functional.one_hot(y, 5).double() + torch.randn(
+        600, 5, generator=g, dtype=torch.float64
+    )
+    conditioned = make_calibrator(kind)
+    conditioned.l2 = 1.0
+    conditioned.fit(z, y)
+    monkeypatch.setattr(affine, "BLOCK_MAX_CLASSES", 4)
+    plain = make_calibrator(kind)
+    plain.l2 = 1.0
+    plain.fit(z, y)
+    assert getattr(plain, "_data_curvature", None) is None
+    with torch.no_grad():
+        torch.testing.assert_close(plain(z), conditioned(z), atol=2e-4, rtol=0)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from cogcal._registry import Registry
 from cogcal.calibrators._base import Calibrator
-from cogcal.calibrators.affine import MatrixScaling, TaskAffine, VectorScaling
+from cogcal.calibrators.affine import BLOCK_MAX_CLASSES, MatrixScaling, TaskAffine, VectorScaling
 from cogcal.calibrators.bbq import BBQ
 from cogcal.calibrators.binary import BetaCalibration, Platt, two_class_error
 from cogcal.calibrators.dirichlet import Dirichlet
@@ -60,15 +60,20 @@ def _two_class(cls: Callable[[], Calibrator]) -> Builder:
 #: The calibrator kinds, in registration order (simplest first; it breaks ties in
 #: :func:`cogcal.posthoc.calibrate`).
 KINDS: Registry[CalibratorKind] = Registry("calibrator", argument="kind", sort=False)
+# The full K x (K+1) maps (matrix scaling, Dirichlet, SMS): ``"auto"`` tries them up to
+# BLOCK_MAX_CLASSES classes, as far as their fits are conditioned (beyond, a fit needs
+# hours on one core and the many classes leave few samples a parameter); by name they
+# take any K.
+_FULL = BLOCK_MAX_CLASSES
 KINDS.register("ts", CalibratorKind(lambda k: Temperature(), TaskTemperature))
 KINDS.register("vs", CalibratorKind(VectorScaling, TaskAffine))
-KINDS.register("ms", CalibratorKind(MatrixScaling, TaskAffine))
-KINDS.register("dirichlet", CalibratorKind(Dirichlet))
+KINDS.register("ms", CalibratorKind(MatrixScaling, TaskAffine, auto_max_classes=_FULL))
+KINDS.register("dirichlet", CalibratorKind(Dirichlet, auto_max_classes=_FULL))
 KINDS.register("isotonic", CalibratorKind(Isotonic))
 KINDS.register("histogram", CalibratorKind(HistogramBinning))
 KINDS.register("ts-laplace", CalibratorKind(lambda k: LaplaceTemperature()))
 KINDS.register("svs", CalibratorKind(StructuredVectorScaling))
-KINDS.register("sms", CalibratorKind(StructuredMatrixScaling))
+KINDS.register("sms", CalibratorKind(StructuredMatrixScaling, auto_max_classes=_FULL))
 
 # BBQ (one-vs-rest binning with dozens of models per class: slow, and accuracy-changing,
 # for many classes) and the two-class calibrators: ``"auto"`` tries them for two classes only.
@@ -86,6 +91,8 @@ def auto_candidates(num_classes: int) -> tuple[str, ...]:
 
     >>> auto_candidates(10)
     ('ts', 'vs', 'ms', 'dirichlet', 'isotonic', 'histogram', 'ts-laplace', 'svs', 'sms')
+    >>> auto_candidates(1000)
+    ('ts', 'vs', 'isotonic', 'histogram', 'ts-laplace', 'svs')
     """
     return tuple(
         name

@@ -241,6 +241,17 @@ class _RowBlocks(NamedTuple):
 #: Rows of the data from which :func:`_row_curvature` estimates the curvature (a strided
 #: subset above it: a preconditioner needs no more, and K (K+1)^2 work per row adds up).
 _CURVATURE_ROWS = 4096
+#: The most classes for which a full affine map is conditioned by row blocks: the blocks
+#: take K (K+1)^2 numbers (three such tensors live at once: 0.4 GB at 256 classes, 24 GB
+#: at 1,000, which ran out of memory); above it the map is fitted unconditioned (slowly:
+#: ``method="auto"`` does not try the full maps there, :mod:`cogcal.calibrators._factory`).
+BLOCK_MAX_CLASSES = 256
+
+
+def row_conditioned(k: int) -> bool:
+    """Whether a full affine map over ``k`` classes is conditioned by row blocks
+    (:data:`BLOCK_MAX_CLASSES`)."""
+    return k <= BLOCK_MAX_CLASSES
 
 
 def _row_curvature(
@@ -358,6 +369,9 @@ class _RowConditioned(_ClassScaling):
             self.bias.zero_()
         shared = getattr(self, "_fold_curvature", None)
         self._fold_curvature = None
+        if not row_conditioned(k):
+            self._data_curvature = None
+            return
         self._data_curvature = shared if shared is not None else _row_curvature(
             self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
         )  # fmt: skip
@@ -371,10 +385,12 @@ class _RowConditioned(_ClassScaling):
         (for 100 classes those cost as much as the fits). The labels enter it only through
         that temperature; a preconditioner changes the path of a fold's fit, not its
         solution."""
-        t0 = fit_temperature(logits, labels)
-        curvature = _row_curvature(
-            self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
-        )
+        curvature = None
+        if row_conditioned(logits.shape[1]):
+            t0 = fit_temperature(logits, labels)
+            curvature = _row_curvature(
+                self._features(logits), F.softmax(logits / t0, dim=1), self._curvature_rows()
+            )
         blocks: dict[float, _RowBlocks] = {}
         models = []
         for held in held_out:
@@ -398,6 +414,8 @@ class _RowConditioned(_ClassScaling):
         ``v_j = [W | b]_j L_j``, in which each block's curvature is the identity; the blocks
         neglect only the coupling between rows. (6-7x fewer L-BFGS evaluations than
         whitening or a diagonal scaling on over-confident logits, K = 10-100.)"""
+        if not row_conditioned(logits.shape[1]):
+            return None  # unconditioned: the variables are W and b themselves
         shared = getattr(self, "_shared_blocks", None)  # the folds' (:meth:`_fold_models`)
         key = float(f"{penalty_weight:.3g}")  # folds of unequal sizes: weights within 0.5%
         if shared is not None and key in shared:

@@ -36,6 +36,7 @@ from cogcal.calibrators.affine import (
     _row_blocks,
     _row_closure,
     _row_curvature,
+    row_conditioned,
 )
 from cogcal.calibrators.temperature import Temperature, fit_temperature
 
@@ -315,14 +316,18 @@ class StructuredMatrixScaling(_StructuredScaling):
         # fit: above 2^27 / K^3 rows (but at least 1,024) a strided subset, the same
         # iterations on 100 classes (bench/posthoc_peers.py's gauss100)
         rows = min(_CURVATURE_ROWS, max(1024, 2**27 // x.shape[1] ** 3))
-        self._data_curvature = _row_curvature(x, x.exp(), rows)
+        conditioned = row_conditioned(x.shape[1])
+        self._data_curvature = _row_curvature(x, x.exp(), rows) if conditioned else None
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         self._data_curvature = None  # (K, K+1, K+1): a fitted calibrator need not carry it
 
     def _standardisation(self, logits: torch.Tensor, penalty_weight: float) -> Any:
-        """The row blocks: the data term's curvature plus the penalty's on each entry."""
+        """The row blocks: the data term's curvature plus the penalty's on each entry
+        (``None``, unconditioned, above :data:`~cogcal.calibrators.affine.BLOCK_MAX_CLASSES`)."""
         curvature = self._data_curvature
+        if curvature is None:
+            return None
         k = curvature.shape[0]
         coefficients = 2.0 * self._coefficients(k, curvature)  # of W: 2 weight C
         penalised = torch.cat([coefficients, torch.full((k, 1), 4.0 * k).to(curvature)], 1)
