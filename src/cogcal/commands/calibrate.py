@@ -29,6 +29,7 @@ import torch
 from cogcal._constraints import CV_FOLDS, check
 from cogcal._errors import ArgumentError
 from cogcal._version import __version__
+from cogcal.calibrators.affine import BLOCK_MAX_CLASSES
 from cogcal.conformal import ConformalSets, coverage, coverage_by_set_size, mean_set_size
 from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
@@ -67,22 +68,30 @@ SCORE_KINDS = ("logits", "probs")
 #: a rough estimate of its time and how to make it cheaper (docs/already-trained.md, "What
 #: auto costs").
 AUTO_ANNOUNCE = 5e7
-#: Seconds per row x class² x fold of ``auto`` (a rough, conservative constant: the matrix
-#: maps' penalty grids dominate; :func:`auto_seconds`).
-_AUTO_SECONDS_PER_UNIT = 2e-8
+#: Seconds per row x class² x fold of ``auto`` with the full maps (``ms``, ``dirichlet``,
+#: ``sms``: up to :data:`~cogcal.calibrators.affine.BLOCK_MAX_CLASSES` classes), and
+#: without them (more classes); seconds per row x fold, which large row counts reach
+#: (:func:`auto_seconds`).
+_AUTO_SECONDS_FULL = 2e-8
+_AUTO_SECONDS_VECTOR = 1.1e-9
+_AUTO_SECONDS_ROW = 8e-5
 #: The conformity score of ``--conformal`` unless ``--conformal-method`` names another.
 CONFORMAL_METHOD = "lac"
 
 
 def auto_seconds(rows: int, classes: int, cv: int) -> float:
-    """A rough estimate of the seconds ``--method auto`` takes on ``rows`` x ``classes``
-    with ``cv`` folds: the matrix maps dominate, each fold's fit costs about rows x
-    classes² (an order of magnitude, not a measurement of this machine).
+    """A rough, conservative estimate of the seconds ``--method auto`` takes on ``rows`` x
+    ``classes`` with ``cv`` folds, on one core of the 2-core machine of
+    docs/already-trained.md ("What auto costs"): rows x classes² for the maps' products,
+    rows alone for the many fits over long columns. Measured there: 3,000 x 1,000 in 17 s
+    (estimate 18 s); 10^6 x 10 still running after 6 minutes (estimate 7 minutes).
 
-    >>> round(auto_seconds(10**6, 10, 5))
-    10
+    >>> round(auto_seconds(3000, 1000, 5)), round(auto_seconds(10**6, 10, 5))
+    (18, 410)
     """
-    return _AUTO_SECONDS_PER_UNIT * rows * classes**2 * cv
+    full = classes <= BLOCK_MAX_CLASSES
+    per_unit = _AUTO_SECONDS_FULL if full else _AUTO_SECONDS_VECTOR
+    return (per_unit * rows * classes**2 + _AUTO_SECONDS_ROW * rows) * cv
 
 
 @dataclass
