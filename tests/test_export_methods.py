@@ -76,5 +76,15 @@ def test_every_methods_export_equals_its_run(method, root, tmp_path, capsys):
     # non-parametric map (isotonic: steep between near-tied knots) can amplify that to ~1e-4
     # on a few entries. Its own ONNX path equals its torch path to 1e-12 on the same inputs
     # (tests/test_calibrators_nonparametric.py).
-    tol = 1e-3 if get_method(method).posthoc in ("isotonic", "histogram") else TOL
+    # Dirichlet calibration and SMS map log-probabilities: float32 log p of a tiny
+    # probability (log p ~ -40) carries an absolute error ~40 times that of the logits, which
+    # the fitted weights carry into the output (1.2e-5 on one of 3,600 entries, fresh-clone CI).
+    posthoc = get_method(method).posthoc
+    tol = (
+        1e-3
+        if posthoc in ("isotonic", "histogram")
+        else 1e-4
+        if posthoc in ("dirichlet", "sms")
+        else TOL
+    )
     torch.testing.assert_close(torch.from_numpy(got), model, rtol=tol, atol=tol)
