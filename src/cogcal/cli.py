@@ -34,6 +34,8 @@ from cogcal._errors import ArgumentError, Interrupted, cli_message
 from cogcal._version import __version__
 from cogcal.commands import tune
 from cogcal.commands._common import UserError, default_out
+from cogcal.conformal import DEFAULT_METHOD as CONFORMAL_DEFAULT
+from cogcal.conformal import METHODS as CONFORMAL_METHODS
 from cogcal.data import list_datasets
 from cogcal.models import list_models
 from cogcal.posthoc import AUTO, POSTHOC_METHODS
@@ -164,10 +166,7 @@ def _predict_flags(p: argparse.ArgumentParser) -> None:
         help="also write each input's conformal prediction set of level 1 - ALPHA (e.g. "
         "0.1), its threshold fitted on the run's validation split: columns set_size, set",
     )  # fmt: skip
-    p.add_argument(
-        "--sets-method", choices=("lac", "aps", "raps"), default="lac",
-        help="the sets' conformity score (default: lac, the smallest sets)",
-    )  # fmt: skip
+    _conformal_method_flag(p, "--sets-method", "the sets' conformity score")
 
 
 # --------------------------------------------------------------------------- calibrate
@@ -203,9 +202,14 @@ def _calibrate_flags(p: argparse.ArgumentParser) -> None:
         help="also fit conformal prediction sets of level 1 - ALPHA (e.g. 0.1): the "
         "calibrator is fitted on a stratified half of --val, the sets' threshold on the other",
     )  # fmt: skip
+    _conformal_method_flag(p, "--conformal-method", "the conformity score of --conformal")
+
+
+def _conformal_method_flag(p: argparse.ArgumentParser, flag: str, what: str) -> None:
+    """The flag naming a conformity score of :data:`cogcal.conformal.METHODS`."""
     p.add_argument(
-        "--conformal-method", default="lac", type=str.lower, choices=("lac", "aps", "raps"),
-        help="the conformity score of --conformal (default lac: the smallest sets)",
+        flag, default=CONFORMAL_DEFAULT, type=str.lower, choices=CONFORMAL_METHODS,
+        help=f"{what} (default {CONFORMAL_DEFAULT}: the smallest sets)",
     )  # fmt: skip
 
 

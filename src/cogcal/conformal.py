@@ -82,6 +82,7 @@ from cogcal.metrics._inputs import _check_probs
 
 __all__ = [
     "ALPHA",
+    "DEFAULT_METHOD",
     "METHODS",
     "ConformalSets",
     "conformal_quantile",
@@ -95,6 +96,8 @@ __all__ = [
 
 #: The conformity scores, by name: ``"lac"`` (THR), ``"aps"``, ``"raps"``.
 METHODS: tuple[str, ...] = ("lac", "aps", "raps")
+#: The conformity score unless one is named: ``"lac"``, the smallest sets.
+DEFAULT_METHOD = "lac"
 
 #: The miscoverage level :math:`\alpha`: a number strictly between 0 and 1.
 ALPHA = Real(0.0, 1.0, closed="neither")
@@ -199,7 +202,7 @@ def conformity_scores(
     labels: Any = None,
     *,
     probs: Any = None,
-    method: str = "lac",
+    method: str = DEFAULT_METHOD,
     k_reg: int = 1,
     lam: float = 0.1,
     u: Any = None,
@@ -341,7 +344,7 @@ def prediction_sets(
     *,
     probs: Any = None,
     threshold: float,
-    method: str = "lac",
+    method: str = DEFAULT_METHOD,
     k_reg: int = 1,
     lam: float = 0.1,
     u: Any = None,
@@ -439,7 +442,7 @@ class ConformalSets:
     def __init__(
         self,
         *,
-        method: str = "lac",
+        method: str = DEFAULT_METHOD,
         alpha: float = 0.1,
         k_reg: int = 1,
         lam: float = 0.1,

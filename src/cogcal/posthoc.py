@@ -40,7 +40,7 @@ from cogcal._checks import check_classes_present, check_multiclass, warn_if_prob
 from cogcal._constraints import CV_FOLDS, check
 from cogcal.calibrators import KINDS, auto_candidates, make_calibrator
 from cogcal.calibrators._folds import _stratified_folds
-from cogcal.conformal import ConformalSets
+from cogcal.conformal import DEFAULT_METHOD, ConformalSets
 
 __all__ = [
     "AUTO",
@@ -304,7 +304,7 @@ def calibrate(
     cv: int = 5,
     candidates: Sequence[str] | None = None,
     conformal: float | None = None,
-    conformal_method: str = "lac",
+    conformal_method: str = DEFAULT_METHOD,
     progress: Progress | None = None,
 ) -> Calibration:
     r"""Fit a post-hoc calibrator to held-out ``logits`` of a trained model.

@@ -29,8 +29,14 @@ import torch
 from cogcal._constraints import CV_FOLDS, check
 from cogcal._errors import ArgumentError
 from cogcal._version import __version__
-from cogcal.calibrators.affine import BLOCK_MAX_CLASSES
-from cogcal.conformal import ConformalSets, coverage, coverage_by_set_size, mean_set_size
+from cogcal.calibrators import auto_candidates
+from cogcal.conformal import (
+    DEFAULT_METHOD,
+    ConformalSets,
+    coverage,
+    coverage_by_set_size,
+    mean_set_size,
+)
 from cogcal.data.tables import read_table
 from cogcal.metrics import evaluate
 from cogcal.posthoc import AUTO, CONFORMAL_SPLIT_SEED, POSTHOC_METHODS, Calibration, calibrate
@@ -69,14 +75,12 @@ SCORE_KINDS = ("logits", "probs")
 #: auto costs").
 AUTO_ANNOUNCE = 5e7
 #: Seconds per row x class² x fold of ``auto`` with the full maps (``ms``, ``dirichlet``,
-#: ``sms``: up to :data:`~cogcal.calibrators.affine.BLOCK_MAX_CLASSES` classes), and
+#: ``sms``, while :func:`~cogcal.calibrators.auto_candidates` has them), and
 #: without them (more classes); seconds per row x fold, which large row counts reach
 #: (:func:`auto_seconds`).
 _AUTO_SECONDS_FULL = 2e-8
 _AUTO_SECONDS_VECTOR = 1.1e-9
 _AUTO_SECONDS_ROW = 8e-5
-#: The conformity score of ``--conformal`` unless ``--conformal-method`` names another.
-CONFORMAL_METHOD = "lac"
 
 
 def auto_seconds(rows: int, classes: int, cv: int) -> float:
@@ -89,7 +93,7 @@ def auto_seconds(rows: int, classes: int, cv: int) -> float:
     >>> round(auto_seconds(3000, 1000, 5)), round(auto_seconds(10**6, 10, 5))
     (18, 410)
     """
-    full = classes <= BLOCK_MAX_CLASSES
+    full = "ms" in auto_candidates(classes)  # auto tries the full maps
     per_unit = _AUTO_SECONDS_FULL if full else _AUTO_SECONDS_VECTOR
     return (per_unit * rows * classes**2 + _AUTO_SECONDS_ROW * rows) * cv
 
@@ -395,7 +399,7 @@ def calibrate_files(
     report: bool = True,
     log: Any = None,
     conformal: float | None = None,
-    conformal_method: str = CONFORMAL_METHOD,
+    conformal_method: str = DEFAULT_METHOD,
     progress: Any = None,
 ) -> dict[str, Any]:
     """``cogcal calibrate``: read the scores, fit on ``val`` only, write the folder ``out``

@@ -30,7 +30,7 @@ from cogcal import _io
 from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError
 from cogcal.commands._common import UserError
-from cogcal.conformal import ALPHA, ConformalSets
+from cogcal.conformal import ALPHA, DEFAULT_METHOD, ConformalSets
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
 from cogcal.data.tables import read_table
@@ -478,7 +478,7 @@ def predict(
 
 
 def run_sets(
-    folder: str | os.PathLike[str], run: LoadedRun, *, alpha: float, method: str = "lac"
+    folder: str | os.PathLike[str], run: LoadedRun, *, alpha: float, method: str = DEFAULT_METHOD
 ) -> tuple[ConformalSets, list[str]]:
     """Conformal prediction sets of level ``1 - alpha`` fitted on a run's validation split
     (its calibrated logits, ``val_logits.npz``), and the notes to tell the user.
