@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import cogcal.calibrators.affine as affine_module
 import cogcal.calibrators.dirichlet as dirichlet_module
 from cogcal.calibrators import (
     Calibrator,
     Dirichlet,
     L2GridEdgeWarning,
+    MatrixScaling,
     ProbabilitiesAsLogitsWarning,
     Temperature,
     make_calibrator,
@@ -291,6 +293,22 @@ def test_row_block_conditioning_makes_each_rows_curvature_the_identity_at_the_st
     for j in range(4):
         torch.testing.assert_close(h[j, :, j, :], torch.eye(5, dtype=h.dtype), atol=1e-6, rtol=0)
     assert float(h[0, :, 1, :].abs().max()) > 1e-3  # the coupling between rows remains
+
+
+@pytest.mark.parametrize("cls", [Dirichlet, MatrixScaling])
+def test_fit_does_not_depend_on_the_share_of_the_curvature_summed(cls, monkeypatch):
+    # with many classes each class's curvature is summed over the rows that carry 99% of
+    # its weight: a preconditioner, so the path of the fit changes, not its solution
+    g = torch.Generator().manual_seed(15)
+    y = torch.arange(600) % 12
+    z = 4.0 * (F.one_hot(y, 12).double() + 0.8 * torch.randn(600, 12, generator=g))
+    exact = cls(12, l2=5.0).double().fit(z, y)
+    monkeypatch.setattr(affine_module, "_SPARSE_CURVATURE_CLASSES", 2)
+    monkeypatch.setattr(affine_module, "_CURVATURE_MASS", 0.9)
+    sparse = cls(12, l2=5.0).double().fit(z, y)
+    assert sparse.n_iter_ != exact.n_iter_ or not torch.equal(sparse.weight, exact.weight)
+    torch.testing.assert_close(sparse.weight, exact.weight, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sparse.bias, exact.bias, atol=1e-6, rtol=0)
 
 
 def test_fit_does_not_depend_on_the_rows_the_curvature_is_estimated_from(monkeypatch):

@@ -18,7 +18,7 @@ from cogcal.calibrators import (
     make_calibrator,
 )
 from cogcal.calibrators._base import Calibrator
-from cogcal.calibrators._newton import VectorProblem, vector_objective
+from cogcal.calibrators._newton import VectorProblem, fit_vector, hessian_sums, vector_objective
 
 
 def _data(n: int = 300, k: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +73,47 @@ def test_newton_fit_equals_the_lbfgs_fit(cls: type, l2: float, monkeypatch) -> N
         torch.testing.assert_close(newton.weight, lbfgs.weight, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(newton.bias, lbfgs.bias, rtol=1e-4, atol=1e-5)
     assert newton.nll_after_ <= lbfgs.nll_after_ + 1e-9
+
+
+def test_hessian_sums_over_disjoint_rows_add_up_to_the_objectives_hessian() -> None:
+    problem = _problem(4)
+    x = problem.features
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.rand(4, generator=g, dtype=torch.float64), torch.randn(4, generator=g).double()
+    groups = [torch.arange(x.shape[0]) % 3 == r for r in range(3)]
+    parts = hessian_sums(x, w, b, groups)
+    penalty = torch.block_diag(torch.diag(problem.w_curvature), problem.b_curvature)
+    exact = vector_objective(problem, w, b, hessian=True)[2]
+    torch.testing.assert_close(sum(parts) / x.shape[0] + penalty, exact, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("metric_at", ["start", "elsewhere"])
+def test_a_newton_fit_with_a_nearby_metric_reaches_the_same_minimiser(metric_at: str) -> None:
+    """``metric`` changes the path (a Hessian from nearby, refreshed when a step converges
+    slowly), not the minimiser; a metric from a distant point is refreshed, not trusted."""
+    problem = _problem(5)
+    k, rows = 5, [torch.ones(problem.features.shape[0], dtype=torch.bool)]
+    w0, b0 = torch.ones(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    where = (w0, b0) if metric_at == "start" else (5.0 * w0, b0 + torch.arange(k) - 2.0)
+    (metric,) = hessian_sums(problem.features, *where, rows)
+    tolerances = dict(max_iter=100, tolerance_grad=1e-10, tolerance_change=0.0)
+    w_ref, b_ref, _ = fit_vector(problem, w0, b0, **tolerances)
+    w, b, _ = fit_vector(problem, w0, b0, metric=metric, **tolerances)
+    torch.testing.assert_close(w, w_ref, rtol=0, atol=1e-8)
+    torch.testing.assert_close(b, b_ref, rtol=0, atol=1e-8)
+
+
+def test_vector_scaling_folds_sharing_a_metric_score_as_folds_with_their_own(monkeypatch):
+    """Vector scaling's cross-validation folds step with one shared Hessian sum instead of
+    forming their own: the same scores (to the scoring fits' tolerance) and choice."""
+    for seed, k in [(4, 6), (7, 2), (8, 12)]:
+        z, y = _data(n=500, k=k, seed=seed)
+        shared = VectorScaling().fit(z, y)
+        with monkeypatch.context() as patch:
+            patch.setattr(VectorScaling, "_fit_folds", Calibrator._fit_folds)
+            own = VectorScaling().fit(z, y)
+        _same_cross_validation(shared, own, atol=1e-6)
+        torch.testing.assert_close(shared.weight, own.weight, rtol=0, atol=1e-6)
 
 
 def _same_cross_validation(ours, reference, atol: float) -> None:

@@ -459,7 +459,13 @@ class Calibrator(nn.Module):
                 param.copy_(torch.as_tensor(identity, dtype=param.dtype).expand_as(param))
 
     def _minimise(
-        self, logits: torch.Tensor, labels: torch.Tensor, l2: float, *, scoring: bool = False
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        l2: float,
+        *,
+        scoring: bool = False,
+        metric: torch.Tensor | None = None,
     ) -> int:
         """Minimise :math:`J_\\lambda` from the current parameters; return the iterations.
 
@@ -467,6 +473,8 @@ class Calibrator(nn.Module):
         a gradient of 1e-5 instead of 1e-8 (the chosen strengths and the fitted test NLL of
         docs/performance.md's three sets are unchanged against 1e-6, at 10-20% fewer
         iterations; 1e-4 moved a pooled score by 1.3e-5 in tests/test_calibrators_dirichlet.py).
+        ``metric``: for a Newton fit, the data term's Hessian at a nearby point
+        (:func:`~cogcal.calibrators._newton.fit_vector`; L-BFGS ignores it).
         The decoded parameters are also left (detached) in ``self._solution``.
         """
         n_terms = logits.numel() if self.multilabel else logits.shape[0]
@@ -478,6 +486,7 @@ class Calibrator(nn.Module):
             w, b, n_iter = fit_vector(
                 vector, self.weight.detach(), self.bias.detach(), max_iter=self.max_iter,
                 tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
+                metric=metric,
             )  # fmt: skip
             self._set_solution(self._canonical({"weight": w, "bias": b}))
             return n_iter
@@ -555,6 +564,19 @@ class Calibrator(nn.Module):
             models.append(model)
         return models
 
+    def _fit_folds(
+        self,
+        models: list[Calibrator],
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        held_out: list[torch.Tensor],
+        l2: float,
+    ) -> None:
+        """Fit each fold's copy on its complement at strength ``l2`` (a scoring fit, from
+        that copy's solution at the previous strength)."""
+        for model, held in zip(models, held_out, strict=True):
+            model._minimise(logits[~held], labels[~held], l2, scoring=True)
+
     def _cross_validate(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
         self._check_cv_samples(labels.shape[0])
         grid = np.asarray(_check_grid(self.l2_grid))
@@ -566,8 +588,8 @@ class Calibrator(nn.Module):
         pooled = np.full(grid.size, np.nan)
         best_score, worse_in_a_row = np.inf, 0
         for j in reversed(range(grid.size)):  # strongest first, each fit warm-starts the next
+            self._fit_folds(models, logits, labels, held_out, float(grid[j]))
             for f, (model, held) in enumerate(zip(models, held_out, strict=True)):
-                model._minimise(logits[~held], labels[~held], float(grid[j]), scoring=True)
                 with torch.no_grad():
                     score = float(model._nll(logits[held], labels[held]))
                 finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())

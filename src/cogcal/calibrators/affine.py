@@ -20,7 +20,7 @@ from cogcal.calibrators._base import (
     _one_hot_columns,
     _Problem,
 )
-from cogcal.calibrators._newton import VectorProblem
+from cogcal.calibrators._newton import VectorProblem, hessian_sums
 from cogcal.calibrators.temperature import fit_temperature
 
 
@@ -221,6 +221,31 @@ class _ClassScaling(_AffineScaling):
             torch.full((k,), centre, **like), 2.0 * weight * bb * float(self._penalize_bias),
         )  # fmt: skip
 
+    def _fit_folds(
+        self,
+        models: list[Calibrator],
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        held_out: list[torch.Tensor],
+        l2: float,
+    ) -> None:
+        """Vector scaling's folds share their Newton metric. Each fold starts, as before,
+        from its own solution at the previous strength (never from a point fitted on its
+        held-out rows); the data term's Hessian at the folds' mean solution is summed over
+        each fold's held-out rows in one pass (:func:`~cogcal.calibrators._newton.hessian_sums`),
+        and those sums add up to all the data's, so every fold's Hessian there costs one
+        pass for all the folds. Each fold steps with it while it converges, instead of
+        forming its own Hessians (2-3 per fold and strength, most of a 100-class fit's time:
+        docs/performance.md, "posthoc_peers")."""
+        if self._full_matrix:
+            return super()._fit_folds(models, logits, labels, held_out, l2)
+        w = torch.stack([m.weight.detach() for m in models]).mean(0)
+        b = torch.stack([m.bias.detach() for m in models]).mean(0)
+        parts = hessian_sums(logits, w, b, held_out)
+        total = torch.stack(parts).sum(0)
+        for model, held, part in zip(models, held_out, parts, strict=True):
+            model._minimise(logits[~held], labels[~held], l2, scoring=True, metric=total - part)
+
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written
         closure, an orthogonal projection of ``t0 * w - identity`` (so the penalty's gradient
@@ -248,6 +273,13 @@ _CURVATURE_ROWS = 4096
 BLOCK_MAX_CLASSES = 256
 
 
+#: Share of each class's curvature weight on the rows :func:`_row_curvature` sums over,
+#: from this many classes on (below it every row: the sum is cheap, and with few classes
+#: the rows left out can carry most of a block's weight in some direction).
+_CURVATURE_MASS = 0.99
+_SPARSE_CURVATURE_CLASSES = 32
+
+
 def row_conditioned(k: int) -> bool:
     """Whether a full affine map over ``k`` classes is conditioned by row blocks
     (:data:`BLOCK_MAX_CLASSES`)."""
@@ -259,12 +291,24 @@ def _row_curvature(
 ) -> torch.Tensor:
     """``H_j = sum_i p_ij (1 - p_ij) [x_i, 1] [x_i, 1]^T / n`` for each class ``j``: the
     multinomial NLL's curvature in row ``j`` of ``[W | b]`` at probabilities ``p``, on at
-    most ``max_rows`` evenly spaced rows. Shape (K, K+1, K+1)."""
+    most ``max_rows`` evenly spaced rows; with many classes, for each class only on the
+    fewest rows that carry :data:`_CURVATURE_MASS` of its weight ``p_ij (1 - p_ij)``: most
+    rows put almost no probability on a given class (a fifth of the rows carry 99% of the
+    weight on docs/performance.md's 100-class set, where this cut the sum from 130 to
+    50 ms). Shape (K, K+1, K+1)."""
     n, k = features.shape
     step = -(-n // max_rows)
     x = torch.cat([features[::step], torch.ones_like(features[::step, :1])], 1)
     s = (probs[::step] * (1.0 - probs[::step])) / x.shape[0]
-    return torch.stack([(x * s[:, j : j + 1]).T @ x for j in range(k)])
+    weights, order = s.sort(0, descending=True)
+    kept = [len(x)] * k
+    if k >= _SPARSE_CURVATURE_CLASSES:
+        kept = ((weights.cumsum(0) < _CURVATURE_MASS * weights.sum(0)).sum(0) + 1).tolist()
+    blocks = []
+    for j, m in enumerate(kept):
+        xj = x[order[:m, j]]
+        blocks.append((xj * weights[:m, j : j + 1]).T @ xj)
+    return torch.stack(blocks)
 
 
 def _row_blocks(h: torch.Tensor) -> _RowBlocks:
