@@ -46,12 +46,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cogcal._checks import ProbabilitiesAsLogitsWarning
+from cogcal._checks import ProbabilitiesAsLogitsWarning, check_multiclass, check_multilabel
 from cogcal._constraints import NON_NEGATIVE
 from cogcal.calibrators.temperature import fit_temperature
 from cogcal.metrics import evaluate
@@ -154,35 +153,6 @@ class HealthReport:
             nll_trend=data.get("nll_trend"),
             **numbers,
         )
-
-
-def _check_labels(logits: torch.Tensor, labels: torch.Tensor, task: str) -> None:
-    """Class indices in [0, K) (multiclass), or 0/1 targets shaped like the logits."""
-    y = labels.detach().cpu()
-    if y.dtype == torch.bool:
-        y = y.long()
-    if task == "multilabel":
-        if tuple(y.shape) != tuple(logits.shape):
-            raise ValueError(
-                f"multi-label `labels` must have the shape of the logits {tuple(logits.shape)} "
-                f"(0/1 per task), got {tuple(y.shape)}."
-            )
-        bad = ~((y == 0) | (y == 1))
-        what = "0/1 targets"
-    else:
-        if y.ndim != 1:
-            raise ValueError(
-                f"`labels` must be class indices of shape (N,), got shape {tuple(y.shape)}; "
-                "for 0/1 targets per output pass task='multilabel'."
-            )
-        k = logits.shape[1]
-        bad = (y < 0) | (y >= k)
-        if y.is_floating_point():
-            bad |= y != y.round()  # NaN too
-        what = f"class indices in 0..{k - 1} (the logits have {k} columns)"
-    if bool(bad.any()):
-        first = y[bad].flatten()[0].item()
-        raise ValueError(f"`labels` must be {what}; found {first!r}.")
 
 
 def _two_class(logits: torch.Tensor, labels: torch.Tensor, task: str) -> tuple[Any, Any]:
@@ -288,19 +258,11 @@ def diagnose(
 def _validated(
     logits: Any, labels: Any, task: str, steps: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`diagnose`'s arguments checked; the logits and labels as tensors."""
+    """:func:`diagnose`'s arguments checked (the logits and labels by the checks every
+    metric and calibrator uses, :mod:`cogcal._checks`); the logits and labels as tensors."""
     if task not in ("multiclass", "multilabel"):
         raise ValueError(f"`task` must be 'multiclass' or 'multilabel', got {task!r}.")
-    z = torch.as_tensor(np.asarray(logits) if not isinstance(logits, torch.Tensor) else logits)
-    y = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels)
-    if z.ndim != 2 or len(z) != len(y) or len(z) == 0:
-        raise ValueError(
-            f"`logits` must have shape (N, K) with N = len(labels) > 0, got logits "
-            f"{tuple(z.shape)} and labels {tuple(y.shape)}."
-        )
-    if not torch.isfinite(z).all():
-        raise ValueError("`logits` hold NaN or infinite values: the model diverged.")
-    _check_labels(z, y, task)
+    z, y = (check_multiclass if task == "multiclass" else check_multilabel)(logits, labels)
     if steps is not None and NON_NEGATIVE.problem(steps) is not None:
         raise ValueError(
             f"`steps` must be the number of optimizer steps (an integer >= 0) or None, got "
