@@ -19,7 +19,6 @@ from cogcal.calibrators._base import (
     _cast,
     _Closure,
     _LazyWidth,
-    _one_hot_columns,
     _Problem,
 )
 
@@ -178,18 +177,22 @@ class Temperature(Calibrator):
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """:math:`J_\\lambda` by hand (as :func:`~cogcal.calibrators.affine._row_closure`): with
-        ``z' = z e^{-\\log T}``, the gradient is ``-sum(G * z') + 2 weight log T``."""
+        ``z' = z e^{-\\log T}`` and ``G = (P - onehot) / n``, the gradient is
+        ``-sum(G * z') + 2 weight log T``."""
         logits, labels, _, weight = problem
         log_t = variables["log_temperature"]
-        onehot, z_cols = _one_hot_columns(labels, logits), logits.T.contiguous()
+        n, z_cols = logits.shape[0], logits.T.contiguous()  # (K, n): see _one_hot_columns
+        picked = (labels, torch.arange(n, device=logits.device))
+        true_mean = z_cols[picked].mean()  # the one-hot part of G = (P - onehot) / n
 
         @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
         def closure() -> torch.Tensor:
-            z = z_cols / log_t.exp()
+            t = log_t.exp()
+            z = z_cols / t
             logp = torch.log_softmax(z, dim=0)
-            g = logp.exp().div_(logits.shape[0]).sub_(onehot)
-            loss = -(logp * onehot).sum() + weight * log_t**2
-            log_t.grad = 2.0 * weight * log_t - (g * z).sum()
+            loss = -logp[picked].sum() / n + weight * log_t**2
+            p = logp.exp_()  # (logp is not needed after the loss)
+            log_t.grad = 2.0 * weight * log_t - ((p * z).sum() / n - true_mean / t)
             return loss
 
         return closure
