@@ -359,14 +359,15 @@ def _row_closure(
     x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
     onehot = _one_hot_columns(labels, x)
     # the one-hot part of G = (P - onehot) / n is constant: G x = P x / n - onehot x
-    picked, label_x, label_share = (labels, torch.arange(n)), onehot @ x, onehot.sum(1)
+    picked = labels * n + torch.arange(n, device=x.device)  # the labels' entries of (K, n)
+    label_x, label_share = onehot @ x, onehot.sum(1)
     v, c = variables["weight"], variables["bias"]
 
     @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
     def closure() -> torch.Tensor:
         w, b = (v, c) if blocks is None else _decode_rows(v, c, blocks)
         logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
-        loss = -logp[picked].sum() / n
+        loss = -logp.take(picked).sum() / n
         p = logp.exp_()  # (logp is not needed after the loss)
         grad_w = torch.addmm(label_x, p, x, beta=-1.0, alpha=1.0 / n)
         grad_b = p.sum(1).div_(n).sub_(label_share)

@@ -182,15 +182,15 @@ class Temperature(Calibrator):
         logits, labels, _, weight = problem
         log_t = variables["log_temperature"]
         n, z_cols = logits.shape[0], logits.T.contiguous()  # (K, n): see _one_hot_columns
-        picked = (labels, torch.arange(n, device=logits.device))
-        true_mean = z_cols[picked].mean()  # the one-hot part of G = (P - onehot) / n
+        picked = labels * n + torch.arange(n, device=logits.device)  # the labels' entries
+        true_mean = z_cols.take(picked).mean()  # the one-hot part of G = (P - onehot) / n
 
         @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
         def closure() -> torch.Tensor:
             t = log_t.exp()
             z = z_cols / t
             logp = torch.log_softmax(z, dim=0)
-            loss = -logp[picked].sum() / n + weight * log_t**2
+            loss = -logp.take(picked).sum() / n + weight * log_t**2
             p = logp.exp_()  # (logp is not needed after the loss)
             log_t.grad = 2.0 * weight * log_t - ((p * z).sum() / n - true_mean / t)
             return loss
