@@ -142,7 +142,9 @@ def fit_vector(
     """
     k = w.shape[0]
     loss, grad, _ = vector_objective(problem, w, b, hessian=False)
-    fixed = None if metric is None else _penalised(problem, w, b, loss, grad, metric)[2]
+    fixed = None  # the Hessian kept from `metric`, with the penalty's curvature
+    if metric is not None:
+        fixed = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), metric)[2]
     n_iter = 0
     # the Hessian (the (2K x N) (N x 2K) product, most of a step's cost) only where a step
     # starts: a warm-started fit that converges in one step forms it once
