@@ -2,15 +2,64 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import torch
 
 from cogcal._errors import ArgumentError
 from cogcal.train.checkup import findings_of
 
-__all__ = ["UserError", "default_out", "print_health"]
+__all__ = ["UserError", "default_out", "free_cpu_threads", "on_free_cpus", "print_health"]
+
+#: The environment variables by which a user sets torch's CPU threads: when one is set, the
+#: commands leave the threads as they are.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+_Command = TypeVar("_Command", bound=Callable[..., int])
+
+
+def free_cpu_threads(threads: int) -> int:
+    """``threads`` (torch's CPU threads) times the share of the CPUs that other processes
+    leave idle by the 1-minute load average, rounded, at least 1 and at most ``threads``;
+    ``threads`` itself when :data:`THREAD_VARIABLES` set them or the load is unknown.
+
+    torch runs one thread per core, and each parallel operation waits for all of them: a
+    thread that another process keeps off its core stalls every operation. On a 2-core
+    machine with one core busy, a 2-epoch ``cogcal train`` took 13-19 s with torch's 2
+    threads against 3.2-3.4 s with 1 (docs/performance.md, "CPU threads").
+
+    >>> import os
+    >>> os.environ.get("OMP_NUM_THREADS") is not None or free_cpu_threads(1) == 1
+    True
+    """
+    if any(os.environ.get(name) for name in THREAD_VARIABLES) or not hasattr(os, "getloadavg"):
+        return threads
+    busy = min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    return max(1, min(threads, round(threads * (1.0 - busy))))
+
+
+def on_free_cpus(command: _Command) -> _Command:
+    """Run ``command`` with torch's CPU threads lowered to :func:`free_cpu_threads`, and
+    restore them after it (the commands also run in-process, from Python and the tests)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> int:
+        before = torch.get_num_threads()
+        chosen = free_cpu_threads(before)
+        if chosen == before:
+            return command(*args, **kwargs)
+        torch.set_num_threads(chosen)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class UserError(ArgumentError):

@@ -30,6 +30,7 @@ from cogcal._constraints import CV_FOLDS, check
 from cogcal._errors import ArgumentError
 from cogcal._version import __version__
 from cogcal.calibrators import auto_candidates
+from cogcal.commands._common import on_free_cpus
 from cogcal.conformal import (
     DEFAULT_METHOD,
     ConformalSets,
@@ -505,6 +506,7 @@ class StatusLine:
             self.shown = False
 
 
+@on_free_cpus
 def run(args: Any) -> int:
     """``cogcal calibrate``: fit, write the folder and its report, print the metrics."""
     check(args.cv, CV_FOLDS, "cv", flag="--cv")

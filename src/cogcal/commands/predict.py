@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from cogcal import _io
 from cogcal._constraints import COUNT, check
 from cogcal._errors import ArgumentError
-from cogcal.commands._common import UserError
+from cogcal.commands._common import UserError, on_free_cpus
 from cogcal.conformal import ALPHA, DEFAULT_METHOD, ConformalSets
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
@@ -510,6 +510,7 @@ def run_sets(
     return sets, notes
 
 
+@on_free_cpus
 def run(args: Any) -> int:
     """``cogcal predict``: load the run, predict the inputs, write the CSV (or stdout)."""
     out = Path(args.out) if args.out is not None else None

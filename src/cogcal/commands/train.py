@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import cogcal.train
-from cogcal.commands._common import default_out, print_health
+from cogcal.commands._common import default_out, on_free_cpus, print_health
 from cogcal.train.config import config_from_args
 from cogcal.train.tuning import edge_warning
 
@@ -32,6 +32,7 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+@on_free_cpus
 def run(args: argparse.Namespace) -> int:
     """``cogcal train``: train into ``--out`` (default: ``runs/DATASET-METHOD-seedN``)."""
     out = args.out if args.out is not None else default_out(args.dataset, args.method, args.seed)

@@ -6,7 +6,7 @@ import argparse
 
 import cogcal.train
 from cogcal._constraints import LR_GRID, NON_NEGATIVE, check, parse_numbers
-from cogcal.commands._common import UserError, default_out, print_health
+from cogcal.commands._common import UserError, default_out, on_free_cpus, print_health
 from cogcal.runs.methods import get_method
 from cogcal.train.config import config_from_args
 from cogcal.train.tuning import Grid
@@ -59,6 +59,7 @@ def _grid(args: argparse.Namespace) -> Grid:
     )
 
 
+@on_free_cpus
 def run(args: argparse.Namespace) -> int:
     """``cogcal tune``: train the grid, print one line per point and the choice."""
     grid = _grid(args)
