@@ -300,10 +300,10 @@ def _row_curvature(
     step = -(-n // max_rows)
     x = torch.cat([features[::step], torch.ones_like(features[::step, :1])], 1)
     s = (probs[::step] * (1.0 - probs[::step])) / x.shape[0]
+    if k < _SPARSE_CURVATURE_CLASSES:
+        return torch.stack([(x * s[:, j : j + 1]).T @ x for j in range(k)])
     weights, order = s.sort(0, descending=True)
-    kept = [len(x)] * k
-    if k >= _SPARSE_CURVATURE_CLASSES:
-        kept = ((weights.cumsum(0) < _CURVATURE_MASS * weights.sum(0)).sum(0) + 1).tolist()
+    kept = ((weights.cumsum(0) < _CURVATURE_MASS * weights.sum(0)).sum(0) + 1).tolist()
     blocks = []
     for j, m in enumerate(kept):
         xj = x[order[:m, j]]

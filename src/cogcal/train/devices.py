@@ -23,7 +23,10 @@ terminating") as soon as a child exits non-zero, is replaced by :class:`_ChildWa
 takes a child's interruption for the run's: when the main process does not handle the
 signal itself within :data:`_GRACE` seconds (it may be waiting in C code, e.g. for the other
 processes to join, where Python's handlers cannot run), the watcher stops the other children
-with SIGTERM, prints the one line and ends the main process with ``128 + signal``.
+with SIGTERM, prints the one line and ends the main process with ``128 + signal``. An
+error the main process meets meanwhile (a collective failing because the child is gone)
+is not reported as a bug before the interruption had the time to end the run
+(:func:`settle_interruption`).
 """
 
 from __future__ import annotations
@@ -244,6 +247,7 @@ class _Interruption:
         self.lock = threading.Lock()
         self.handled = False
         self.taken = False
+        self.watching = False  # a _ChildWatcher watches this process's children
 
 
 _STATE = _Interruption()
@@ -338,6 +342,21 @@ class _ChildWatcher(threading.Thread):
         self.exit(128 + signum)
 
 
+def settle_interruption() -> None:
+    """Before the main process of a multi-process run reports an error as a bug, give an
+    interruption on its way the time to end the run as one: a child ended by Ctrl-C tears
+    the collectives down, so the main process can fail in one (gloo: "Connection reset by
+    peer") before its own handler has run. Waits :data:`_GRACE` plus three polls, while
+    which a pending SIGINT or SIGTERM raises here (the caller reports the interruption) or
+    the :class:`_ChildWatcher` prints the one line and ends the process; returns at once
+    when no child is watched."""
+    if not _STATE.watching:
+        return
+    deadline = time.monotonic() + _GRACE + 3 * _POLL
+    while time.monotonic() < deadline:
+        time.sleep(_POLL / 4)
+
+
 @contextlib.contextmanager
 def _interruptible_children() -> Any:
     """While Fabric launches: children quiet on an interruption, and the main process's
@@ -354,6 +373,7 @@ def _interruptible_children() -> Any:
         lightning = subprocess_script._ChildProcessObserver(
             main_pid=os.getpid(), child_processes=children
         )
+        _STATE.watching = True
         _ChildWatcher(children, lightning._run).start()
 
     with contextlib.suppress(ValueError):
