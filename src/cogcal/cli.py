@@ -43,7 +43,6 @@ from cogcal.runs import RunDir
 from cogcal.runs.columns import PROTOCOLS
 from cogcal.runs.methods import get_method, list_methods
 from cogcal.train.config import add_argument, add_arguments
-from cogcal.train.devices import settle_interruption
 
 # Start-up cost: a command's module (cogcal.commands.NAME) is imported when the command
 # runs, so that `cogcal --help` does not pay for the bench, the report or the predictor.
@@ -410,14 +409,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cogcal: error: {_one_line(_os_error(err))}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, Interrupted) as err:
-        return _interrupted(args, err, hint)
+        signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
+        name = signal.Signals(signum).name
+        if not _started(args):
+            hint = ""  # nothing was started: there is nothing to resume
+        print(f"cogcal: interrupted ({name})" + (f"; {hint}" if hint else ""), file=sys.stderr)
+        return 128 + signum
     except (Exception, SystemExit) as err:  # a bug (or a library's sys.exit): never success
         if args.debug:
             raise
-        try:  # unless an interruption caused it (a multi-process run's collectives)
-            settle_interruption()
-        except (KeyboardInterrupt, Interrupted) as interruption:
-            return _interrupted(args, interruption, hint)
         traceback.print_exc()
         what = f"{type(err).__name__}: {_one_line(str(err))}".rstrip(": ")
         print(
@@ -426,17 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-
-
-def _interrupted(args: argparse.Namespace, err: KeyboardInterrupt | Interrupted, hint: str) -> int:
-    """The one line of an interrupted command (with how to resume what it started), and
-    its exit status ``128 + signal``."""
-    signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
-    name = signal.Signals(signum).name
-    if not _started(args):
-        hint = ""  # nothing was started: there is nothing to resume
-    print(f"cogcal: interrupted ({name})" + (f"; {hint}" if hint else ""), file=sys.stderr)
-    return 128 + signum
 
 
 def _started(args: argparse.Namespace) -> bool:

@@ -23,10 +23,8 @@ terminating") as soon as a child exits non-zero, is replaced by :class:`_ChildWa
 takes a child's interruption for the run's: when the main process does not handle the
 signal itself within :data:`_GRACE` seconds (it may be waiting in C code, e.g. for the other
 processes to join, where Python's handlers cannot run), the watcher stops the other children
-with SIGTERM, prints the one line and ends the main process with ``128 + signal``. An
-error the main process meets meanwhile (a collective failing because the child is gone)
-is not reported as a bug before the interruption had the time to end the run
-(:func:`settle_interruption`).
+with SIGTERM, prints the one line and ends the main process with ``128 + signal``. A run
+started with SIGINT or SIGTERM ignored (``nohup ... &``) ignores it in every process.
 """
 
 from __future__ import annotations
@@ -247,7 +245,6 @@ class _Interruption:
         self.lock = threading.Lock()
         self.handled = False
         self.taken = False
-        self.watching = False  # a _ChildWatcher watches this process's children
 
 
 _STATE = _Interruption()
@@ -261,7 +258,10 @@ def _is_child() -> bool:
 
 def _quiet_when_interrupted() -> None:
     """In a process other than 0: SIGINT and SIGTERM end it at once and silently, with the
-    status ``_QUIET + n`` that tells the main process's watcher to print the one line."""
+    status ``_QUIET + n`` that tells the main process's watcher to print the one line. A
+    signal the run was started ignoring (``nohup cmd &``, a background job of a script:
+    the main process ignores it too) stays ignored, so the processes keep running together
+    instead of the children ending under a main process that goes on alone."""
 
     def quiet(signum: int, frame: Any) -> None:
         with contextlib.suppress(OSError):  # nothing more from this process on stderr
@@ -269,7 +269,8 @@ def _quiet_when_interrupted() -> None:
         os._exit(_QUIET + signum)  # rank 0 writes the run; this process has nothing to keep
 
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, quiet)
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, quiet)
 
 
 def _note_main_handles() -> None:
@@ -342,21 +343,6 @@ class _ChildWatcher(threading.Thread):
         self.exit(128 + signum)
 
 
-def settle_interruption() -> None:
-    """Before the main process of a multi-process run reports an error as a bug, give an
-    interruption on its way the time to end the run as one: a child ended by Ctrl-C tears
-    the collectives down, so the main process can fail in one (gloo: "Connection reset by
-    peer") before its own handler has run. Waits :data:`_GRACE` plus three polls, while
-    which a pending SIGINT or SIGTERM raises here (the caller reports the interruption) or
-    the :class:`_ChildWatcher` prints the one line and ends the process; returns at once
-    when no child is watched."""
-    if not _STATE.watching:
-        return
-    deadline = time.monotonic() + _GRACE + 3 * _POLL
-    while time.monotonic() < deadline:
-        time.sleep(_POLL / 4)
-
-
 @contextlib.contextmanager
 def _interruptible_children() -> Any:
     """While Fabric launches: children quiet on an interruption, and the main process's
@@ -373,7 +359,6 @@ def _interruptible_children() -> Any:
         lightning = subprocess_script._ChildProcessObserver(
             main_pid=os.getpid(), child_processes=children
         )
-        _STATE.watching = True
         _ChildWatcher(children, lightning._run).start()
 
     with contextlib.suppress(ValueError):
