@@ -10,15 +10,32 @@ import torch
 import torch.nn.functional as F
 
 from cogcal.calibrators import (
+    BetaCalibration,
     Dirichlet,
+    LaplaceTemperature,
     MatrixScaling,
+    Platt,
     StructuredVectorScaling,
+    Temperature,
     VectorScaling,
     affine,
     make_calibrator,
 )
 from cogcal.calibrators._base import Calibrator
-from cogcal.calibrators._newton import VectorProblem, fit_vector, hessian_sums, vector_objective
+from cogcal.calibrators._newton import (
+    FoldProblems,
+    VectorProblem,
+    _flat_directions,
+    fit_folds,
+    fit_log_temperature,
+    fit_vector,
+    fold_data_hessians,
+    fold_objectives,
+    hessian_sums,
+    log_temperature_objective,
+    stack_folds,
+    vector_objective,
+)
 
 
 def _data(n: int = 300, k: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +123,7 @@ def test_a_newton_fit_with_a_nearby_metric_reaches_the_same_minimiser(metric_at:
 def test_vector_scaling_folds_sharing_a_metric_score_as_folds_with_their_own(monkeypatch):
     """Vector scaling's cross-validation folds step with one shared Hessian sum instead of
     forming their own: the same scores (to the scoring fits' tolerance) and choice."""
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)  # (else: Newton on all folds)
     for seed, k in [(4, 6), (7, 2), (8, 12)]:
         z, y = _data(n=500, k=k, seed=seed)
         shared = VectorScaling().fit(z, y)
@@ -128,11 +146,13 @@ def test_newton_cross_validation_chooses_as_lbfgs(monkeypatch) -> None:
     z, y = _data(n=500, k=6, seed=4)
     newton = VectorScaling().fit(z, y)
     monkeypatch.setattr(VectorScaling, "_vector_problem", Calibrator._vector_problem)
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)
     _same_cross_validation(newton, VectorScaling().fit(z, y), atol=1e-6)
 
 
 @pytest.mark.parametrize("cls", [MatrixScaling, Dirichlet])
 def test_folds_sharing_a_preconditioner_fit_the_same_maps(cls: type, monkeypatch) -> None:
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)  # (else: Newton on all folds)
     z, y = _data(n=300, k=4, seed=3)
     shared = cls().fit(z, y)
     monkeypatch.setattr(cls, "_fold_models", Calibrator._fold_models)
@@ -160,3 +180,161 @@ def test_full_maps_beyond_the_block_limit_fit_unconditioned_to_the_same_optimum(
     assert getattr(plain, "_data_curvature", None) is None
     with torch.no_grad():
         torch.testing.assert_close(plain(z), conditioned(z), atol=2e-4, rtol=0)
+
+
+# -- the folds' fits stacked (few classes) -------------------------------------------------
+
+
+def _fold_problems(k: int, full: bool, sizes: tuple[int, ...] = (40, 37, 33)) -> FoldProblems:
+    g = torch.Generator().manual_seed(k + 10 * full)
+    xs, ys = [], []
+    for n in sizes:
+        z, y = _data(n=n, k=k, seed=n)
+        xs.append(z / 3.0)
+        ys.append(y)
+    p = k * (k + 1) if full else 2 * k
+    m = torch.randn(len(sizes), p, p, generator=g, dtype=torch.float64)
+    # flat, as the calibrators' penalties are, where the softmax is: b + c 1 (and W + 1 v^T)
+    keep = torch.eye(p, dtype=torch.float64) - _flat_directions(k, full, m)
+    curvature = 0.1 * keep @ m @ m.transpose(1, 2) @ keep
+    centre = torch.randn(len(sizes), p, generator=g, dtype=torch.float64)
+    return stack_folds(xs, ys, curvature, centre, full=full)
+
+
+def _fold_reference(problems: FoldProblems, f: int, theta: torch.Tensor) -> torch.Tensor:
+    """Fold ``f``'s objective at ``theta``, by autograd's building blocks, on its own rows
+    only (no padding)."""
+    n = int((problems.weights[f] > 0).sum())
+    x, y, k = problems.features[f, :n], problems.labels[f, :n], problems.features.shape[2]
+    if problems.full:
+        wb = theta.view(k, k + 1)
+        z = x @ wb[:, :k].T + wb[:, k]
+    else:
+        z = x * theta[:k] + theta[k:]
+    d = theta - problems.centre[f]
+    return F.cross_entropy(z, y) + 0.5 * d @ problems.curvature[f] @ d
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("k", [2, 4])
+def test_stacked_fold_objectives_and_hessians_match_autograd(k: int, full: bool) -> None:
+    """Each fold's objective, gradient and Hessian, computed on the padded stack, equal
+    autograd's on that fold's own rows."""
+    problems = _fold_problems(k, full)
+    g = torch.Generator().manual_seed(3)
+    theta = 0.5 * torch.randn(3, problems.centre.shape[1], generator=g, dtype=torch.float64)
+    loss, grad = fold_objectives(problems, theta)
+    hess = fold_data_hessians(problems, theta) + problems.curvature
+    for f in range(3):
+        ref = theta[f].clone().requires_grad_(True)
+        value = _fold_reference(problems, f, ref)
+        (ref_grad,) = torch.autograd.grad(value, ref)
+        ref_hess = torch.autograd.functional.hessian(
+            lambda v, f=f: _fold_reference(problems, f, v), theta[f]
+        )
+        assert float(loss[f]) == pytest.approx(float(value.detach()), rel=1e-12)
+        torch.testing.assert_close(grad[f], ref_grad, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(hess[f], ref_hess, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("metric", ["none", "distant"])
+def test_stacked_fold_fits_reach_each_folds_own_minimiser(full: bool, metric: str) -> None:
+    """All folds stepped at once (each its own step length and stop; from a metric formed
+    elsewhere, refreshed where it misleads) reach the minimiser of each fold's objective
+    found alone by L-BFGS."""
+    k = 3
+    problems = _fold_problems(k, full)
+    start = problems.centre.clone()
+    kept = None
+    if metric == "distant":
+        kept = fold_data_hessians(problems, 4.0 * torch.ones_like(start))
+    theta, used = fit_folds(
+        problems, start, max_iter=100, tolerance_grad=1e-10, tolerance_change=0.0, metric=kept
+    )  # fmt: skip
+    assert used.shape == (3, start.shape[1], start.shape[1])
+    for f in range(3):
+        x = start[f].clone().requires_grad_(True)
+        opt = torch.optim.LBFGS([x], max_iter=500, tolerance_grad=1e-12, tolerance_change=0,
+                                line_search_fn="strong_wolfe")  # fmt: skip
+
+        def closure(f: int = f, x: torch.Tensor = x) -> torch.Tensor:
+            x.grad = None
+            value = _fold_reference(problems, f, x)
+            value.backward()
+            return value
+
+        opt.step(closure)
+        ref = float(_fold_reference(problems, f, x.detach()))
+        assert float(_fold_reference(problems, f, theta[f])) <= ref + 1e-12
+        torch.testing.assert_close(theta[f], x.detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["vs", "ms", "dirichlet"])
+@pytest.mark.parametrize("k", [2, 4, 10])
+def test_folds_fitted_together_score_as_folds_fitted_alone(kind: str, k: int, monkeypatch):
+    """With few rows x classes^2 (FOLDS_TOGETHER_SIZE) the folds are fitted by Newton's method
+    all at once: the same cross-validation scores (to the scoring fits' tolerance) and the
+    same choice and map as each fold fitted alone (L-BFGS for the full maps)."""
+    z, y = _data(n=400, k=k, seed=k)
+    together = make_calibrator(kind).fit(z, y)
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)
+    alone = make_calibrator(kind).fit(z, y)
+    unpenalised = together.l2_grid_ == 0  # (no minimum where the data are separable)
+    together.cv_scores_[unpenalised] = alone.cv_scores_[unpenalised] = 0.0
+    _same_cross_validation(together, alone, atol=2e-5)
+    torch.testing.assert_close(together.weight, alone.weight, rtol=0, atol=1e-5)
+
+
+# -- one-parameter and two-class fits ------------------------------------------------------
+
+
+@pytest.mark.parametrize("u", [-1.0, 0.0, 0.7, 2.5])
+@pytest.mark.parametrize("weight", [0.0, 0.01])
+def test_log_temperature_objective_and_derivatives_match_autograd(u: float, weight: float):
+    z, y = _data(n=200, k=4, seed=9)
+    n = z.shape[0]
+    picked = y * n + torch.arange(n)
+    loss, first, second = log_temperature_objective(z.T.contiguous(), picked, u, weight)
+
+    def reference(v: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(z * torch.exp(-v), y) + weight * v**2
+
+    v = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+    value = reference(v)
+    (grad,) = torch.autograd.grad(value, v, create_graph=True)
+    (hess,) = torch.autograd.grad(grad, v)
+    assert loss == pytest.approx(float(value), rel=1e-12)
+    assert first == pytest.approx(float(grad), rel=1e-9, abs=1e-12)
+    assert second == pytest.approx(float(hess), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("cls", [Temperature, LaplaceTemperature, Platt, BetaCalibration])
+@pytest.mark.parametrize("l2", [0.0, 1.0, 50.0])
+def test_newton_fits_of_one_to_three_parameters_equal_lbfgs(cls: type, l2: float, monkeypatch):
+    """Temperature scaling (in log T) and the two-class logistic maps are fitted by
+    Newton's method; L-BFGS through autograd on the generic objective is the reference."""
+    k = 2 if cls in (Platt, BetaCalibration) else 4
+    z, y = _data(n=300, k=k, seed=11)
+    z = z / 2.0 + 0.3 * torch.randn(z.shape, generator=torch.Generator().manual_seed(1),
+                                    dtype=torch.float64)  # fmt: skip
+    newton = cls(l2=l2).fit(z, y)
+    # (Laplace smoothing's temperature is Temperature's: its reference is Temperature's)
+    reference = Temperature if cls is LaplaceTemperature else cls
+    monkeypatch.setattr(reference, "_minimise", Calibrator._minimise)
+    lbfgs = reference(l2=l2).fit(z, y)
+    for name, value in lbfgs.state_dict().items():
+        torch.testing.assert_close(newton.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+    if reference is cls:
+        assert newton.nll_after_ <= lbfgs.nll_after_ + 1e-9
+
+
+def test_log_temperature_newton_steps_downhill_where_not_convex() -> None:
+    """Far from the optimum ``f`` may be concave in ``log T``: the fit still converges."""
+    z, y = _data(n=200, k=4, seed=2)
+    z = z * 40.0  # wildly over-confident: T ~ 40, from u = -3 (T = 0.05)
+    u, steps = fit_log_temperature(z, y, -3.0, 1e-3, max_iter=200, tolerance_grad=1e-9,
+                                   tolerance_change=0.0)  # fmt: skip
+    n = z.shape[0]
+    _, first, second = log_temperature_objective(z.T.contiguous(), y * n + torch.arange(n), u, 1e-3)
+    assert abs(first) <= 1e-9 and second > 0 and steps < 200

@@ -35,6 +35,12 @@ DEFAULT_L2_GRID: tuple[float, ...] = (0.0, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e
 # held-out NLL has failed to improve on its best at this many consecutive weaker strengths.
 _CV_PATIENCE = 1
 
+#: Where a fit stops (largest gradient entry; change of the objective in one step): the
+#: final fit, and a cross-validation fit, whose only use is its held-out NLL
+#: (:meth:`Calibrator._minimise`).
+FINAL_TOLERANCES = {"tolerance_grad": 1e-8, "tolerance_change": 1e-15}
+SCORING_TOLERANCES = {"tolerance_grad": 1e-5, "tolerance_change": 1e-12}
+
 #: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
 #: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
 #: of the shrinkage target of :class:`VectorScaling` and :class:`MatrixScaling`.
@@ -479,14 +485,12 @@ class Calibrator(nn.Module):
         """
         n_terms = logits.numel() if self.multilabel else logits.shape[0]
         weight = float(l2) / (2.0 * n_terms)
-        tolerance_grad = 1e-5 if scoring else 1e-8
-        tolerance_change = 1e-12 if scoring else 1e-15
+        tolerances = SCORING_TOLERANCES if scoring else FINAL_TOLERANCES
         vector = self._vector_problem(logits, labels, weight)
         if vector is not None:
             w, b, n_iter = fit_vector(
                 vector, self.weight.detach(), self.bias.detach(), max_iter=self.max_iter,
-                tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
-                metric=metric,
+                metric=metric, **tolerances,
             )  # fmt: skip
             self._set_solution(self._canonical({"weight": w, "bias": b}))
             return n_iter
@@ -498,8 +502,7 @@ class Calibrator(nn.Module):
         x0 = torch.cat([v.detach().reshape(-1) for v in variables.values()])
         with torch.enable_grad():
             x, n_iter = _lbfgs(
-                self._flat(variables, closure), x0, max_iter=self.max_iter,
-                tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
+                self._flat(variables, closure), x0, max_iter=self.max_iter, **tolerances,
             )  # fmt: skip
             self._flat(variables, None)(x)  # leave the variables at the minimiser
         with torch.no_grad():

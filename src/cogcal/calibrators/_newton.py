@@ -1,5 +1,8 @@
 """Newton's method for the vector maps ``x * w + b`` (vector scaling, structured vector
-scaling): 2K parameters, whose Hessian is four K x K blocks formed in O(N K^2).
+scaling): 2K parameters, whose Hessian is four K x K blocks formed in O(N K^2); for the
+cross-validation folds of the affine maps over few classes, all folds at once
+(:func:`fit_folds`); for the two-class logistic maps (Platt, Beta calibration,
+:func:`fit_logistic`); and for temperature scaling's ``log T`` (:func:`fit_log_temperature`).
 
 A penalised vector-scaling fit by L-BFGS takes 25-600 evaluations (more the stronger the
 coupling between classes); Newton's method takes 3-10 steps from the same start, each one
@@ -16,9 +19,12 @@ with ``a`` and ``B`` given by the calibrator (its penalty, already divided by ``
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 
 class VectorProblem(NamedTuple):
@@ -117,6 +123,54 @@ def _solve(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return -g / top  # pragma: no cover - a diagonal of `top` makes any symmetric H definite
 
 
+def _backtrack(
+    evaluate: Callable[[Any], Any], x: Any, step: Any, loss: float, slope: float
+) -> tuple[float, Any]:
+    """Armijo backtracking from the full step: the first ``t`` of 1, 1/2, 1/4, ... (40 of
+    them) at which ``evaluate(x + t step)``'s objective (its first entry) falls below
+    ``loss + 1e-4 t slope``, and that evaluation; ``(0.0, None)`` when none does."""
+    t = 1.0
+    for _ in range(40):
+        new = evaluate(x + t * step)
+        if new[0] <= loss + 1e-4 * t * slope:
+            return t, new
+        t *= 0.5
+    return 0.0, None
+
+
+def _largest(g: Any) -> float:
+    return abs(g) if isinstance(g, float) else float(g.abs().max())
+
+
+def _damped_newton(
+    evaluate: Callable[[Any], Any],
+    newton_step: Callable[[Any], Any],
+    x: Any,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+) -> tuple[Any, int]:
+    """Minimise from ``x`` (a tensor, or a float) by damped Newton steps with the stopping
+    rules of :func:`fit_vector`: ``evaluate(x)`` gives the objective, its gradient and
+    what ``newton_step(evaluation)`` needs to return the step. Returns the minimiser and
+    the steps taken."""
+    current = evaluate(x)
+    n_iter = 0
+    while n_iter < max_iter and _largest(current[1]) > tolerance_grad:
+        n_iter += 1
+        step = newton_step(current)
+        slope = current[1] * step if isinstance(step, float) else float(current[1] @ step)
+        t, new = _backtrack(evaluate, x, step, current[0], slope)
+        if new is None:
+            break  # no decrease along the Newton direction: at the minimum to rounding
+        previous = current[0]
+        x, current = x + t * step, new
+        if abs(previous - current[0]) < tolerance_change:
+            break
+    return x, n_iter
+
+
 def fit_vector(
     problem: VectorProblem,
     w: torch.Tensor,
@@ -152,22 +206,308 @@ def fit_vector(
         n_iter += 1
         h = fixed if fixed is not None else vector_objective(problem, w, b, hessian=True)[2]
         step = _solve(h, grad)
-        slope, t = float(grad @ step), 1.0
-        for _ in range(40):
-            w_new, b_new = w + t * step[:k], b + t * step[k:]
-            new_loss, new_grad, _ = vector_objective(problem, w_new, b_new, hessian=False)
-            if new_loss <= loss + 1e-4 * t * slope:
-                break
-            t *= 0.5
-        else:
+        t, new = _backtrack(
+            lambda v: vector_objective(problem, v[:k], v[k:], hessian=False),
+            torch.cat([w, b]), step, loss, float(grad @ step),
+        )  # fmt: skip
+        if new is None:
             if fixed is not None:  # the kept Hessian misled the step: form it afresh
                 fixed = None
                 continue
             break  # no decrease along the Newton direction: at the minimum to rounding
+        new_loss, new_grad, _ = new
         if t < 1.0 or float(new_grad.abs().max()) > 0.1 * float(grad.abs().max()):
             fixed = None
         previous = loss
-        w, b, loss, grad = w_new, b_new, new_loss, new_grad
+        w, b, loss, grad = w + t * step[:k], b + t * step[k:], new_loss, new_grad
         if abs(previous - loss) < tolerance_change:
             break
     return w, b, n_iter
+
+
+# -- the cross-validation folds' fits, all at once -------------------------------------
+#
+# With few classes a fold's fit is a few Newton steps on a handful of parameters, and its
+# cost is the calls, not the arithmetic (two classes: 45 fits of 5 folds x 9 strengths took
+# 50 ms, 1 ms each). The folds' fits at one strength are independent problems of the same
+# shape: stacked (rows padded with zeros of weight 0), each step of all of them is one call
+# of each operation, each fold keeping its own step length and stopping rule.
+
+
+class FoldProblems(NamedTuple):
+    """The folds' fits of one affine map at one penalty strength, stacked: fold ``f``
+    minimises the mean NLL of its ``rows[f]`` rows plus ``(theta - centre[f])^T
+    curvature[f] (theta - centre[f]) / 2``. The parameters ``theta`` (F, P) are ``[w, b]``
+    (P = 2K, ``x * w + b``) or, with ``full``, ``[W | b]`` row by row (P = K (K+1),
+    ``W x + b``)."""
+
+    features: torch.Tensor  # (F, M, K), zero rows past each fold's own
+    labels: torch.Tensor  # (F, M)
+    weights: torch.Tensor  # (F, M): 1 / rows[f] on a fold's rows, 0 on the padding
+    curvature: torch.Tensor  # (F, P, P)
+    centre: torch.Tensor  # (F, P)
+    full: bool
+
+    def take(self, folds: torch.Tensor) -> FoldProblems:
+        """The problems of ``folds`` (indices, ascending) only."""
+        if folds.numel() == self.features.shape[0]:
+            return self
+        return FoldProblems(*(t[folds] for t in self[:5]), self.full)
+
+    def at_strength(self, scale: float) -> FoldProblems:
+        """The same problems with the penalty's curvature times ``scale``."""
+        return self._replace(curvature=scale * self.curvature)
+
+
+def stack_folds(
+    features: list[torch.Tensor], labels: list[torch.Tensor], curvature: torch.Tensor,
+    centre: torch.Tensor, *, full: bool,
+) -> FoldProblems:  # fmt: skip
+    """The :class:`FoldProblems` of the folds' ``features`` and ``labels``, padded to the
+    longest fold."""
+    longest = max(x.shape[0] for x in features)
+    x = features[0].new_zeros(len(features), longest, features[0].shape[1])
+    y = labels[0].new_zeros(len(features), longest)
+    weights = features[0].new_zeros(len(features), longest)
+    for f, (xf, yf) in enumerate(zip(features, labels, strict=True)):
+        x[f, : xf.shape[0]], y[f, : yf.shape[0]], weights[f, : xf.shape[0]] = xf, yf, 1.0 / len(yf)
+    return FoldProblems(x, y, weights, curvature, centre, full)
+
+
+def _fold_logits(problems: FoldProblems, theta: torch.Tensor) -> torch.Tensor:
+    x, k = problems.features, problems.features.shape[2]
+    if problems.full:
+        wb = theta.view(-1, k, k + 1)
+        return torch.baddbmm(wb[:, None, :, k], x, wb[:, :, :k].transpose(1, 2))
+    return x * theta[:, None, :k] + theta[:, None, k:]
+
+
+def fold_objectives(
+    problems: FoldProblems, theta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each fold's objective (F,) and gradient (F, P) at ``theta``."""
+    x, s = problems.features, problems.weights
+    logp = torch.log_softmax(_fold_logits(problems, theta), dim=2)
+    labels = problems.labels[:, :, None]
+    loss = -(logp.gather(2, labels).squeeze(2) * s).sum(1)
+    r = logp.exp_().scatter_add_(2, labels, torch.full_like(labels, -1, dtype=x.dtype))
+    r.mul_(s[:, :, None])  # (P - onehot) / n on each fold's rows, 0 on the padding
+    if problems.full:
+        grad = torch.cat([r.transpose(1, 2) @ x, r.sum(1)[:, :, None]], 2).flatten(1)
+    else:
+        grad = torch.cat([(r * x).sum(1), r.sum(1)], 1)
+    d = theta - problems.centre
+    qd = (problems.curvature @ d[:, :, None]).squeeze(2)
+    return loss + 0.5 * (d * qd).sum(1), grad + qd
+
+
+def fold_data_hessians(problems: FoldProblems, theta: torch.Tensor) -> torch.Tensor:
+    """Each fold's data-term Hessian (F, P, P) at ``theta``: ``sum_i s_i (diag(p_i) -
+    p_i p_i^T) (x) d_i d_i^T`` (``d_i`` the derivative of the logits in one class's
+    parameters; the penalty's curvature is ``problems.curvature``)."""
+    x, s = problems.features, problems.weights
+    f, m, k = x.shape
+    p = torch.softmax(_fold_logits(problems, theta), dim=2)
+    root = s.sqrt()[:, :, None]
+    if problems.full:
+        xt = torch.cat([x, torch.ones_like(x[:, :, :1])], 2)  # (F, M, K+1)
+        outer = ((p * root)[:, :, :, None] * xt[:, :, None, :]).reshape(f, m, -1)
+        h = -(outer.transpose(1, 2) @ outer)
+        weighted = ((p * s[:, :, None])[:, :, :, None] * xt[:, :, None, :]).reshape(f, m, -1)
+        blocks = (weighted.transpose(1, 2) @ xt).view(f, k, k + 1, k + 1)  # diag(p_i) part
+        h.view(f, k, k + 1, k, k + 1).diagonal(dim1=1, dim2=3).add_(blocks.permute(0, 2, 3, 1))
+    else:
+        xp = x * p
+        outer = torch.cat([xp, p], 2) * root
+        h = -(outer.transpose(1, 2) @ outer)
+        h.diagonal(dim1=1, dim2=2).add_(torch.cat([(xp * x * s[:, :, None]).sum(1),
+                                                   (p * s[:, :, None]).sum(1)], 1))  # fmt: skip
+        cross = (xp * s[:, :, None]).sum(1)
+        idx = torch.arange(k, device=x.device)
+        h[:, idx, idx + k] += cross
+        h[:, idx + k, idx] += cross
+    return h
+
+
+def _flat_directions(k: int, full: bool, like: torch.Tensor) -> torch.Tensor:
+    """The projector onto the directions along which the softmax (and the penalties, which
+    are centred) do not change: ``b + c 1`` and, for a full map, ``W + 1 v^T``."""
+    ones = torch.full((k, k), 1.0 / k, dtype=like.dtype, device=like.device)
+    if full:
+        return torch.kron(ones, torch.eye(k + 1, dtype=like.dtype, device=like.device))
+    return torch.block_diag(torch.zeros_like(ones), ones)
+
+
+def _solve_folds(h: torch.Tensor, g: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """``-H_f^{-1} g_f`` for each fold, with ``H_f`` made definite along the flat
+    directions (where ``g_f`` is 0) and, where still needed, the least jitter as
+    :func:`_solve`."""
+    top = h.diagonal(dim1=1, dim2=2).abs().amax(1).clamp(min=1e-300)[:, None, None]
+    h = h + top * flat
+    eye = torch.eye(h.shape[1], dtype=h.dtype, device=h.device)
+    step, left = torch.empty_like(g), torch.arange(g.shape[0], device=g.device)
+    for jitter in (0.0, 1e-12, 1e-9, 1e-6, 1e-3, 1.0):
+        factor, info = torch.linalg.cholesky_ex(h[left] + jitter * top[left] * eye)
+        ok = info == 0
+        step[left[ok]] = -torch.cholesky_solve(g[left[ok], :, None], factor[ok])[:, :, 0]
+        left = left[~ok]
+        if not left.numel():
+            return step
+    step[left] = -g[left] / top[left, 0]  # pragma: no cover - as in _solve
+    return step
+
+
+def fit_folds(
+    problems: FoldProblems,
+    theta: torch.Tensor,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+    metric: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Minimise every fold's objective from ``theta`` (F, P) by damped Newton steps, as
+    :func:`fit_vector` does for one (Armijo backtracking from the full step, each fold its
+    own step length and its own stop), all folds' steps at once: every evaluation covers
+    all the folds (with few classes it costs what one fold's does), a fold that has stopped
+    or accepted its step keeping its parameters.
+
+    ``metric`` (F, P, P): the folds' data-term Hessians at a nearby point (the previous
+    strength's solutions), used as :func:`fit_vector` uses its metric: kept while each full
+    step is accepted and cuts the largest gradient entry ten-fold, formed afresh from the
+    first that does not. Returns the minimisers and the data-term Hessians last used (the
+    next strength's metric)."""
+    k = problems.features.shape[2]
+    flat = _flat_directions(k, problems.full, theta)
+    loss, grad = fold_objectives(problems, theta)
+    exact = torch.full_like(loss, metric is None, dtype=torch.bool)
+    metric = fold_data_hessians(problems, theta) if metric is None else metric.clone()
+    trusted = torch.ones_like(exact)  # the fold's metric may be stepped with
+    steps = torch.zeros_like(loss, dtype=torch.long)
+    active = grad.abs().amax(1) > tolerance_grad
+    while bool(active.any()):
+        redo = active & ~trusted
+        if bool(redo.any()):  # (a Hessian costs more than an evaluation: only those)
+            folds = redo.nonzero().squeeze(1)
+            metric[folds] = fold_data_hessians(problems.take(folds), theta[folds])
+            exact, trusted = exact | redo, trusted | redo
+        steps += active
+        direction = _solve_folds(metric + problems.curvature, grad, flat)
+        slope = (grad * direction).sum(1)
+        before = grad.abs().amax(1)
+        t = torch.ones_like(slope)
+        pending = active.clone()
+        for _ in range(40):
+            trial = theta + t[:, None] * direction
+            new_loss, new_grad = fold_objectives(problems, trial)
+            good = pending & (new_loss <= loss + 1e-4 * t * slope)
+            slow = good & ((t < 1.0) | (new_grad.abs().amax(1) > 0.1 * before))
+            active &= ~(good & ((loss - new_loss).abs() < tolerance_change))
+            theta = torch.where(good[:, None], trial, theta)
+            grad = torch.where(good[:, None], new_grad, grad)
+            loss = torch.where(good, new_loss, loss)
+            exact, trusted = exact & ~good, trusted & ~slow
+            pending &= ~good
+            if not bool(pending.any()):
+                break
+            t = torch.where(pending, 0.5 * t, t)
+        # no decrease along the direction: a kept metric misled it (form the Hessian
+        # afresh), or with an exact Hessian the fold is at its minimum to rounding
+        active &= ~(pending & exact)
+        trusted &= ~pending
+        active &= (grad.abs().amax(1) > tolerance_grad) & (steps < max_iter)
+    return theta, metric
+
+
+# -- two-class logistic maps ------------------------------------------------------------
+
+
+def logistic_objective(
+    x: torch.Tensor, y: torch.Tensor, theta: torch.Tensor, curvature: torch.Tensor,
+    centre: torch.Tensor,
+) -> tuple[float, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The mean binary NLL of the calibrated logit ``s = x theta`` (``x`` with its column of
+    ones) against 0/1 targets ``y``, plus ``sum(curvature (theta - centre)^2) / 2``: the
+    value, the gradient and each row's ``sigma(s) (1 - sigma(s)) / n``."""
+    n = x.shape[0]
+    s = x @ theta
+    p = torch.sigmoid(s)
+    d = theta - centre
+    loss = float((F.softplus(s) - y * s).sum()) / n + 0.5 * float((curvature * d * d).sum())
+    return loss, x.T @ ((p - y) / n) + curvature * d, p * (1.0 - p) / n
+
+
+def fit_logistic(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    theta: torch.Tensor,
+    curvature: torch.Tensor,
+    centre: torch.Tensor,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+) -> tuple[torch.Tensor, int]:
+    """Minimise :func:`logistic_objective` over ``theta`` (the weights of the features
+    ``x`` (N, m), then the bias) by damped Newton steps, with the stopping rules of
+    :func:`fit_vector`; return the minimiser and the steps taken."""
+    x = torch.cat([x, torch.ones_like(x[:, :1])], 1)
+    penalty = torch.diag(curvature)
+    return _damped_newton(
+        lambda v: logistic_objective(x, y, v, curvature, centre),
+        lambda at: _solve((x * at[2][:, None]).T @ x + penalty, at[1]),
+        theta, max_iter=max_iter, tolerance_grad=tolerance_grad,
+        tolerance_change=tolerance_change,
+    )  # fmt: skip
+
+
+# -- temperature scaling ------------------------------------------------------------------
+
+
+def log_temperature_objective(
+    z_cols: torch.Tensor, picked: torch.Tensor, u: float, weight: float
+) -> tuple[float, float, float]:
+    """Temperature scaling's objective in ``u = log T``, its first and second derivative:
+    ``f(u) = mean_i [logsumexp(z'_i) - z'_iy] + weight u^2`` with ``z' = z e^{-u}``, so
+    ``f' = mean(z'_y - E_p z') + 2 weight u`` and ``f'' = mean(Var_p z' + E_p z' - z'_y) +
+    2 weight`` (``p = softmax(z')``). ``z_cols`` are the logits as (K, n) (see
+    :func:`~cogcal.calibrators._base._one_hot_columns`), ``picked`` the labels' entries of
+    it."""
+    n = z_cols.shape[1]
+    z = z_cols * math.exp(-u)
+    logp = torch.log_softmax(z, dim=0)
+    true = float(z.take(picked).sum()) / n
+    loss = -float(logp.take(picked).sum()) / n + weight * u * u
+    pz = logp.exp_().mul_(z)
+    e = pz.sum(0)  # E_p z' per row
+    mean = float(e.sum()) / n
+    variance = float(pz.mul_(z).sum(0).sub_(e * e).sum()) / n
+    return loss, true - mean + 2.0 * weight * u, variance + mean - true + 2.0 * weight
+
+
+def fit_log_temperature(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    u: float,
+    weight: float,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+) -> tuple[float, int]:
+    """Minimise :func:`log_temperature_objective` from ``u`` by damped Newton steps (where
+    the objective is not convex in ``u``, a unit step downhill), with the stopping rules of
+    :func:`fit_vector`; return the minimiser and the steps taken. 3-6 steps where L-BFGS
+    took 8-10 evaluations."""
+    n = logits.shape[0]
+    z_cols = logits.T.contiguous()
+    picked = labels * n + torch.arange(n, device=logits.device)
+
+    def newton_step(at: tuple[float, float, float]) -> float:
+        _, grad, curvature = at
+        return -grad / curvature if curvature > 0 else -math.copysign(1.0, grad)
+
+    return _damped_newton(
+        lambda v: log_temperature_objective(z_cols, picked, v, weight), newton_step, u,
+        max_iter=max_iter, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change,
+    )  # fmt: skip

@@ -13,6 +13,7 @@ from torch import nn
 
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
+    SCORING_TOLERANCES,
     Calibrator,
     _cast,
     _Closure,
@@ -20,7 +21,13 @@ from cogcal.calibrators._base import (
     _one_hot_columns,
     _Problem,
 )
-from cogcal.calibrators._newton import VectorProblem, hessian_sums
+from cogcal.calibrators._newton import (
+    FoldProblems,
+    VectorProblem,
+    fit_folds,
+    hessian_sums,
+    stack_folds,
+)
 from cogcal.calibrators.temperature import fit_temperature
 
 
@@ -173,6 +180,14 @@ _AFFINE_PARAMETERS_DOC = r"""
 """
 
 
+#: The largest ``rows x classes^2`` for which the cross-validation folds of vector and
+#: matrix scaling and Dirichlet calibration are fitted together, by Newton's method on all
+#: the folds at once (:meth:`_ClassScaling._fit_folds_together`): below it a fit's cost is
+#: its calls (800 x 10 logits: 15-20% faster, 135 x 2: 2-3x), above it the arithmetic of
+#: the Hessians (1,000 x 10: up to 25% slower; 2,500 x 10: 1.5x; docs/performance.md).
+FOLDS_TOGETHER_SIZE = 80_000
+
+
 class _ClassScaling(_AffineScaling):
     """Vector or matrix scaling over K classes, penalised toward ``I / T_0`` (docs/method.md §2)."""
 
@@ -237,6 +252,8 @@ class _ClassScaling(_AffineScaling):
         pass for all the folds. Each fold steps with it while it converges, instead of
         forming its own Hessians (2-3 per fold and strength, most of a 100-class fit's time:
         docs/performance.md, "posthoc_peers")."""
+        if logits.shape[0] * logits.shape[1] ** 2 <= FOLDS_TOGETHER_SIZE and not self.multilabel:
+            return self._fit_folds_together(models, logits, labels, held_out, l2)
         if self._full_matrix:
             return super()._fit_folds(models, logits, labels, held_out, l2)
         w = torch.stack([m.weight.detach() for m in models]).mean(0)
@@ -245,6 +262,78 @@ class _ClassScaling(_AffineScaling):
         total = torch.stack(parts).sum(0)
         for model, held, part in zip(models, held_out, parts, strict=True):
             model._minimise(logits[~held], labels[~held], l2, scoring=True, metric=total - part)
+
+    def _fit_folds_together(
+        self,
+        models: list[Calibrator],
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        held_out: list[torch.Tensor],
+        l2: float,
+    ) -> None:
+        """With few classes, the folds' fits at ``l2`` as one stacked Newton problem
+        (:func:`~cogcal.calibrators._newton.fit_folds`), each fold from its own solution at
+        the previous strength, with the penalty of :meth:`_minimise` (``l2 / (2 n)`` times
+        :meth:`_penalty_terms`' squares) as a quadratic form."""
+        k, full = logits.shape[1], self._full_matrix
+        stacked = getattr(self, "_stacked_folds", None)
+        if stacked is None or stacked[0] is not held_out:  # once per cross-validation
+            stacked = [held_out, self._stack_folds(models, logits, labels, held_out), None]
+            self._stacked_folds = stacked
+        if full:
+            starts = [torch.cat([m.weight.detach(), m.bias.detach()[:, None]], 1) for m in models]
+        else:
+            starts = [torch.cat([m.weight.detach(), m.bias.detach()]) for m in models]
+        theta, stacked[2] = fit_folds(
+            stacked[1].at_strength(float(l2)), torch.stack(starts).flatten(1),
+            max_iter=self.max_iter, metric=stacked[2], **SCORING_TOLERANCES,
+        )  # fmt: skip
+        for model, solution in zip(models, theta, strict=True):
+            if full:
+                wb = solution.view(k, k + 1)
+                params = {"weight": wb[:, :k], "bias": wb[:, k]}
+            else:
+                params = {"weight": solution[:k], "bias": solution[k:]}
+            model._set_solution(model._canonical(params))
+
+    def _stack_folds(
+        self,
+        models: list[Calibrator],
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        held_out: list[torch.Tensor],
+    ) -> FoldProblems:
+        """The folds' problems of :meth:`_fit_folds_together` at ``l2 = 1``: each fold's
+        ``T_0`` and penalty centre, and its curvature ``(I - 11^T / K) (x) diag(q)`` (the
+        penalty measures centred deviations; ``q`` is ``T_0^2 / n`` on the weights and
+        ``1 / n`` on a penalised bias)."""
+        k, full = logits.shape[1], self._full_matrix
+        like = dict(dtype=logits.dtype, device=logits.device)
+        centred = torch.eye(k, **like) - 1.0 / k
+        curvatures, centres = [], []
+        for model, held in zip(models, held_out, strict=True):
+            n = float((~held).sum())
+            t0 = model._target_temperature if model._shrinks_to_temperature() else 1.0
+            w_centre = torch.eye(k, **like) / t0 * float(model._weights_toward_identity)
+            on_bias = float(self._penalize_bias) / n
+            if full:
+                q = torch.full((k + 1,), t0**2 / n, **like)
+                q[k] = on_bias
+                curvatures.append(torch.kron(centred, torch.diag(q)))
+                centres.append(torch.cat([w_centre, torch.zeros(k, 1, **like)], 1).flatten())
+            else:
+                a = torch.full((k,), t0**2 / n, **like)
+                curvatures.append(torch.block_diag(torch.diag(a), on_bias * centred))
+                centres.append(torch.cat([w_centre.diagonal(), torch.zeros(k, **like)]))
+        x = self._features(logits) if full else logits
+        return stack_folds(
+            [x[~held] for held in held_out], [labels[~held] for held in held_out],
+            torch.stack(curvatures), torch.stack(centres), full=full,
+        )  # fmt: skip
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        super()._after_fit(logits, labels)
+        self._stacked_folds = None  # the folds' data: no part of a fitted calibrator
 
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written

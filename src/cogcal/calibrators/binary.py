@@ -14,7 +14,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from cogcal.calibrators._base import DEFAULT_L2_GRID, Calibrator, _cast
+from cogcal.calibrators._base import (
+    DEFAULT_L2_GRID,
+    FINAL_TOLERANCES,
+    SCORING_TOLERANCES,
+    Calibrator,
+    _cast,
+)
+from cogcal.calibrators._newton import fit_logistic
 
 #: The calibrators the refusals of a two-class one suggest for K > 2 classes.
 MULTICLASS_ALTERNATIVES = ("ts", "svs", "sms")
@@ -52,9 +59,43 @@ class _TwoClass(Calibrator):
     def _score(self, logits: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _design(self, logits: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        """The features (N, m) whose weights are ``weight`` (``s = features @ weight + bias``)."""
+        raise NotImplementedError
+
     def _forward(self, logits: torch.Tensor) -> torch.Tensor:
         s = self._score(logits)
         return torch.stack([torch.zeros_like(s), s], dim=-1)
+
+    def _minimise(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        l2: float,
+        *,
+        scoring: bool = False,
+        metric: torch.Tensor | None = None,
+    ) -> int:
+        """:meth:`Calibrator._minimise` by Newton's method: the map is a logistic regression
+        on :meth:`_design`'s features, 2-3 parameters whose Hessian costs one pass
+        (:func:`~cogcal.calibrators._newton.fit_logistic`; 5-10 steps where L-BFGS through
+        autograd took 20-40 evaluations)."""
+        x = self._design(logits)
+        m, n = x.shape[1], x.shape[0]
+        like = dict(dtype=x.dtype, device=x.device)
+        curvature = torch.full((m + 1,), float(l2) / n, **like)  # the penalty l2 / (2n) |.|^2
+        curvature[m] *= float(self._penalize_bias)
+        centre = torch.zeros(m + 1, **like)
+        centre[:m] = float(self._weights_toward_identity)
+        start = torch.cat([self.weight.detach().reshape(-1), self.bias.detach().reshape(1)])
+        theta, n_iter = fit_logistic(
+            x, labels.to(x.dtype), start.to(**like), curvature, centre, max_iter=self.max_iter,
+            **(SCORING_TOLERANCES if scoring else FINAL_TOLERANCES),
+        )  # fmt: skip
+        self._set_solution(
+            {"weight": theta[:m].reshape(self.weight.shape), "bias": theta[m].reshape(())}
+        )
+        return n_iter
 
 
 class Platt(_TwoClass):
@@ -72,7 +113,7 @@ class Platt(_TwoClass):
     Parameters
     ----------
     max_iter : int
-        L-BFGS iterations.
+        Newton steps.
     l2 : float or "cv"
         Penalty strength :math:`\lambda` (default 1), or ``"cv"``.
     cv, l2_grid
@@ -116,6 +157,9 @@ class Platt(_TwoClass):
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("weight", 1.0, "weight"), ("bias", 0.0, "bias")]
 
+    def _design(self, logits: torch.Tensor) -> torch.Tensor:
+        return (logits[:, 1] - logits[:, 0])[:, None]
+
     def _score(self, logits: torch.Tensor) -> torch.Tensor:
         d = logits[..., 1] - logits[..., 0]
         return _cast(self.weight, d.dtype) * d + _cast(self.bias, d.dtype)
@@ -147,7 +191,7 @@ class BetaCalibration(_TwoClass):
     Parameters
     ----------
     max_iter : int
-        L-BFGS iterations.
+        Newton steps.
     l2 : float or "cv"
         Penalty strength :math:`\lambda` (default 1), or ``"cv"``.
     cv, l2_grid
@@ -179,6 +223,10 @@ class BetaCalibration(_TwoClass):
 
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("weight", 1.0, "weight"), ("bias", 0.0, "bias")]
+
+    def _design(self, logits: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(logits, dim=1)
+        return torch.stack([logp[:, 1], -logp[:, 0]], 1)
 
     def _score(self, logits: torch.Tensor) -> torch.Tensor:
         logp = torch.log_softmax(logits, dim=-1)

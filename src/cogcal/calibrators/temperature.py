@@ -14,13 +14,14 @@ from torch import nn
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
     DEFAULT_TEMPERATURE_L2,
+    FINAL_TOLERANCES,
+    SCORING_TOLERANCES,
     Calibrator,
     SeparableDataWarning,
     _cast,
-    _Closure,
     _LazyWidth,
-    _Problem,
 )
+from cogcal.calibrators._newton import fit_log_temperature
 
 
 def separable_temperature_floor(
@@ -77,7 +78,7 @@ def _warn_separable(
         )
     else:
         how = (
-            f"with l2=0 the fitted T = {temperature:.4g} is wherever L-BFGS stopped: pass "
+            f"with l2=0 the fitted T = {temperature:.4g} is wherever the fit stopped: pass "
             "l2 > 0 (a prior on log T) to bound it"
         )
     warnings.warn(
@@ -116,7 +117,7 @@ class Temperature(Calibrator):
     Parameters
     ----------
     max_iter : int
-        L-BFGS iterations.
+        Newton steps.
     l2 : float or "cv"
         Precision :math:`\lambda` of the prior on ``log T`` (default 1.0).
     cv, l2_grid
@@ -175,27 +176,25 @@ class Temperature(Calibrator):
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("log_temperature", 0.0, "weight")]
 
-    def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
-        """:math:`J_\\lambda` by hand (as :func:`~cogcal.calibrators.affine._row_closure`): with
-        ``z' = z e^{-\\log T}`` and ``G = (P - onehot) / n``, the gradient is
-        ``-sum(G * z') + 2 weight log T``."""
-        logits, labels, _, weight = problem
-        log_t = variables["log_temperature"]
-        n, z_cols = logits.shape[0], logits.T.contiguous()  # (K, n): see _one_hot_columns
-        picked = labels * n + torch.arange(n, device=logits.device)  # the labels' entries
-        true_mean = z_cols.take(picked).mean()  # the one-hot part of G = (P - onehot) / n
-
-        @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
-        def closure() -> torch.Tensor:
-            t = log_t.exp()
-            z = z_cols / t
-            logp = torch.log_softmax(z, dim=0)
-            loss = -logp.take(picked).sum() / n + weight * log_t**2
-            p = logp.exp_()  # (logp is not needed after the loss)
-            log_t.grad = 2.0 * weight * log_t - ((p * z).sum() / n - true_mean / t)
-            return loss
-
-        return closure
+    def _minimise(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        l2: float,
+        *,
+        scoring: bool = False,
+        metric: torch.Tensor | None = None,
+    ) -> int:
+        """:meth:`Calibrator._minimise` by Newton's method in ``log T``
+        (:func:`~cogcal.calibrators._newton.fit_log_temperature`): one parameter, whose
+        second derivative costs no more than its first."""
+        u, n_iter = fit_log_temperature(
+            logits, labels, float(self.log_temperature.detach()),
+            float(l2) / (2.0 * logits.shape[0]), max_iter=self.max_iter,
+            **(SCORING_TOLERANCES if scoring else FINAL_TOLERANCES),
+        )  # fmt: skip
+        self._set_solution({"log_temperature": self.log_temperature.detach().new_tensor(u)})
+        return n_iter
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         true = logits.gather(1, labels[:, None])[:, 0]
