@@ -3,7 +3,8 @@ r"""Calibrators: ``nn.Module`` maps from logits (or features, for the TST heads)
 Each parametric calibrator serves both ways the paper uses it (docs/method.md §1-§2):
 
 * **post hoc**: ``.fit(val_logits, val_labels)`` fits it on frozen logits of a held-out
-  split by full-batch L-BFGS, computed in float64, and returns ``self`` with its
+  split by full-batch L-BFGS (Newton's method for the maps of few parameters), computed
+  in float64, and returns ``self`` with its
   parameters frozen (``requires_grad=False``), so that
   ``Temperature().fit(v, y)(test_logits).numpy()`` works;
 * **in one go** (COG): placed after a network by :class:`cogcal.CalibratedModel`, its

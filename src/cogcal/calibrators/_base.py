@@ -242,7 +242,8 @@ class Calibrator(nn.Module):
     Subclasses define ``_forward`` (logits to calibrated logits), ``_deviations`` (each
     parameter with its value at the shrinkage centre) and, when their size is only known
     from data, ``_build(num_outputs)``. :meth:`fit` then runs full-batch L-BFGS in float64
-    and writes the result back in the parameters' own dtype.
+    (subclasses of few parameters override :meth:`_minimise` or :meth:`_vector_problem`
+    with Newton's method) and writes the result back in the parameters' own dtype.
 
     Parameters
     ----------
@@ -637,7 +638,8 @@ class Calibrator(nn.Module):
             )
 
     def fit(self, logits: Any, labels: Any) -> Calibrator:
-        r"""Fit the calibrator post hoc by full-batch float64 L-BFGS on the penalised NLL.
+        r"""Fit the calibrator post hoc by full-batch float64 L-BFGS (or Newton's method, for
+        the maps of few parameters) on the penalised NLL.
 
         Minimises :math:`J_\lambda(\theta) = \frac1n\big[\sum_i \ell_i(\theta) +
         \frac{\lambda}{2}\lVert\theta-\theta_0\rVert^2\big]` (module docstring; each class
