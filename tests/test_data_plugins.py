@@ -325,6 +325,80 @@ def test_csv_errors(tmp_path: Path) -> None:
         load_dataset(f"csv:{path}", target="label", normalization="imagenet")
 
 
+def _plain_variants() -> dict[str, tuple[str, str]]:
+    """Valid tables (file name, text) that both readers accept."""
+    x, y = table(60)
+    x[:, 1] *= 1e5  # exponents when printed with repr
+    x[3, 2] = -0.0
+    names = np.array(["setosa", "versi color", "virginica"])[y]
+    text = [[repr(float(v)) for v in r] for r in x]  # (all digits, exponents)
+    body = [",".join([*r, str(c)]) for r, c in zip(text, y, strict=True)]
+    first = [",".join([n, *map(str, r)]) for r, n in zip(x, names, strict=True)]
+    spaced = [" , ".join([*(f" {v:.6g} " for v in r), f" {c} "]) for r, c in zip(x, y, strict=True)]
+    tabbed = ["\t".join([*r, str(c)]) for r, c in zip(text, y, strict=True)]
+    return {
+        "plain": ("p.csv", "a,b,c,d,label\n" + "\n".join(body) + "\n"),
+        "crlf, BOM, blank lines": (
+            "w.csv",
+            "\ufeff\r\n\r\na,b,c,d,label\r\n"
+            + "\r\n".join(body[:30])
+            + "\r\n  \r\n\r\n"
+            + "\r\n".join(body[30:]),
+        ),
+        "label first, names with spaces": ("f.csv", "label,a,b,c,d\n" + "\n".join(first) + "\n"),
+        "padded cells": ("s.csv", " a , b , c , d , label \n" + "\n".join(spaced) + "\n"),
+        "tsv": ("t.tsv", "a\tb\tc\td\tlabel\n" + "\n".join(tabbed) + "\n"),
+    }
+
+
+@pytest.mark.parametrize("variant", list(_plain_variants()))
+def test_csv_plain_tables_read_by_pandas_c_parser_equal_the_careful_reader(
+    tmp_path: Path, variant: str, monkeypatch
+) -> None:
+    """A plain numeric table is read by pandas' C parser (load_csv's fast path), to the
+    same dataset, bit for bit, as the careful cell-by-cell reader gives."""
+    from cogcal.data import tables
+
+    file, text = _plain_variants()[variant]
+    (tmp_path / file).write_text(text, encoding="utf-8", newline="")
+    assert tables._read_plain_numeric("x", tmp_path / file, "label") is not None
+    fast = load_dataset(f"csv:{tmp_path / file}", target="label")
+    monkeypatch.setattr(tables, "_read_plain_numeric", lambda *args: None)
+    careful = load_dataset(f"csv:{tmp_path / file}", target="label")
+    for split in ("train", "val", "test"):
+        assert torch.equal(getattr(fast, split).x, getattr(careful, split).x)
+        assert torch.equal(getattr(fast, split).y, getattr(careful, split).y)
+    assert fast.info == careful.info and fast.class_names == careful.class_names
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a,b,label\n1,2,0,9\n3,4,1\n",  # a first row one field longer (pandas' index)
+        "a,b,label\n1,2,0\n3,4,1,9\n",  # a later row longer
+        "a,b,label\n1,2,0\n3,4\n",  # a short row
+        'a,b,label\n1,"2",0\n3,4,1\n',  # quotes
+        "a,b,label\n1,2,\n3,4,1\n",  # a missing label
+        "a,b,label\n1,2,NA\n3,4,1\n",  # a label that reads as missing
+        "a,b,label\n1,nan,0\n3,4,1\n",  # a missing feature
+        "a,b,label\n1,inf,0\n3,4,1\n",  # not finite
+        "a,b,label\n1,1e39,0\n3,4,1\n",  # beyond float32
+        "a,b,label\n1,1_000,0\n3,4,1\n",  # a number only Python's float() reads
+        "a,a,label\n1,2,0\n3,4,1\n",  # a repeated name
+        "a,b,label,\n1,2,0,\n3,4,1,\n",  # an unnamed column
+        "a,b,label\n1,2,0.5\n3,4,1\n",  # a label _class_labels refuses
+        "a,b,label\n",  # no rows
+    ],
+)
+def test_csv_irregular_tables_go_to_the_careful_reader(tmp_path: Path, text: str) -> None:
+    """Whatever the careful reader might read differently or refuse is left to it (which
+    names the line and column)."""
+    from cogcal.data import tables
+
+    (tmp_path / "i.csv").write_text(text, encoding="utf-8")
+    assert tables._read_plain_numeric("x", tmp_path / "i.csv", "label") is None
+
+
 def test_arguments_that_do_not_apply(tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match="`target` applies only") as err:
         load_dataset("digits", target="label")
