@@ -236,8 +236,8 @@ def fit_vector(
 
 class FoldProblems(NamedTuple):
     """The folds' fits of one affine map at one penalty strength, stacked: fold ``f``
-    minimises the mean NLL of its ``rows[f]`` rows plus ``(theta - centre[f])^T
-    curvature[f] (theta - centre[f]) / 2``. The parameters ``theta`` (F, P) are ``[w, b]``
+    minimises the mean NLL of its own rows (``weights[f]``: ``1 / n_f`` on them, 0 on the
+    padding) plus ``(theta - centre[f])^T curvature[f] (theta - centre[f]) / 2``. The parameters ``theta`` (F, P) are ``[w, b]``
     (P = 2K, ``x * w + b``) or, with ``full``, ``[W | b]`` row by row (P = K (K+1),
     ``W x + b``)."""
 
