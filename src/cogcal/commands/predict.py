@@ -33,7 +33,7 @@ from cogcal.commands._common import UserError, on_free_cpus
 from cogcal.conformal import ALPHA, DEFAULT_METHOD, ConformalSets
 from cogcal.data.folders import image_files
 from cogcal.data.images import GRAYSCALE_MODES, IMAGE_EXTENSIONS, resize_center_crop
-from cogcal.data.tables import read_table
+from cogcal.data.tables import read_plain_table, read_table
 from cogcal.report.run_report import choice_line
 from cogcal.runs.methods import get_method
 from cogcal.train.assemble import LoadedRun, load_run
@@ -221,6 +221,9 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
     shape = tuple(run.input_shape or ())
     if len(shape) != 1:
         raise _err(f"--input {path}: this run takes {_expects(run)}, not a table.")
+    plain = _read_plain_inputs(path, run)
+    if plain is not None:
+        return plain
     table = read_table(path, what=str(path), error=_err)
     if not table.header:
         raise _err(f"{path} is empty; expected a header row, then one row per input.")
@@ -280,6 +283,33 @@ def _read_table(path: Path, run: LoadedRun) -> Inputs:
     if target is not None and target in header:
         t = header.index(target)
         found = (target, table.column(t))
+    return Inputs(torch.from_numpy(x), target=found, source=str(path))
+
+
+def _read_plain_inputs(path: Path, run: LoadedRun) -> Inputs | None:
+    """The inputs of a plain table whose columns are the run's, read by pandas' C parser
+    (:func:`~cogcal.data.tables.read_plain_table`); ``None`` for anything else, which
+    :func:`_read_table` reads cell by cell and names with its line and column."""
+    spec = run.input or {}
+    features = list(spec.get("features") or [])
+    target = spec.get("target")
+    plain = read_plain_table(path, text=[target] if target else [])
+    if plain is None:
+        return None
+    numeric = [h for h in plain.header if h not in plain.text]
+    if features:
+        if sorted(numeric) != sorted(features):
+            return None  # missing or extra columns
+        order = [numeric.index(f) for f in features]
+    elif plain.text or len(plain.header) != (run.input_shape or (0,))[0]:
+        return None
+    else:
+        order = list(range(len(numeric)))
+    with np.errstate(over="ignore"):
+        x = np.ascontiguousarray(plain.numbers[:, order].astype(np.float32))
+    if not np.isfinite(x).all():
+        return None
+    found = (target, plain.text[target]) if target in plain.text else None
     return Inputs(torch.from_numpy(x), target=found, source=str(path))
 
 

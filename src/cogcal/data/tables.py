@@ -3,8 +3,11 @@
 :func:`read_table` reads a UTF-8 file (a byte-order mark is ignored) with a header row,
 comma-separated (tab-separated for ``.tsv``/``.tab``), with :func:`pandas.read_csv`: every
 cell stays text (stripped), blank lines are skipped, and each data row keeps the number of
-the line it ends on, so that every error can name a line and a column. :func:`load_csv`
-turns a table into a :class:`~cogcal.data.Dataset`.
+the line it ends on, so that every error can name a line and a column. A plain table (no
+quotes, complete rows, numbers but for named text columns) is read faster by
+:func:`read_plain_table`, pandas' C parser straight into numbers; whatever it might read
+differently it leaves to :func:`read_table`. :func:`load_csv` turns a table into a
+:class:`~cogcal.data.Dataset`.
 """
 
 from __future__ import annotations
@@ -15,10 +18,9 @@ import hashlib
 import io
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,7 +43,7 @@ from cogcal.data.custom import (
     split_indices,
 )
 
-__all__ = ["MISSING_TOKENS", "Table", "load_csv", "read_table"]
+__all__ = ["MISSING_TOKENS", "PlainTable", "Table", "load_csv", "read_plain_table", "read_table"]
 
 #: Cell values of a CSV file read as missing (compared lower-case, after stripping).
 MISSING_TOKENS = ("", "na", "n/a", "nan", "null", "none", "?")
@@ -286,69 +288,96 @@ def load_csv(
     return apply_normalization(ds, normalization)
 
 
-def _read_plain_numeric(
-    name: str, file: Path, target: str | None
-) -> tuple[bytes, str, list[str], np.ndarray, tuple[np.ndarray, list[str], str]] | None:
-    """A table :func:`load_csv` accepts, read by pandas' C parser (a 100,000 x 41 table in
-    0.1 s where :func:`read_table`, which keeps every cell as text with its line number,
-    takes 4 s): its bytes, delimiter, feature names, float32 features and class labels.
+@dataclass(frozen=True)
+class PlainTable:
+    """A table as read by :func:`read_plain_table`: its bytes and delimiter, the stripped
+    header, every column but the ``text`` ones as float64 numbers (header order; not yet
+    checked finite), and the ``text`` columns' stripped cells."""
 
-    ``None`` for anything the careful reader might see differently or refuse: no
-    ``target``, quotes (a quoted field can hold a delimiter or a line break) or NUL bytes,
-    text that is not UTF-8, a header with an empty or repeated name or without ``target``,
-    rows of another length, blank-looking lines, missing, non-numeric, non-finite or
-    beyond-float32 features, missing target cells, a label :func:`_class_labels` refuses.
-    :func:`load_csv` then reads the file with :func:`read_table`, which accepts it the same
-    way or names the problem with its line (tests: the two readers give the same dataset).
+    raw: bytes
+    delimiter: str
+    header: list[str]
+    numbers: np.ndarray
+    text: dict[str, list[str]]
+
+
+def read_plain_table(file: Path, text: Sequence[str] = ()) -> PlainTable | None:
+    """A plain table read by pandas' C parser straight into numbers (70,000 rows of 785
+    integers in about 5 s where :func:`read_table`, which keeps every cell as text with its
+    line number, takes 30): every column a number but the ``text`` columns present.
+
+    ``None`` for anything :func:`read_table` might read differently, so that the caller
+    reads it that way and names what is wrong with its line: quotes (a quoted field can
+    hold a delimiter or a line break), NUL bytes, text that is not UTF-8, a header with an
+    empty or repeated name, no data rows, rows of another length, a cell of a number column
+    that is not one (a word, an empty cell, ``NA``; ``nan`` and ``inf`` do read, as numbers
+    the caller refuses).
     """
     import pandas as pd  # (as read_table: only commands reading a table pay its import)
 
     try:
         raw = file.read_bytes()
-        text = raw.decode("utf-8-sig")
+        content = raw.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError):
         return None
-    if target is None or '"' in text or "\0" in text:
+    if '"' in content or "\0" in content:
         return None
     delimiter = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
-    skipped = _LEADING_BLANK_LINES.match(text)
+    skipped = _LEADING_BLANK_LINES.match(content)
     start = skipped.end() if skipped else 0
-    end = text.find("\n", start)
-    header = [h.strip() for h in text[start : end if end >= 0 else len(text)].split(delimiter)]
-    target = target.strip() if isinstance(target, str) else target
-    if "" in header or len(set(header)) < len(header) or target not in header:
+    end = content.find("\n", start)
+    if end < 0:
         return None
-    features = [h for h in header if h != target]
-    t = header.index(target)
-    if not features or end < 0:
+    header = [h.strip() for h in content[start:end].split(delimiter)]
+    if "" in header or len(set(header)) < len(header):
         return None
-    dtypes: dict[int, Any] = {j: np.float64 for j in range(len(header)) if j != t}
+    words = [j for j, h in enumerate(header) if h in text]
+    columns = list(range(len(header)))
     try:  # the rows after the header, columns by position (no name to mangle)
         frame = pd.read_csv(
-            io.StringIO(text[end + 1 :]), sep=delimiter, header=None,
-            names=list(range(len(header))), dtype={**dtypes, t: str}, keep_default_na=False,
-            engine="c",
+            io.StringIO(content[end + 1 :]), sep=delimiter, header=None, names=columns,
+            dtype={j: (str if j in words else np.float64) for j in columns},
+            keep_default_na=False, engine="c",
         )  # fmt: skip
     except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError):
         return None  # a cell that is not a number, a row of another length, ...
     # (a first row one field longer than the header would become pandas' index)
     if frame.empty or not isinstance(frame.index, pd.RangeIndex):
         return None
-    x64 = frame[[j for j in range(len(header)) if j != t]].to_numpy(np.float64)
-    with np.errstate(over="ignore"):
-        x = x64.astype(np.float32)
-    cells = frame[t]
-    if not np.isfinite(x).all() or bool(cells.isna().any()):
+    if words and bool(frame[words].isna().any(axis=None)):
+        return None  # a short row
+    numbers = frame[[j for j in columns if j not in words]].to_numpy(np.float64)
+    cells = {header[j]: [v.strip() for v in frame[j].tolist()] for j in words}
+    return PlainTable(raw, delimiter, header, numbers, cells)
+
+
+def _read_plain_numeric(
+    name: str, file: Path, target: str | None
+) -> tuple[bytes, str, list[str], np.ndarray, tuple[np.ndarray, list[str], str]] | None:
+    """:func:`load_csv`'s table read by :func:`read_plain_table`: its bytes, delimiter,
+    feature names, float32 features and class labels; ``None`` (read it with
+    :func:`read_table`, which names the problem with its line) for whatever that reader
+    leaves, no or an unknown ``target``, no feature column, missing, non-finite or
+    beyond-float32 features, missing target cells, a label :func:`_class_labels` refuses.
+    Where both readers accept a table they give the same dataset (tests)."""
+    if not isinstance(target, str):
         return None
-    t_values = [v.strip() for v in cells.tolist()]
-    if any(v.lower() in MISSING_TOKENS for v in t_values):
+    target = target.strip()
+    plain = read_plain_table(file, text=[target])
+    if plain is None or target not in plain.text or len(plain.header) < 2:
+        return None
+    with np.errstate(over="ignore"):
+        x = plain.numbers.astype(np.float32)
+    t_values = plain.text[target]
+    if not np.isfinite(x).all() or any(v.lower() in MISSING_TOKENS for v in t_values):
         return None
     try:
         # (the lines only go into its messages, which the careful reader then gives)
         labels = _class_labels(name, target, t_values, [0] * len(t_values))
     except ArgumentError:
         return None
-    return raw, delimiter, features, x, labels
+    features = [h for h in plain.header if h != target]
+    return plain.raw, plain.delimiter, features, x, labels
 
 
 def _check_header(name: str, file: Path, table: Table, target: str | None) -> str:
