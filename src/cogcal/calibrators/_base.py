@@ -228,14 +228,6 @@ def _lbfgs(
     return x, n_iter
 
 
-def _one_hot_columns(labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``onehot(labels).T / n``, shape (K, N), for the hand-written objectives, which work on
-    (K, N) logits: with few classes torch's softmax over a long contiguous dimension and
-    ``addmm`` producing it are 2.5-4x faster than over rows of K."""
-    n, k = logits.shape
-    return F.one_hot(labels, k).to(logits.dtype).T.contiguous() / n
-
-
 class Calibrator(nn.Module):
     r"""Base class of the post-hoc-capable calibrators.
 

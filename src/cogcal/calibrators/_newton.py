@@ -470,9 +470,8 @@ def log_temperature_objective(
     """Temperature scaling's objective in ``u = log T``, its first and second derivative:
     ``f(u) = mean_i [logsumexp(z'_i) - z'_iy] + weight u^2`` with ``z' = z e^{-u}``, so
     ``f' = mean(z'_y - E_p z') + 2 weight u`` and ``f'' = mean(Var_p z' + E_p z' - z'_y) +
-    2 weight`` (``p = softmax(z')``). ``z_cols`` are the logits as (K, n) (see
-    :func:`~cogcal.calibrators._base._one_hot_columns`), ``picked`` the labels' entries of
-    it."""
+    2 weight`` (``p = softmax(z')``). ``z_cols`` are the logits as (K, n) (a softmax over
+    a long contiguous dimension is faster), ``picked`` the labels' entries of it."""
     n = z_cols.shape[1]
     z = z_cols * math.exp(-u)
     logp = torch.log_softmax(z, dim=0)

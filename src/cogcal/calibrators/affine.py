@@ -18,7 +18,6 @@ from cogcal.calibrators._base import (
     _cast,
     _Closure,
     _LazyWidth,
-    _one_hot_columns,
     _Problem,
 )
 from cogcal.calibrators._newton import (
@@ -445,12 +444,15 @@ def _row_closure(
     and ``penalty``, by hand (tests check it against autograd): the data term's gradient
     is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``, chained back through
     ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``)."""
-    x_cols, n = x.T.contiguous(), x.shape[0]  # (K, n): see _one_hot_columns
-    onehot = _one_hot_columns(labels, x)
-    # the one-hot part of G = (P - onehot) / n is constant: G x = P x / n - onehot x
+    # the logits as (K, n): with few classes torch's softmax over a long contiguous
+    # dimension, and the addmm producing it, are 2.5-4x faster than over rows of K
+    x_cols, n = x.T.contiguous(), x.shape[0]
     picked = labels * n + torch.arange(n, device=x.device)  # the labels' entries of (K, n)
-    label_x, label_share = onehot @ x, onehot.sum(1)
     v, c = variables["weight"], variables["bias"]
+    # the one-hot part of G = (P - onehot) / n is constant: G x = P x / n - onehot x / n,
+    # summed per class (O(n K), where the one-hot product was O(n K^2))
+    label_x = x.new_zeros(v.shape[0], x.shape[1]).index_add_(0, labels, x).div_(n)
+    label_share = torch.bincount(labels, minlength=v.shape[0]).to(x.dtype).div_(n)
 
     @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
     def closure() -> torch.Tensor:
