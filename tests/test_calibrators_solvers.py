@@ -114,8 +114,8 @@ def test_a_newton_fit_with_a_nearby_metric_reaches_the_same_minimiser(metric_at:
     where = (w0, b0) if metric_at == "start" else (5.0 * w0, b0 + torch.arange(k) - 2.0)
     (metric,) = hessian_sums(problem.features, *where, rows)
     tolerances = dict(max_iter=100, tolerance_grad=1e-10, tolerance_change=0.0)
-    w_ref, b_ref, _ = fit_vector(problem, w0, b0, **tolerances)
-    w, b, _ = fit_vector(problem, w0, b0, metric=metric, **tolerances)
+    w_ref, b_ref, *_ = fit_vector(problem, w0, b0, **tolerances)
+    w, b, *_ = fit_vector(problem, w0, b0, metric=metric, **tolerances)
     torch.testing.assert_close(w, w_ref, rtol=0, atol=1e-8)
     torch.testing.assert_close(b, b_ref, rtol=0, atol=1e-8)
 
@@ -338,3 +338,30 @@ def test_log_temperature_newton_steps_downhill_where_not_convex() -> None:
     n = z.shape[0]
     _, first, second = log_temperature_objective(z.T.contiguous(), y * n + torch.arange(n), u, 1e-3)
     assert abs(first) <= 1e-9 and second > 0 and steps < 200
+
+
+def test_a_newton_fit_reports_its_data_term_and_can_start_from_it() -> None:
+    """``fit_vector`` returns the data term (without the penalty) at its minimiser; a fit
+    of the same rows at another penalty, started there with that data term (the
+    cross-validation's next strength), reaches the minimiser a fresh start reaches."""
+    problem = _problem(5)
+    x, y = problem.features, problem.labels
+    k = x.shape[1]
+    w0, b0 = torch.ones(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    tolerances = dict(max_iter=100, tolerance_grad=1e-10, tolerance_change=0.0)
+    first = fit_vector(problem, w0, b0, **tolerances)
+    reference = F.cross_entropy(x * first.weight + first.bias, y)
+    assert first.data_loss == pytest.approx(float(reference), rel=1e-12)
+    w = first.weight.clone().requires_grad_(True)
+    b = first.bias.clone().requires_grad_(True)
+    grads = torch.autograd.grad(F.cross_entropy(x * w + b, y), (w, b))
+    torch.testing.assert_close(first.data_grad, torch.cat(grads), rtol=1e-9, atol=1e-12)
+    weaker = problem._replace(
+        w_curvature=problem.w_curvature / 10, b_curvature=problem.b_curvature / 10
+    )
+    fresh = fit_vector(weaker, first.weight, first.bias, **tolerances)
+    reused = fit_vector(
+        weaker, first.weight, first.bias, start=(first.data_loss, first.data_grad), **tolerances
+    )
+    torch.testing.assert_close(reused.weight, fresh.weight, rtol=0, atol=1e-10)
+    torch.testing.assert_close(reused.bias, fresh.bias, rtol=0, atol=1e-10)

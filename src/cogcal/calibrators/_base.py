@@ -465,6 +465,7 @@ class Calibrator(nn.Module):
         *,
         scoring: bool = False,
         metric: torch.Tensor | None = None,
+        start: tuple[float, torch.Tensor] | None = None,
     ) -> int:
         """Minimise :math:`J_\\lambda` from the current parameters; return the iterations.
 
@@ -472,21 +473,26 @@ class Calibrator(nn.Module):
         a gradient of 1e-5 instead of 1e-8 (the chosen strengths and the fitted test NLL of
         docs/performance.md's three sets are unchanged against 1e-6, at 10-20% fewer
         iterations; 1e-4 moved a pooled score by 1.3e-5 in tests/test_calibrators_dirichlet.py).
-        ``metric``: for a Newton fit, the data term's Hessian at a nearby point
-        (:func:`~cogcal.calibrators._newton.fit_vector`; L-BFGS ignores it).
+        ``metric``: for a Newton fit, the data term's Hessian at a nearby point;
+        ``start``: for a Newton fit, the data term and its gradient at the current
+        parameters, and a Newton fit leaves them at its solution in ``self._data_term``
+        (:func:`~cogcal.calibrators._newton.fit_vector`; L-BFGS ignores both).
         The decoded parameters are also left (detached) in ``self._solution``.
         """
         n_terms = logits.numel() if self.multilabel else logits.shape[0]
         weight = float(l2) / (2.0 * n_terms)
         tolerances = SCORING_TOLERANCES if scoring else FINAL_TOLERANCES
+        self._data_term = None
         vector = self._vector_problem(logits, labels, weight)
         if vector is not None:
-            w, b, n_iter = fit_vector(
+            fit = fit_vector(
                 vector, self.weight.detach(), self.bias.detach(), max_iter=self.max_iter,
-                metric=metric, **tolerances,
+                metric=metric, start=start, **tolerances,
             )  # fmt: skip
-            self._set_solution(self._canonical({"weight": w, "bias": b}))
-            return n_iter
+            self._set_solution(self._canonical({"weight": fit.weight, "bias": fit.bias}))
+            # (the softmax, so the data term, is the same at the canonical representative)
+            self._data_term = (fit.data_loss, fit.data_grad)
+            return fit.steps
         stats = self._standardisation(logits, weight)
         variables = {
             k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()

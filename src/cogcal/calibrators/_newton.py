@@ -171,6 +171,17 @@ def _damped_newton(
     return x, n_iter
 
 
+class VectorFit(NamedTuple):
+    """What :func:`fit_vector` found: the minimiser, the steps taken, and the data term
+    (the mean NLL, without the penalty) and its gradient there."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    steps: int
+    data_loss: float
+    data_grad: torch.Tensor
+
+
 def fit_vector(
     problem: VectorProblem,
     w: torch.Tensor,
@@ -180,9 +191,14 @@ def fit_vector(
     tolerance_grad: float,
     tolerance_change: float,
     metric: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+    start: tuple[float, torch.Tensor] | None = None,
+) -> VectorFit:
     """Minimise the objective from ``(w, b)`` by damped Newton steps (Armijo backtracking
-    from the full step); return the minimiser and the steps taken.
+    from the full step).
+
+    ``start``: the data term and its gradient at ``(w, b)`` when they are known (the
+    previous fit of the same rows ended there, :attr:`VectorFit.data_loss`), which saves
+    the first evaluation: only the penalty changed.
 
     ``metric``: the data term's Hessian summed over the problem's rows at a point near
     ``(w, b)`` (:func:`hessian_sums`). With the penalty's curvature it stands in for the
@@ -195,7 +211,10 @@ def fit_vector(
     changes the objective by less than ``tolerance_change``, or after ``max_iter`` steps.
     """
     k = w.shape[0]
-    loss, grad, _ = vector_objective(problem, w, b, hessian=False)
+    if start is None:
+        loss, grad, _ = vector_objective(problem, w, b, hessian=False)
+    else:
+        loss, grad, _ = _penalised(problem, w, b, start[0], start[1], None)
     fixed = None  # the Hessian kept from `metric`, with the penalty's curvature
     if metric is not None:
         fixed = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), metric)[2]
@@ -222,7 +241,8 @@ def fit_vector(
         w, b, loss, grad = w + t * step[:k], b + t * step[k:], new_loss, new_grad
         if abs(previous - loss) < tolerance_change:
             break
-    return w, b, n_iter
+    penalty, penalty_grad, _ = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), None)
+    return VectorFit(w, b, n_iter, loss - penalty, grad - penalty_grad)
 
 
 # -- the cross-validation folds' fits, all at once -------------------------------------

@@ -259,8 +259,16 @@ class _ClassScaling(_AffineScaling):
         b = torch.stack([m.bias.detach() for m in models]).mean(0)
         parts = hessian_sums(logits, w, b, held_out)
         total = torch.stack(parts).sum(0)
-        for model, held, part in zip(models, held_out, parts, strict=True):
-            model._minimise(logits[~held], labels[~held], l2, scoring=True, metric=total - part)
+        # each fold's data term where its previous fit ended, where this one starts
+        ends = getattr(self, "_fold_ends", None)
+        if ends is None or ends[0] is not held_out:  # once per cross-validation
+            ends = self._fold_ends = (held_out, [None] * len(models))
+        for f, (model, held, part) in enumerate(zip(models, held_out, parts, strict=True)):
+            model._minimise(
+                logits[~held], labels[~held], l2, scoring=True, metric=total - part,
+                start=ends[1][f],
+            )  # fmt: skip
+            ends[1][f] = model._data_term
 
     def _fit_folds_together(
         self,
@@ -332,7 +340,7 @@ class _ClassScaling(_AffineScaling):
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._after_fit(logits, labels)
-        self._stacked_folds = None  # the folds' data: no part of a fitted calibrator
+        self._stacked_folds = self._fold_ends = None  # the folds': not a fitted calibrator's
 
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written

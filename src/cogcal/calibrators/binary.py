@@ -75,6 +75,7 @@ class _TwoClass(Calibrator):
         *,
         scoring: bool = False,
         metric: torch.Tensor | None = None,
+        start: tuple[float, torch.Tensor] | None = None,
     ) -> int:
         """:meth:`Calibrator._minimise` by Newton's method: the map is a logistic regression
         on :meth:`_design`'s features, 2-3 parameters whose Hessian costs one pass

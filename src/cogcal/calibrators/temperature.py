@@ -184,6 +184,7 @@ class Temperature(Calibrator):
         *,
         scoring: bool = False,
         metric: torch.Tensor | None = None,
+        start: tuple[float, torch.Tensor] | None = None,
     ) -> int:
         """:meth:`Calibrator._minimise` by Newton's method in ``log T``
         (:func:`~cogcal.calibrators._newton.fit_log_temperature`): one parameter, whose
