@@ -23,6 +23,20 @@ from cogcal._errors import QUIET_EXIT, Interrupted
 __all__ = ["main"]
 
 
+def _end_while_importing(signum: int, frame: object) -> None:
+    """A signal while the command line is imported ends the process here, with the line and
+    status of an interrupted command (a process other than rank 0: quietly). An exception
+    raised here would unwind through whatever is importing, and torch's imports run Python
+    code from C++ (pybind11), where it ends in ``std::terminate``: SIGABRT and a C++ trace
+    instead of the line (seen with Ctrl-C 0.5 s after a two-process run's second process
+    started). Nothing has been written yet: there is nothing to clean up."""
+    if _is_rank_zero():
+        print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+    os._exit(QUIET_EXIT + signum)
+
+
 def _raise(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
@@ -30,8 +44,9 @@ def _raise(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Install the handlers, import the command line and run it; returns the exit status."""
     with_handlers = True
+    signals = (signal.SIGINT, signal.SIGTERM)
     try:
-        previous = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.signal(s, _end_while_importing) for s in signals}
     except ValueError:  # not the main thread (an embedding program): leave signals alone
         with_handlers = False
     try:
@@ -39,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cli = importlib.import_module("cogcal.cli")
         if with_handlers:  # Ctrl-C raises KeyboardInterrupt again (cli.main handles it)
             signal.signal(signal.SIGINT, previous[signal.SIGINT])
+            signal.signal(signal.SIGTERM, _raise)
         return int(cli.main(argv))
     except (KeyboardInterrupt, Interrupted) as err:  # before or after cli.main's own handling
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
