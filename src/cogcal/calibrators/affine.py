@@ -183,7 +183,8 @@ _AFFINE_PARAMETERS_DOC = r"""
 #: matrix scaling and Dirichlet calibration are fitted together, by Newton's method on all
 #: the folds at once (:meth:`_ClassScaling._fit_folds_together`): below it a fit's cost is
 #: its calls (800 x 10 logits: 15-20% faster, 135 x 2: 2-3x), above it the arithmetic of
-#: the Hessians (1,000 x 10: up to 25% slower; 2,500 x 10: 1.5x; docs/performance.md).
+#: the Hessians (1,000 x 10: within 10% either way; 2,500 x 10: 1.5x slower;
+#: docs/performance.md).
 FOLDS_TOGETHER_SIZE = 80_000
 
 
