@@ -321,7 +321,7 @@ def test_newton_fits_of_one_to_three_parameters_equal_lbfgs(cls: type, l2: float
     newton = cls(l2=l2).fit(z, y)
     # (Laplace smoothing's temperature is Temperature's: its reference is Temperature's)
     reference = Temperature if cls is LaplaceTemperature else cls
-    monkeypatch.setattr(reference, "_minimise", Calibrator._minimise)
+    monkeypatch.setattr(reference, "_fit_by_newton", Calibrator._fit_by_newton)
     lbfgs = reference(l2=l2).fit(z, y)
     for name, value in lbfgs.state_dict().items():
         torch.testing.assert_close(newton.state_dict()[name], value, rtol=1e-5, atol=1e-6)

@@ -345,6 +345,17 @@ class Calibrator(nn.Module):
         """Fix data-dependent parts of the penalty from the training data of one fit."""
         return None
 
+    def _fit_by_newton(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float,
+        tolerances: dict[str, float],
+    ) -> int | None:  # fmt: skip
+        """Minimise :math:`J_\\lambda` from the current parameters by this calibrator's own
+        Newton's method (the penalty is ``weight`` times the squares of
+        :meth:`_penalty_terms`), leave the solution set (:meth:`_set_solution`) and return the
+        steps; ``None``: it has none (:meth:`_minimise` then fits a vector map by Newton's
+        method or anything else by L-BFGS)."""
+        return None
+
     def _vector_problem(
         self, logits: torch.Tensor, labels: torch.Tensor, weight: float
     ) -> VectorProblem | None:
@@ -483,6 +494,9 @@ class Calibrator(nn.Module):
         weight = float(l2) / (2.0 * n_terms)
         tolerances = SCORING_TOLERANCES if scoring else FINAL_TOLERANCES
         self._data_term = None
+        steps = self._fit_by_newton(logits, labels, weight, tolerances)
+        if steps is not None:
+            return steps
         vector = self._vector_problem(logits, labels, weight)
         if vector is not None:
             fit = fit_vector(

@@ -16,8 +16,6 @@ from torch import nn
 
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
-    FINAL_TOLERANCES,
-    SCORING_TOLERANCES,
     Calibrator,
     _cast,
 )
@@ -67,31 +65,24 @@ class _TwoClass(Calibrator):
         s = self._score(logits)
         return torch.stack([torch.zeros_like(s), s], dim=-1)
 
-    def _minimise(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        l2: float,
-        *,
-        scoring: bool = False,
-        metric: torch.Tensor | None = None,
-        start: tuple[float, torch.Tensor] | None = None,
-    ) -> int:
-        """:meth:`Calibrator._minimise` by Newton's method: the map is a logistic regression
-        on :meth:`_design`'s features, 2-3 parameters whose Hessian costs one pass
-        (:func:`~cogcal.calibrators._newton.fit_logistic`; 5-10 steps where L-BFGS through
-        autograd took 20-40 evaluations)."""
+    def _fit_by_newton(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float,
+        tolerances: dict[str, float],
+    ) -> int:  # fmt: skip
+        """The map is a logistic regression on :meth:`_design`'s features: 2-3 parameters
+        whose Hessian costs one pass (:func:`~cogcal.calibrators._newton.fit_logistic`;
+        5-10 steps where L-BFGS through autograd took 20-40 evaluations)."""
         x = self._design(logits)
-        m, n = x.shape[1], x.shape[0]
+        m = x.shape[1]
         like = dict(dtype=x.dtype, device=x.device)
-        curvature = torch.full((m + 1,), float(l2) / n, **like)  # the penalty l2 / (2n) |.|^2
+        curvature = torch.full((m + 1,), 2.0 * weight, **like)  # the penalty weight |.|^2
         curvature[m] *= float(self._penalize_bias)
         centre = torch.zeros(m + 1, **like)
         centre[:m] = float(self._weights_toward_identity)
-        start = torch.cat([self.weight.detach().reshape(-1), self.bias.detach().reshape(1)])
+        theta = torch.cat([self.weight.detach().reshape(-1), self.bias.detach().reshape(1)])
         theta, n_iter = fit_logistic(
-            x, labels.to(x.dtype), start.to(**like), curvature, centre, max_iter=self.max_iter,
-            **(SCORING_TOLERANCES if scoring else FINAL_TOLERANCES),
+            x, labels.to(x.dtype), theta.to(**like), curvature, centre, max_iter=self.max_iter,
+            **tolerances,
         )  # fmt: skip
         self._set_solution(
             {"weight": theta[:m].reshape(self.weight.shape), "bias": theta[m].reshape(())}

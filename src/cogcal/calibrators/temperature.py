@@ -14,8 +14,6 @@ from torch import nn
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
     DEFAULT_TEMPERATURE_L2,
-    FINAL_TOLERANCES,
-    SCORING_TOLERANCES,
     Calibrator,
     SeparableDataWarning,
     _cast,
@@ -176,23 +174,15 @@ class Temperature(Calibrator):
     def _deviations(self) -> list[tuple[str, Any, str]]:
         return [("log_temperature", 0.0, "weight")]
 
-    def _minimise(
-        self,
-        logits: torch.Tensor,
-        labels: torch.Tensor,
-        l2: float,
-        *,
-        scoring: bool = False,
-        metric: torch.Tensor | None = None,
-        start: tuple[float, torch.Tensor] | None = None,
-    ) -> int:
-        """:meth:`Calibrator._minimise` by Newton's method in ``log T``
-        (:func:`~cogcal.calibrators._newton.fit_log_temperature`): one parameter, whose
-        second derivative costs no more than its first."""
+    def _fit_by_newton(
+        self, logits: torch.Tensor, labels: torch.Tensor, weight: float,
+        tolerances: dict[str, float],
+    ) -> int:  # fmt: skip
+        """Newton's method in ``log T`` (:func:`~cogcal.calibrators._newton.fit_log_temperature`):
+        one parameter, whose second derivative costs no more than its first."""
         u, n_iter = fit_log_temperature(
-            logits, labels, float(self.log_temperature.detach()),
-            float(l2) / (2.0 * logits.shape[0]), max_iter=self.max_iter,
-            **(SCORING_TOLERANCES if scoring else FINAL_TOLERANCES),
+            logits, labels, float(self.log_temperature.detach()), weight,
+            max_iter=self.max_iter, **tolerances,
         )  # fmt: skip
         self._set_solution({"log_temperature": self.log_temperature.detach().new_tensor(u)})
         return n_iter
