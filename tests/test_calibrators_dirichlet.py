@@ -209,7 +209,9 @@ def test_cv_scores_are_held_out_nll_of_fits_on_the_other_folds():
             held = folds == f
             fold = Dirichlet(4, l2=lam).double().fit(z[~held], y[~held])
             total += float(F.cross_entropy(fold(z[held]), y[held], reduction="sum"))
-        assert cal.cv_scores_[j] == pytest.approx(total / len(y), abs=1e-5)
+        # the folds' scoring fits stop at a gradient of 1e-4 (SCORING_TOLERANCES): 1.2e-5
+        # from the converged fits' score here; a leaked or misassigned fold is off by 1e-3
+        assert cal.cv_scores_[j] == pytest.approx(total / len(y), abs=5e-5)
     assert cal.l2_ == grid[int(np.nanargmin(cal.cv_scores_))]
 
 

@@ -205,7 +205,7 @@ def _fold_reference(problems: FoldProblems, f: int, theta: torch.Tensor) -> torc
     """Fold ``f``'s objective at ``theta``, by autograd's building blocks, on its own rows
     only (no padding)."""
     n = int((problems.weights[f] > 0).sum())
-    x, y, k = problems.features[f, :n], problems.labels[f, :n], problems.features.shape[2]
+    x, y, k = problems.features[f, :, :n].T, problems.labels[f, :n], problems.features.shape[1]
     if problems.full:
         wb = theta.view(k, k + 1)
         z = x @ wb[:, :k].T + wb[:, k]

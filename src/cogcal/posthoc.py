@@ -132,6 +132,19 @@ def _held_out_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
     return nll if math.isfinite(nll) else math.inf
 
 
+def fold_calibrator(method: str) -> nn.Module:
+    """A fresh calibrator of ``method`` for one fold of a cross-validation, whose only use
+    is its held-out NLL (:func:`cross_validated_nll`; the default path's paired gain):
+    fitted to the tolerance of the folds of ``l2="cv"`` (a gradient of 1e-4, not 1e-8),
+    and accepting a class missing from the fold's training part (a class with one sample:
+    that fit is scored honestly on its held-out fold; ``calibrate`` refuses classes absent
+    from all the data)."""
+    cal = make_calibrator(method)
+    cal._require_every_class = False
+    cal._scoring_only = True
+    return cal
+
+
 def cross_validated_nll(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -151,7 +164,8 @@ def cross_validated_nll(
         \mathrm{CV}(\text{method}) = \frac{1}{N}\sum_{f=1}^{k}\sum_{i\in f}
             -\log \hat p^{(-f)}_{y_i}(z_i),
 
-    where :math:`\hat p^{(-f)}` is the calibrator fitted without fold :math:`f`. A fit
+    where :math:`\hat p^{(-f)}` is the calibrator fitted without fold :math:`f` (a
+    :func:`fold_calibrator`: to the tolerance of the folds of ``l2="cv"``). A fit
     that fails (non-finite parameters) scores ``inf``. Warnings of the fold fits (a
     penalty at the edge of its grid, separable data) are not shown: only the final fit's.
     ``progress`` is called with ``"METHOD, fold F/CV"`` as each fold's fit starts.
@@ -168,10 +182,7 @@ def cross_validated_nll(
         held = folds == f
         if progress is not None:
             progress(f"{method}, fold {f + 1}/{cv}")
-        cal = make_calibrator(method)
-        # a class with one sample is missing from one fold's training part: that fit is
-        # scored honestly on its held-out fold (calibrate refuses classes absent from all)
-        cal._require_every_class = False
+        cal = fold_calibrator(method)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -223,11 +224,9 @@ class _NonParametric(Calibrator):
         eps = 1.0 / (2.0 * n) if self.eps is None else float(self.eps)
         self.floor = torch.tensor(eps, dtype=dtype, device=device)
         self.num_outputs = k
-        with torch.no_grad():
-            z64 = z.detach().to(device=device, dtype=torch.float64)
-            y = y.to(device)
-            self.nll_before_ = float(F.cross_entropy(z64, y))
-            self.nll_after_ = float(self._nll(z64, y))
+        z64, y = z.detach().to(device=device, dtype=torch.float64), y.to(device)
+        self.nll_before_ = math.nan if self._scoring_only else float(F.cross_entropy(z64, y))
+        self.nll_after_ = self._fitting_nll(z64, y)
         return self
 
     def _fit_maps(

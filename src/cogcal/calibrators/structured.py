@@ -158,9 +158,22 @@ class _StructuredScaling(_LazyWidth):
         super()._reset_parameters()
         self.log_temperature.zero_()
         self.smoothing.zero_()
+        self._feature_cache = None
 
     def _features(self, logits: torch.Tensor) -> torch.Tensor:
         return _smoothed_log_probs(logits, self.log_temperature, self.smoothing)
+
+    def _fit_features(self, logits: torch.Tensor) -> torch.Tensor:
+        """:meth:`_features` of the logits being fitted, once the first step is fitted
+        (:meth:`_prepare`): kept for the fit's closure, which needs them again."""
+        cached = getattr(self, "_feature_cache", None)
+        if cached is None or cached[0] is not logits:
+            cached = self._feature_cache = (logits, self._features(logits).detach())
+        return cached[1]
+
+    def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        super()._after_fit(logits, labels)
+        self._feature_cache = None
 
     def _affine(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         weight, bias = _cast(weight, x.dtype), _cast(bias, x.dtype)
@@ -197,7 +210,7 @@ class _StructuredScaling(_LazyWidth):
             return None
         k = logits.shape[1]
         like = dict(dtype=logits.dtype, device=logits.device)
-        x = self._features(logits).detach()
+        x = self._fit_features(logits)
         curvature = 4.0 * k * weight
         return VectorProblem(
             x, labels, torch.full((k,), curvature, **like), torch.ones(k, **like),
@@ -314,8 +327,8 @@ class StructuredMatrixScaling(_StructuredScaling):
     # took 300-400 evaluations at 10^5 rows (the convex problem has one optimum either way).
     def _prepare(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._prepare(logits, labels)
-        x = self._features(logits).detach()
-        t0 = fit_temperature(logits, labels)
+        x = self._fit_features(logits)
+        t0 = self.temperature
         with torch.no_grad():
             self.weight.copy_(torch.eye(x.shape[1], dtype=self.weight.dtype) / t0)
             self.bias.zero_()
@@ -328,6 +341,7 @@ class StructuredMatrixScaling(_StructuredScaling):
         self._data_curvature = _row_curvature(x, probs, rows) if conditioned else None
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        super()._after_fit(logits, labels)
         self._data_curvature = None  # (K, K+1, K+1): a fitted calibrator need not carry it
 
     def _standardisation(self, logits: torch.Tensor, penalty_weight: float) -> Any:
@@ -339,7 +353,7 @@ class StructuredMatrixScaling(_StructuredScaling):
         k = curvature.shape[0]
         coefficients = 2.0 * self._coefficients(k, curvature)  # of W: 2 weight C
         penalised = torch.cat([coefficients, torch.full((k, 1), 4.0 * k).to(curvature)], 1)
-        return _row_blocks(curvature + torch.diag_embed(penalty_weight * penalised))
+        return _row_blocks(curvature, penalty_weight * penalised)
 
     def _encode(self, stats: Any) -> dict[str, torch.Tensor]:
         if stats is None:  # unconditioned (tests): the parameters themselves
@@ -366,5 +380,5 @@ class StructuredMatrixScaling(_StructuredScaling):
             value = 0.5 * (coef * d_w**2).sum() + 2.0 * k * weight * (b**2).sum()
             return value, coef * d_w, 4.0 * k * weight * b
 
-        x = self._features(logits).detach()
+        x = self._fit_features(logits)
         return _row_closure(x, labels, variables, blocks, penalty if weight else None)

@@ -275,15 +275,23 @@ class TaskTemperature(_LazyWidth):
 
 
 def fit_temperature(
-    logits: torch.Tensor, labels: torch.Tensor, *, l2: float = DEFAULT_TEMPERATURE_L2
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    l2: float = DEFAULT_TEMPERATURE_L2,
+    start: float | None = None,
 ) -> float:
     """The temperature ``Temperature(l2=l2).fit`` gives, without its checks or warnings.
 
     ``logits`` are (N, K) float64 with valid ``labels``, both on one device; ``l2=0`` gives
     the maximum-likelihood temperature (unbounded for separable or uninformative logits).
-    The shrinkage target of vector and matrix scaling and the health check
-    (:mod:`cogcal.health`) use it.
+    ``start``: where Newton's method starts (default 1), e.g. the temperature of data
+    overlapping these: fewer steps to the same minimiser (the fit stops at a gradient of
+    1e-8 in ``log T``). The shrinkage target of vector and matrix scaling and the health
+    check (:mod:`cogcal.health`) use it.
     """
     ts = Temperature().to(device=logits.device, dtype=torch.float64)
+    if start is not None:
+        ts.log_temperature.data.fill_(math.log(start))
     ts._minimise(logits, labels, l2)
     return ts.temperature

@@ -49,11 +49,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cogcal import _io
-from cogcal.calibrators import auto_candidates, make_calibrator
+from cogcal.calibrators import auto_candidates
 from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
 from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, Calibration, calibrate
+from cogcal.posthoc import AUTO, Calibration, calibrate, fold_calibrator
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
@@ -169,7 +169,7 @@ def paired_gain(
     fold = _stratified_folds(y, folds, 0)
     for f in range(folds):
         held = fold == f
-        cal = make_calibrator(method)
+        cal = fold_calibrator(method)
         if l2 is not None:
             cal.l2 = l2
         with warnings.catch_warnings():
