@@ -54,7 +54,7 @@ def _problem(k: int, seed: int = 1) -> VectorProblem:
 
 
 def _reference(problem: VectorProblem, wb: torch.Tensor) -> torch.Tensor:
-    x, y, a, w0, bb = problem
+    x, y, a, w0, bb = problem[:5]
     k = x.shape[1]
     w, b = wb[:k], wb[k:]
     return F.cross_entropy(x * w + b, y) + 0.5 * (a * (w - w0) ** 2).sum() + 0.5 * b @ bb @ b

@@ -27,17 +27,7 @@ import torch
 import torch.nn.functional as F
 
 
-class VectorProblem(NamedTuple):
-    """The data and the quadratic penalty of one vector-map fit (see the module docstring)."""
-
-    features: torch.Tensor  # (N, K) the x of x * w + b
-    labels: torch.Tensor  # (N,)
-    w_curvature: torch.Tensor  # (K,) a
-    w_centre: torch.Tensor  # (K,) w_0
-    b_curvature: torch.Tensor  # (K, K) B, symmetric positive semi-definite
-
-
-class _Columns(NamedTuple):
+class VectorColumns(NamedTuple):
     """A vector problem's data laid out for the objective: the features as (K, N) (a
     softmax over a long contiguous dimension is 2.5x faster than over rows of K at K = 100),
     the labels' entries of that layout, and the constant one-hot part of the gradient per
@@ -49,14 +39,28 @@ class _Columns(NamedTuple):
     label_count: torch.Tensor  # (K,)
 
 
-def _columns(x: torch.Tensor, labels: torch.Tensor) -> _Columns:
+def vector_columns(x: torch.Tensor, labels: torch.Tensor) -> VectorColumns:
+    """The :class:`VectorColumns` of features ``x`` (N, K) and ``labels``."""
     n, k = x.shape
     rows = torch.arange(n, device=x.device)
-    return _Columns(
+    return VectorColumns(
         x.T.contiguous(), labels * n + rows,
         x.new_zeros(k).index_add_(0, labels, x[rows, labels]),
         torch.bincount(labels, minlength=k).to(x.dtype),
     )  # fmt: skip
+
+
+class VectorProblem(NamedTuple):
+    """The data and the quadratic penalty of one vector-map fit (see the module docstring)."""
+
+    features: torch.Tensor  # (N, K) the x of x * w + b
+    labels: torch.Tensor  # (N,)
+    w_curvature: torch.Tensor  # (K,) a
+    w_centre: torch.Tensor  # (K,) w_0
+    b_curvature: torch.Tensor  # (K, K) B, symmetric positive semi-definite
+    # the features and labels as the objective reads them (formed by fit_vector if None;
+    # a calibrator refitting the same rows at several strengths keeps them)
+    columns: VectorColumns | None = None
 
 
 def _hessian_sum(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -106,7 +110,7 @@ def _penalised(
 
 
 def _data_term(
-    columns: _Columns, w: torch.Tensor, b: torch.Tensor
+    columns: VectorColumns, w: torch.Tensor, b: torch.Tensor
 ) -> tuple[float, torch.Tensor, torch.Tensor]:
     """The data term's mean at ``(w, b)``, its gradient (2K,) and the probabilities (K, N)
     (for its Hessian, :func:`_hessian_sum`)."""
@@ -123,7 +127,9 @@ def vector_objective(
 ) -> tuple[float, torch.Tensor, torch.Tensor | None]:
     """The objective at ``(w, b)``, its gradient (2K,) and, if ``hessian``, its Hessian
     (2K, 2K): the data term's mean over the ``n`` rows plus the penalty's."""
-    columns = _columns(problem.features, problem.labels)
+    columns = problem.columns
+    if columns is None:
+        columns = vector_columns(problem.features, problem.labels)
     loss, grad, p = _data_term(columns, w, b)
     return _penalised(
         problem, w, b, loss, grad, _hessian_sum(columns.x, p) if hessian else None
@@ -230,7 +236,9 @@ def fit_vector(
     Stops when the largest gradient entry is at most ``tolerance_grad``, when a step
     changes the objective by less than ``tolerance_change``, or after ``max_iter`` steps.
     """
-    k, columns = w.shape[0], _columns(problem.features, problem.labels)
+    k, columns = w.shape[0], problem.columns
+    if columns is None:
+        columns = vector_columns(problem.features, problem.labels)
 
     def evaluate(v: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
         """The objective, its gradient and the probabilities at ``v = [w, b]``."""

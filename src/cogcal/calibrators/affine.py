@@ -26,6 +26,7 @@ from cogcal.calibrators._newton import (
     fit_folds,
     hessian_sums,
     stack_folds,
+    vector_columns,
 )
 from cogcal.calibrators.temperature import fit_temperature
 
@@ -223,6 +224,7 @@ class _ClassScaling(_AffineScaling):
         """Fix the penalty's centre and, for vector scaling, start the fit there
         (``w = 1 / T_0``, ``b = 0``): fewer L-BFGS iterations than from the identity."""
         super()._prepare(logits, labels)
+        self._fit_columns = None  # (:meth:`_vector_problem`'s, kept for this fit only)
         if not self._full_matrix and self._target_temperature is not None:
             with torch.no_grad():
                 self.weight.fill_(1.0 / self._target_temperature)
@@ -244,9 +246,13 @@ class _ClassScaling(_AffineScaling):
         centre = 1.0 / t0 if self._weights_toward_identity else 0.0
         like = dict(dtype=logits.dtype, device=logits.device)
         bb = torch.eye(k, **like) - 1.0 / k
+        kept = getattr(self, "_fit_columns", None)  # a fold refitted at the next strength
+        if kept is None or kept[0] is not logits:
+            kept = self._fit_columns = (logits, vector_columns(logits, labels))
         return VectorProblem(
             logits, labels, torch.full((k,), 2.0 * weight * t0**2, **like),
             torch.full((k,), centre, **like), 2.0 * weight * bb * float(self._penalize_bias),
+            kept[1],
         )  # fmt: skip
 
     def _fit_folds(
@@ -273,14 +279,15 @@ class _ClassScaling(_AffineScaling):
         b = torch.stack([m.bias.detach() for m in models]).mean(0)
         parts = hessian_sums(logits, w, b, held_out)
         total = torch.stack(parts).sum(0)
-        # each fold's data term where its previous fit ended, where this one starts
+        # each fold's rows (the same tensors at every strength) and its data term where
+        # its previous fit ended, where this one starts
         ends = getattr(self, "_fold_ends", None)
         if ends is None or ends[0] is not held_out:  # once per cross-validation
-            ends = self._fold_ends = (held_out, [None] * len(models))
-        for f, (model, held, part) in enumerate(zip(models, held_out, parts, strict=True)):
+            rows = [(logits[~held], labels[~held]) for held in held_out]
+            ends = self._fold_ends = (held_out, [None] * len(models), rows)
+        for f, (model, part) in enumerate(zip(models, parts, strict=True)):
             model._minimise(
-                logits[~held], labels[~held], l2, scoring=True, metric=total - part,
-                start=ends[1][f],
+                *ends[2][f], l2, scoring=True, metric=total - part, start=ends[1][f]
             )  # fmt: skip
             ends[1][f] = model._data_term
 
@@ -354,7 +361,8 @@ class _ClassScaling(_AffineScaling):
 
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._after_fit(logits, labels)
-        self._stacked_folds = self._fold_ends = None  # the folds': not a fitted calibrator's
+        # the folds' and the fit's data as the solvers read them: not a fitted calibrator's
+        self._stacked_folds = self._fold_ends = self._fit_columns = None
 
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written
