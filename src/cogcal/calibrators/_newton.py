@@ -63,19 +63,25 @@ class VectorProblem(NamedTuple):
     columns: VectorColumns | None = None
 
 
-def _hessian_sum(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+def _hessian_sum(
+    x: torch.Tensor, p: torch.Tensor, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """The data term's Hessian summed over the columns (rows of the data) of features ``x``
-    (K, N) at their softmax probabilities ``p`` (K, N): ``diag([X^2, X, 1] P) - M M^T``
-    over ``M = [X * P; P]`` (the blocks ``w w``, ``w b``, ``b b``; the cross term of a
-    block's diagonal on its diagonal)."""
-    k = x.shape[0]
-    xp = x * p
-    wb = xp @ p.T  # (the three distinct blocks of M M^T: a quarter fewer products than it)
-    h = torch.cat([torch.cat([xp @ xp.T, wb], 1), torch.cat([wb.T, p @ p.T], 1)]).neg_()
-    h.diagonal().add_(torch.cat([(xp * x).sum(1), p.sum(1)]))
-    cross = xp.sum(1)  # d2 / dw_k db_k: sum_i x_ik p_ik (the -p_ik^2 x_ik is in M M^T)
-    h.diagonal(k).add_(cross)
-    h.diagonal(-k).add_(cross)
+    (..., K, N) at their softmax probabilities ``p`` (..., K, N), each column weighted by
+    ``weights`` (..., 1, N) if given: ``diag([X^2, X, 1] P) - M M^T`` over
+    ``M = [X * P; P]`` (the blocks ``w w``, ``w b``, ``b b``; the cross term of a block's
+    diagonal on its diagonal); batched over the leading dimensions."""
+    k = x.shape[-2]
+    pw = p if weights is None else p * weights
+    xp, xpw = x * p, x * pw
+    wb = xp @ pw.mT  # (the three distinct blocks of M M^T: a quarter fewer products than it)
+    h = torch.cat(
+        [torch.cat([xp @ xpw.mT, wb], -1), torch.cat([wb.mT, p @ pw.mT], -1)], -2
+    ).neg_()  # fmt: skip
+    h.diagonal(dim1=-2, dim2=-1).add_(torch.cat([(xpw * x).sum(-1), pw.sum(-1)], -1))
+    cross = xpw.sum(-1)  # d2 / dw_k db_k: sum_i x_ik p_ik (the -p_ik^2 x_ik is in M M^T)
+    h.diagonal(k, dim1=-2, dim2=-1).add_(cross)
+    h.diagonal(-k, dim1=-2, dim2=-1).add_(cross)
     return h
 
 
@@ -377,15 +383,7 @@ def fold_data_hessians(problems: FoldProblems, theta: torch.Tensor) -> torch.Ten
         blocks = (weighted @ xt.transpose(1, 2)).view(f, k, k + 1, k + 1)  # diag(p_i) part
         h.view(f, k, k + 1, k, k + 1).diagonal(dim1=1, dim2=3).add_(blocks.permute(0, 2, 3, 1))
     else:
-        ps = p * s  # (s: 0 on the padding)
-        xp, xps = x * p, x * ps
-        wb = xp @ ps.transpose(1, 2)  # the distinct blocks of the outer products' sum
-        h = torch.cat([torch.cat([xp @ xps.transpose(1, 2), wb], 2),
-                       torch.cat([wb.transpose(1, 2), p @ ps.transpose(1, 2)], 2)], 1).neg_()  # fmt: skip
-        h.diagonal(dim1=1, dim2=2).add_(torch.cat([(xps * x).sum(2), ps.sum(2)], 1))
-        cross = xps.sum(2)
-        h.diagonal(k, dim1=1, dim2=2).add_(cross)
-        h.diagonal(-k, dim1=1, dim2=2).add_(cross)
+        h = _hessian_sum(x, p, s)  # (s: 0 on the padding)
     return h
 
 
