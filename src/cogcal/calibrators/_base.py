@@ -493,7 +493,7 @@ class Calibrator(nn.Module):
         ``scoring``: a cross-validation fit, whose only use is its held-out NLL; it stops at
         a gradient of 1e-4 instead of 1e-8 (:data:`SCORING_TOLERANCES`: against 1e-5, the
         same choices of strength and of ``method="auto"`` on docs/performance.md's four sets,
-        every pooled score within 3e-5, a hundredth of its standard error or less, at 21%
+        every pooled score within 3e-5, a thousandth of its standard error or less, at 21%
         fewer L-BFGS evaluations for matrix scaling on 100 classes).
         ``metric``: for a Newton fit, the data term's Hessian at a nearby point;
         ``start``: for a Newton fit, the data term and its gradient at the current
