@@ -5,6 +5,8 @@ share (against one per fold)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,7 @@ from cogcal.calibrators import (
     StructuredVectorScaling,
     Temperature,
     VectorScaling,
+    _newton,
     affine,
     make_calibrator,
 )
@@ -36,6 +39,7 @@ from cogcal.calibrators._newton import (
     stack_folds,
     vector_objective,
 )
+from cogcal.calibrators.temperature import fit_temperature
 
 
 def _data(n: int = 300, k: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,3 +369,56 @@ def test_a_newton_fit_reports_its_data_term_and_can_start_from_it() -> None:
     )
     torch.testing.assert_close(reused.weight, fresh.weight, rtol=0, atol=1e-10)
     torch.testing.assert_close(reused.bias, fresh.bias, rtol=0, atol=1e-10)
+
+
+def test_a_temperature_started_elsewhere_is_the_same_minimiser() -> None:
+    """``fit_temperature(start=...)`` (the folds' start: all the data's temperature) takes
+    fewer Newton steps to the minimiser a start at T = 1 reaches (to its tolerance, a
+    gradient of 1e-8 in log T)."""
+    z, y = _data(n=400, k=6, seed=11)
+    reference = fit_temperature(z, y)
+    for start in (reference * 1.01, 2.5, 0.3):
+        assert fit_temperature(z, y, start=start) == pytest.approx(reference, rel=1e-7)
+    steps = []
+    for start in (1.0, reference * 1.01):
+        ts = Temperature().double()
+        ts.log_temperature.data.fill_(math.log(start))
+        steps.append(ts._minimise(z, y, 1.0))
+    assert steps[1] < steps[0]
+
+
+def test_a_newton_fit_keeping_its_hessian_reaches_the_minimiser(monkeypatch):
+    """``fit_vector`` keeps a Hessian it formed while its steps converge fast: fewer
+    Hessians than steps, to the minimiser (zero gradient; the same from another start)."""
+    problem = _problem(6, seed=4)
+    k = 6
+    tolerances = dict(max_iter=100, tolerance_grad=1e-10, tolerance_change=0.0)
+    formed = []
+    hessian_sum = _newton._hessian_sum
+    monkeypatch.setattr(_newton, "_hessian_sum", lambda *a: formed.append(1) or hessian_sum(*a))
+    w0, b0 = torch.full((k,), 3.0, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+    far = fit_vector(problem, w0, b0, **tolerances)
+    assert 1 <= len(formed) < far.steps
+    grad = vector_objective(problem, far.weight, far.bias, hessian=False)[1]
+    assert float(grad.abs().max()) <= 1e-10
+    near = fit_vector(problem, torch.ones(k, dtype=torch.float64), b0, **tolerances)
+    torch.testing.assert_close(far.weight, near.weight, rtol=0, atol=1e-9)
+    torch.testing.assert_close(far.bias, near.bias, rtol=0, atol=1e-9)
+
+
+def test_scoring_only_fold_fits_stop_early_and_skip_the_fitting_nll() -> None:
+    """``cogcal.posthoc.fold_calibrator``: a fold of a cross-validation fits to the
+    scoring tolerance and leaves nll_before_/nll_after_ nan; its held-out NLL is within
+    the tolerance's reach of the exact fit's."""
+    from cogcal.posthoc import fold_calibrator
+
+    z, y = _data(n=500, k=5, seed=12)
+    held = torch.arange(len(y)) % 5 == 0
+    for kind in ("ms", "sms", "isotonic", "ts"):
+        fold = fold_calibrator(kind).fit(z[~held], y[~held])
+        exact = make_calibrator(kind).fit(z[~held], y[~held])
+        assert math.isnan(fold.nll_before_) and math.isnan(fold.nll_after_)
+        assert math.isfinite(exact.nll_after_)
+        scored = F.cross_entropy(fold(z[held]).double(), y[held])
+        reference = F.cross_entropy(exact(z[held]).double(), y[held])
+        assert float(scored) == pytest.approx(float(reference), abs=5e-5)

@@ -269,7 +269,8 @@ def fit_vector(
         if fixed is None:
             if probs is None:
                 probs = _data_term(columns, w, b)[2]
-            fixed = _penalised(problem, w, b, 0.0, grad, _hessian_sum(columns.x, probs))[2]
+            hessian = _hessian_sum(columns.x, probs)
+            fixed = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), hessian)[2]
             exact = True
         step = _solve(fixed, grad)
         t, new = _backtrack(evaluate, torch.cat([w, b]), step, loss, float(grad @ step))
