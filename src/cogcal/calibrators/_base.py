@@ -234,8 +234,9 @@ class Calibrator(nn.Module):
     Subclasses define ``_forward`` (logits to calibrated logits), ``_deviations`` (each
     parameter with its value at the shrinkage centre) and, when their size is only known
     from data, ``_build(num_outputs)``. :meth:`fit` then runs full-batch L-BFGS in float64
-    (subclasses of few parameters override :meth:`_minimise` or :meth:`_vector_problem`
-    with Newton's method) and writes the result back in the parameters' own dtype.
+    (subclasses of few parameters fit by Newton's method instead, through
+    :meth:`_fit_by_newton` or :meth:`_vector_problem`) and writes the result back in the
+    parameters' own dtype.
 
     Parameters
     ----------
