@@ -6,6 +6,7 @@ a resumed default path that continues the same choice."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import warnings
@@ -24,17 +25,21 @@ from cogcal.data import load_dataset
 from cogcal.posthoc import Calibration
 from cogcal.report.run_report import choice_line, health_section
 from cogcal.runs import RunDir, RunRecord
+from cogcal.runs.checkpoints import CHECKPOINT_FORMAT
 from cogcal.train import choice as choice_module
 from cogcal.train import loop
 from cogcal.train.choice import (
     COG_SIDE,
     METHOD_GIVEN,
+    RATE_RULE,
     choose,
     paired_gain,
+    posthoc_rates,
     sides_folder,
     weighs,
 )
 from cogcal.train.config import TrainConfig, add_arguments, config_from_args
+from cogcal.train.select import BASE_RATIO
 
 
 def _records(cog_nll: float, ce_nll: float = 0.9) -> tuple[dict, dict]:
@@ -135,7 +140,8 @@ def test_the_report_line_names_the_choice_and_both_figures():
     line = choice_line({"choice": made})
     assert line == (
         "default path: chose cross-entropy + ts by validation NLL (COG-FC 0.3000, ECE-15 "
-        "0.0500; cross-entropy + ts 0.2500 cross-validated, ECE-15 0.0120 in-sample)"
+        "0.0500; cross-entropy at lr 0.001 + ts 0.2500 cross-validated, ECE-15 0.0120 "
+        "in-sample)"
     )
     assert choice_line({"table": []}) is None and choice_line(None) is None
     kept = choice_module._kept(cog, "12 validation samples: too few to cross-validate")
@@ -238,12 +244,135 @@ def test_few_validation_samples_of_three_classes_weigh_the_parametric_calibrator
     assert not tried & {"platt", "beta", "isotonic", "histogram", "bbq"}
 
 
-def test_the_cross_entropy_side_trains_at_the_learning_rate_cog_fc_chose(tmp_path):
+def _logged_nll_ts(point: Path, epochs: int) -> float:
+    """The point's validation NLL after the best temperature at its kept checkpoint after
+    ``epochs`` epochs, read from its CSV log (the first epoch of lowest validation Brier)."""
+    with (point / "logs" / "stage1.csv").open() as f:
+        rows = list(csv.DictReader(f))[:epochs]
+    kept = min(range(len(rows)), key=lambda i: (float(rows[i]["val_brier"]), i))
+    return float(rows[kept]["val_nll_ts"])
+
+
+def test_the_cross_entropy_side_tries_the_rate_a_temperature_made_best(tmp_path):
+    """COG-FC's first-step λ_f with the lowest validation NLL after the best temperature at
+    the first rung (read here from the points' CSV logs) is nominated; when it is not
+    COG-FC's λ_f, cross-entropy is trained at both to the first rung and the better one
+    after a temperature continues to the end."""
     result = _fit(tmp_path / "run")
-    made = result.selection["choice"]
+    made = result.selection["choice"]["posthoc"]
     sides = sides_folder(tmp_path / "run")
-    assert made["posthoc"]["lr"] == made["cog"]["lr"]
-    assert not (sides / "ce.select").exists()  # one run, no search of its own
+    cog = json.loads((sides / "cog-fc" / "metrics.json").read_text())
+    selection = cog["selection"]
+    at = selection["rungs"][0]["epoch"]
+    logged = {
+        f"{row['lr']:g}": _logged_nll_ts(Path(selection["folder"]) / row["run"], at)
+        for row in selection["table"]
+        if row["ratio"] == BASE_RATIO
+    }
+    rate = made["rate"]
+    assert len(logged) >= 2 and rate["epoch"] == at
+    assert rate["val_nll_ts"] == pytest.approx(logged, rel=1e-6)
+    assert rate["nominated"] == float(min(logged, key=logged.__getitem__))
+    own = result.selection["choice"]["cog"]["lr"]
+    if rate["nominated"] == own:  # one run at COG-FC's λ_f, no search
+        assert made["lr"] == own and rate["tried"] is None
+        assert not (sides / "ce.select").exists()
+    else:  # both tried to the first rung, the lower NLL after a temperature kept
+        tried = {
+            f"{lr:g}": _logged_nll_ts(sides / "ce.select" / f"lr{lr:g}", at)
+            for lr in (own, rate["nominated"])
+        }
+        assert rate["tried"] == pytest.approx(tried, rel=1e-6)
+        assert made["lr"] == rate["lr"] == float(min(tried, key=tried.__getitem__))
+
+
+def test_two_rates_are_tried_to_the_first_rung_and_the_better_after_a_temperature_kept(
+    tmp_path, monkeypatch
+):
+    """COG-FC's λ_f and a nominated one (forced here): cross-entropy trains both to the
+    first rung in ``ce.select``, the one with the lower validation NLL after the best
+    temperature (read here from the CSV logs) continues to the end and is the side."""
+    real = choice_module.posthoc_rates
+
+    def nominate(cog):
+        rates, record = real(cog)
+        other = 1e-3 if not math.isclose(rates[0], 1e-3) else 1e-2
+        return (rates[0], other), {**record, "nominated": other}
+
+    monkeypatch.setattr(choice_module, "posthoc_rates", nominate)
+    result = _fit(tmp_path / "run")
+    made = result.selection["choice"]["posthoc"]
+    rate, sides = made["rate"], sides_folder(tmp_path / "run")
+    own = result.selection["choice"]["cog"]["lr"]
+    select = json.loads((sides / "ce.select" / "tune.json").read_text())
+    assert select["compared_by"] == "val_nll_ts" and select["runs"] == 2
+    tried = {
+        f"{lr:g}": _logged_nll_ts(sides / "ce.select" / f"lr{lr:g}", rate["epoch"])
+        for lr in (own, rate["nominated"])
+    }
+    assert rate["tried"] == pytest.approx(tried, rel=1e-6)
+    best = float(min(tried, key=tried.__getitem__))
+    assert made["lr"] == rate["lr"] == best
+    ce = json.loads((sides / "ce" / "metrics.json").read_text())
+    assert ce["config"]["lr"] == best and RunDir(sides / "ce").is_complete()
+    stopped = [r for r in select["table"] if r["status"] == "stopped"]
+    assert [f"{r['lr']:g}" for r in stopped] == [max(tried, key=tried.__getitem__)]
+
+
+def _point(folder: Path, label: str, rows: list[tuple[float, float, float]]) -> None:
+    """A point's folder whose last.ckpt holds the log rows (val_brier, val_nll,
+    val_nll_ts)."""
+    keys = ("val_brier", "val_nll", "val_nll_ts")
+    history = [dict(zip(keys, row, strict=True)) for row in rows]
+    path = RunDir(folder / label).checkpoints / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save({"format": CHECKPOINT_FORMAT, "history": history}, path)
+
+
+def test_the_nominated_rate_is_the_first_step_point_a_temperature_made_best(tmp_path):
+    """COG-FC chose 3e-4 by its uncalibrated NLL; after a temperature 1e-3 was best at the
+    first rung (after 2 epochs, each point read at its kept checkpoint: the lowest
+    validation Brier so far): cross-entropy tries 3e-4 and 1e-3. A lower figure at an epoch that
+    was not kept, or after the rung, or of a point of the second step (another ratio) does
+    not count."""
+    folder = tmp_path / "cog-fc.select"
+    _point(folder, "lo", [(0.30, 0.40, 0.39), (0.29, 0.38, 0.37), (0.10, 0.20, 0.10)])
+    _point(folder, "mid", [(0.25, 0.45, 0.35), (0.26, 0.40, 0.30), (0.20, 0.50, 0.20)])
+    _point(folder, "hi", [(0.40, 0.60, 0.34), (0.35, 0.55, 0.36)])
+    _point(folder, "ratio", [(0.20, 0.30, 0.20), (0.19, 0.29, 0.19)])
+    cog, _ = _records(0.3)
+    cog["config"]["lr"] = 3e-4
+    cog["selection"] = {
+        "folder": str(folder), "rungs": [{"rung": 1, "epoch": 2}],
+        "table": [{"lr": 3e-4, "ratio": BASE_RATIO, "run": "lo"},
+                  {"lr": 1e-3, "ratio": BASE_RATIO, "run": "mid"},
+                  {"lr": 3e-3, "ratio": BASE_RATIO, "run": "hi"},
+                  {"lr": 3e-4, "ratio": 0.3, "run": "ratio"}],
+    }  # fmt: skip
+    rates, rate = posthoc_rates(cog)
+    assert rates == (3e-4, 1e-3) and rate["nominated"] == 1e-3 and rate["epoch"] == 2
+    assert rate["val_nll_ts"] == {"0.0003": 0.37, "0.001": 0.35, "0.003": 0.36}
+
+
+def test_without_temperature_scaled_figures_the_cross_entropy_side_takes_cog_fcs_rate(
+    tmp_path,
+):
+    """A COG-FC record without a selection, or whose points' logs lack ``val_nll_ts``
+    (written before it was logged): cross-entropy trains at COG-FC's λ_f alone."""
+    cog, _ = _records(0.3)
+    assert posthoc_rates(cog) == ((1e-2,), {
+        "rule": RATE_RULE, "epoch": None, "nominated": 1e-2, "val_nll_ts": {},
+    })  # fmt: skip
+    folder = tmp_path / "cog-fc.select"
+    for label in ("a", "b"):
+        RunDir(folder / label).path.mkdir(parents=True)
+    cog["selection"] = {
+        "folder": str(folder), "rungs": [],
+        "table": [{"lr": 3e-3, "ratio": BASE_RATIO, "run": "a"},
+                  {"lr": 1e-2, "ratio": 0.3, "run": "b"}],
+    }  # fmt: skip
+    rates, rate = posthoc_rates(cog)
+    assert rates == (1e-2,) and rate["val_nll_ts"] == {"0.003": None}
 
 
 def test_an_explicit_method_is_trained_alone(tmp_path):

@@ -1,4 +1,5 @@
-"""Multi-process metrics: StreamingMetrics.sync() and the torchmetrics adapter, 2 CPU processes.
+"""Multi-process metrics: StreamingMetrics.sync(), TemperatureScaledNLL.sync() and the
+torchmetrics adapter, 2 CPU processes.
 
 Each process (gloo backend on localhost) sees a different, unequal shard; after ``sync()``
 (or torchmetrics' own synchronisation) every process must report the single-process
@@ -15,7 +16,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from cogcal.metrics import StreamingMetrics, as_torchmetric, evaluate
+from cogcal.metrics import (
+    StreamingMetrics,
+    TemperatureScaledNLL,
+    as_torchmetric,
+    evaluate,
+    temperature_scaled_nll,
+)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -52,6 +59,14 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         b.update(zb[part], yb[part])
         b.sync()
         res["binary"] = b.compute()
+
+        ts = TemperatureScaledNLL()
+        ts.update(z[part], y[part])
+        res["nll_ts"] = ts.sync().compute()
+        empty = TemperatureScaledNLL()  # rank 1 sees no sample
+        if rank == 0:
+            empty.update(z[:CUT], y[:CUT])
+        res["nll_ts_rank0_only"] = empty.sync().compute()
 
         # rank 1 sees no data at all and does not know K: sync() allocates its state
         e = StreamingMetrics(n_bins=15)
@@ -156,6 +171,10 @@ def test_two_processes_give_the_single_process_metrics(tmp_path):
         _close(res["rank0_only"], ref_0)
         _close(res["torchmetrics"], ref)
         _close(res["torchmetrics_binary"], ref_b)
+        assert res["nll_ts"] == pytest.approx(temperature_scaled_nll(z, y), abs=1e-12)
+        assert res["nll_ts_rank0_only"] == pytest.approx(
+            temperature_scaled_nll(z[:CUT], y[:CUT]), abs=1e-12
+        )
         assert len(res["errors"]) == 2, res["errors"]
         assert "different settings" in res["errors"][0]
         assert "different numbers of classes (3 to 4)" in res["errors"][1]

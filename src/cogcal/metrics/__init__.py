@@ -33,7 +33,8 @@ The package holds one concept per module: ``_inputs`` (argument and tensor check
 ``_chunks`` (per-sample float64 statistics), ``binning`` (the binned ECE family and its
 sufficient statistics), ``sample`` (metrics that need every sample), ``oneshot``
 (:func:`evaluate`, :func:`ece_interval`, :func:`reliability_bins`), ``streaming``
-(:class:`StreamingMetrics`), ``adapters`` (torchmetrics) and ``ood_detection``.
+(:class:`StreamingMetrics`), ``temperature`` (the NLL after the best temperature,
+:func:`temperature_scaled_nll`), ``adapters`` (torchmetrics) and ``ood_detection``.
 
 Definitions
 -----------
@@ -150,17 +151,20 @@ from cogcal.metrics.adapters import as_torchmetric, torchmetric_class
 from cogcal.metrics.oneshot import ece_interval, evaluate, reliability_bins
 from cogcal.metrics.ood_detection import ood, ood_scores
 from cogcal.metrics.streaming import StreamingMetrics
+from cogcal.metrics.temperature import TemperatureScaledNLL, temperature_scaled_nll
 
 __all__ = [
     "DEFAULT_N_BINS",
     "ProbabilitiesAsLogitsWarning",
     "StreamingMetrics",
+    "TemperatureScaledNLL",
     "as_torchmetric",
     "ece_interval",
     "evaluate",
     "ood",
     "ood_scores",
     "reliability_bins",
+    "temperature_scaled_nll",
 ]
 
 

@@ -150,11 +150,12 @@ def choice_line(selection: Mapping[str, Any] | None) -> str | None:
         return f"default path: COG-FC, validation NLL {num(cog['val_nll'])} ({choice['reason']})"
     name = f"cross-entropy + {post['method']}"
     won = "COG-FC" if choice["side"] == "cog" else name
+    lr = f" at lr {post['lr']:g}" if isinstance(post.get("lr"), (int, float)) else ""
     cog_ece, post_ece = cog.get("val_ece_15"), post.get("val_ece_15_in_sample")
     return (
         f"default path: chose {won} by validation NLL (COG-FC {num(cog['val_nll'])}"
         + (f", ECE-15 {num(cog_ece)}" if cog_ece is not None else "")
-        + f"; {name} {num(post['val_nll_cv'])} cross-validated"
+        + f"; cross-entropy{lr} + {post['method']} {num(post['val_nll_cv'])} cross-validated"
         + (f", ECE-15 {num(post_ece)} in-sample" if post_ece is not None else "")
         + ")"
     )
@@ -202,6 +203,8 @@ def health_section(record: Any) -> Section | None:
         section.blocks.append(Table("Learning rates tried", header, rows, notes, "selection"))
         if line := choice_line(selection):
             rule = selection["choice"].get("rule", "")
+            rate = (selection["choice"].get("posthoc") or {}).get("rate") or {}
+            rule += f"; {rate['rule']}" if rate.get("rule") else ""
             section.blocks.append(Paragraph(f"{line[0].upper()}{line[1:]}; rule: {rule}."))
     return section
 

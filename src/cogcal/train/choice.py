@@ -6,11 +6,19 @@ Without a method (``cogcal train`` without ``--method``, :func:`cogcal.fit` with
 
 * COG-FC (``cog-fc``), its learning rates chosen by the default search
   (:mod:`cogcal.train.select`);
-* cross-entropy (``ce``) at the λ_f COG-FC chose (one run: the sides differ only in the
-  final layer's rate and the calibrator), then calibrated post hoc on the validation
-  split: the post-hoc calibrator is chosen among those of
-  :func:`cogcal.calibrators.auto_candidates` by cross-validated NLL on the validation
-  logits (:func:`cogcal.posthoc.calibrate` with ``method="auto"``).
+* cross-entropy (``ce``), then calibrated post hoc on the validation split: the post-hoc
+  calibrator is chosen among those of :func:`cogcal.calibrators.auto_candidates` by
+  cross-validated NLL on the validation logits (:func:`cogcal.posthoc.calibrate` with
+  ``method="auto"``). Its rate (:func:`posthoc_rates`, :data:`RATE_RULE`): COG-FC's λ_f,
+  and, when another λ_f of COG-FC's first step had the lowest validation NLL *after the
+  best temperature* at the first rung (``val_nll_ts`` of the training log,
+  :func:`cogcal.metrics.temperature_scaled_nll`), that one too: both to the first rung,
+  and the better one after a temperature to the end (one run, or a third of a run more).
+  COG-FC's λ_f is chosen by its *uncalibrated* NLL, which is right for COG-FC (it must
+  calibrate itself) but can favour a cautious rate whose only merit is an over-confidence
+  the post-hoc calibrator removes anyway; COG-FC's points nominate the rate at no cost,
+  and the cross-entropy network confirms it, since at high rates it over-fits where
+  COG-FC, whose final layer learns ten times slower, does not.
 
 COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
 validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
@@ -23,7 +31,8 @@ nearly perfectly classified validation samples do not swap the model on noise. T
 split plays no part.
 
 The sides live in ``<out>.sides/``: ``cog-fc/`` (a finished run, its points in
-``cog-fc.select/``), ``ce/`` and, when cross-entropy + post-hoc is
+``cog-fc.select/``), ``ce/`` (its two rates, when it tried two, in ``ce.select/``) and,
+when cross-entropy + post-hoc is
 chosen, ``<kind>/``: a run of the post-hoc method ``kind`` (``ts``, ``dirichlet``, ...)
 whose network is the ``ce`` run's (its stage-1 checkpoints copied, the calibrator fitted by
 the runner on resuming it). The chosen run is copied into ``out``, a valid run of its
@@ -57,7 +66,9 @@ from cogcal.posthoc import AUTO, Calibration, calibrate, fold_calibrator
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
+from cogcal.train.search import Search, rung_nll
 from cogcal.train.select import (
+    BASE_RATIO,
     TrainRun,
     adopt_run,
     load_back,
@@ -65,14 +76,17 @@ from cogcal.train.select import (
     take_out,
 )
 from cogcal.train.sources import DataSource
+from cogcal.train.tuning import Grid
 
 __all__ = [
     "CHOICE_RULE",
     "COG_SIDE",
     "METHOD_GIVEN",
     "POSTHOC_SIDE",
+    "RATE_RULE",
     "choose",
     "paired_gain",
+    "posthoc_rates",
     "sides_folder",
     "weigh_and_train",
     "weighs",
@@ -92,6 +106,16 @@ CHOICE_RULE = (
     f"{Z_SWITCH:g} standard errors of the paired per-sample difference; else COG-FC is kept; "
     "the test split is not used"
 )
+
+
+RATE_RULE = (
+    "cross-entropy is trained at COG-FC's λ_f, and also at the λ_f of COG-FC's first step "
+    f"(λ_c/λ_f = {BASE_RATIO:g}) whose point had the lowest validation NLL after the best "
+    "temperature at the first rung when that is another one: then both to the first rung, "
+    "and the one with the lower validation NLL after the best temperature (the checkpoint "
+    "kept then) to the end"
+)
+TS_KEY = "val_nll_ts"  # the training log's NLL after the best temperature
 
 
 def weighs(config: TrainConfig, task: str) -> bool:
@@ -128,11 +152,11 @@ _SAME = ("dataset", "seed", "preset", "epochs", "batch_size", "selection", "targ
 
 def _side(
     cfg: TrainConfig, source: DataSource, model: nn.Module | None, *, train: TrainRun,
-    overwrite: bool,
+    overwrite: bool, search: Search | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:  # fmt: skip
     """One side: reused when its folder holds the finished run of the same budget; else
-    COG-FC chosen and trained by the default search (its finished points reused,
-    unfinished ones resumed), cross-entropy (``lr`` given) trained, or resumed, as one run."""
+    chosen and trained by ``search`` (COG-FC: the default search; its finished points
+    reused, unfinished ones resumed), or trained, or resumed, as one run (``lr`` given)."""
     folder = RunDir(cfg.out)
     record = folder.read_record()
     if record is not None and not overwrite:
@@ -144,12 +168,39 @@ def _side(
                 "(--overwrite) to train it again."
             )
         return record.to_dict(), load_back(folder.path, model)
-    if not cfg.selects_learning_rates:  # the cross-entropy side, at COG-FC's λ_f
+    if not cfg.selects_learning_rates:  # the cross-entropy side at one rate
         resume = folder.has_state() and not overwrite  # an interrupted side continues
         return train(cfg, resume=resume, overwrite=overwrite, data=source, model=model)
     return select_and_train(
-        cfg, source, model, train=train, resume=not overwrite, overwrite=overwrite
-    )
+        cfg, source, model, train=train, resume=not overwrite, overwrite=overwrite,
+        search=search,
+    )  # fmt: skip
+
+
+def posthoc_rates(cog: dict[str, Any]) -> tuple[tuple[float, ...], dict[str, Any]]:
+    """The learning rates the cross-entropy side tries (:data:`RATE_RULE`), from the COG-FC
+    side's record ``cog`` (its ``selection``: the points, their folders and rungs): COG-FC's
+    λ_f, then the one nominated when it differs; and the record of the nomination: the rule,
+    the epoch compared (None: the whole runs, without halving), the nominated λ_f and each
+    first-step λ_f with its validation NLL after the best temperature (None where its log
+    has none, e.g. written before it was logged)."""
+    own = float(cog["config"]["lr"])
+    selection = cog.get("selection") or {}
+    rungs = selection.get("rungs") or []
+    at = int(rungs[0]["epoch"]) if rungs else None
+    figures: dict[str, float | None] = {}
+    nominated, best = own, math.inf
+    for row in selection.get("table") or []:
+        if row.get("ratio") is None or not math.isclose(float(row["ratio"]), BASE_RATIO):
+            continue
+        history = RunDir(Path(selection["folder"]) / row["run"]).read_history()
+        nll = rung_nll(history, at, key=TS_KEY)
+        figures[f"{float(row['lr']):g}"] = nll if math.isfinite(nll) else None
+        if nll < best:
+            best, nominated = nll, float(row["lr"])
+    rates = (own,) if math.isclose(nominated, own) else (own, nominated)
+    record = {"rule": RATE_RULE, "epoch": at, "nominated": nominated, TS_KEY: figures}
+    return rates, record
 
 
 def paired_gain(
@@ -285,6 +336,26 @@ def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
         return calibrate(z, y, AUTO, cv=folds, candidates=parametric)
 
 
+def _rate_text(rates: tuple[float, ...], rate: dict[str, Any]) -> str:
+    """The rates the cross-entropy side tries, and why, in one line."""
+    where = f"after {rate['epoch']} epochs" if rate["epoch"] is not None else "at the end"
+    shown = ", ".join(
+        f"{lr} {'n/a' if nll is None else f'{nll:.4f}'}" for lr, nll in rate[TS_KEY].items()
+    )
+    why = f"(COG-FC's points, validation NLL after the best temperature {where}: {shown})"
+    if len(rates) == 1:
+        return f"lr {rates[0]:g}, COG-FC's λ_f {why if shown else ''}".rstrip()
+    return f"lr {rates[0]:g} (COG-FC's λ_f) and {rates[1]:g} {why}, the better one kept"
+
+
+def _tried(selection: dict[str, Any] | None) -> dict[str, float | None]:
+    """The cross-entropy side's rates with the figure they were compared by (at the first
+    rung, or at the end without halving)."""
+    rows = (selection or {}).get("table") or []
+    column = "rung1_val_nll" if (selection or {}).get("rungs") else "val_nll"
+    return {f"{float(r['lr']):g}": r.get(column) for r in rows}
+
+
 def _weigh(
     config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
     model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool,
@@ -292,8 +363,22 @@ def _weigh(
     """Train the cross-entropy side, calibrate its validation logits post hoc and choose;
     returns the choice and, when cross-entropy + post hoc wins, its run folder, model and
     selection record."""
-    ce_cfg = _side_config(config, POSTHOC_SIDE, sides).replace(lr=cog["config"]["lr"])
-    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite)
+    rates, rate = posthoc_rates(cog)
+    ce_cfg, search = _side_config(config, POSTHOC_SIDE, sides), None
+    if len(rates) == 1:
+        ce_cfg = ce_cfg.replace(lr=rates[0])
+    else:  # both rates to the first rung, the better one after a temperature to the end
+        plan = [(rate["epoch"], 1)] if rate["epoch"] is not None else []
+        search = Search(
+            Grid(tuple(sorted(rates))), max_extensions=0, rungs=plan, key=TS_KEY,
+            schedule=ce_cfg.resolved()["schedule"],
+        )  # fmt: skip
+    _say(config, f"cross-entropy side: {_rate_text(rates, rate)}")
+    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite,
+                  search=search)  # fmt: skip
+    ce_cfg = ce_cfg.replace(lr=ce["config"]["lr"], out=ce["config"]["out"])
+    rate["lr"] = ce["config"]["lr"]
+    rate["tried"] = _tried(ce.get("selection")) if search is not None else None
     z, y = (torch.from_numpy(a) for a in RunDir(ce_cfg.out).read_logits("val"))
     try:
         cal = _calibrate(z, y, folds)
@@ -307,6 +392,7 @@ def _weigh(
     l2 = getattr(cal.calibrator, "l2_", None)  # the strength its cv_nll was scored at
     gain = paired_gain(torch.from_numpy(cog_z), z, y, cal.method, folds, l2=l2)
     choice = choose(cog, ce, cal, calibrated, gain)
+    choice["posthoc"]["rate"] = rate
     if choice["side"] == "cog":
         return choice, None
     _, trained = _posthoc_run(

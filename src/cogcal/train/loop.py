@@ -6,7 +6,9 @@
   calibrator on λ_c; the calibrator is nothing but a slower parameter group);
 * one forward, one backward and one optimizer step per minibatch;
 * at the end of every epoch: a check that the training loss stayed finite (before anything
-  is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15), the step schedule
+  is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15; for single-label
+  tasks also ``nll_ts``, the NLL after the best temperature:
+  :func:`cogcal.metrics.temperature_scaled_nll`), the step schedule
   (every rate divided by 10 every ``step_size`` epochs), best-by-validation-Brier, and a
   checkpoint (:mod:`cogcal.train.checkpoints`: when, how, and how a run resumes);
 * stopping: after ``epochs``, once every learning rate has decayed below the 1e-8 floor
@@ -36,7 +38,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from cogcal.metrics import StreamingMetrics
+from cogcal.metrics import StreamingMetrics, TemperatureScaledNLL
 from cogcal.train.checkpoints import (
     CheckpointWriter,
     LoopState,
@@ -194,6 +196,7 @@ def fit_stage(
     show = _Progress(stage, steps, state.epoch, log_path, history, enabled=progress,
                      rank0=fabric.is_global_zero)  # fmt: skip
     metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
+    scaled = TemperatureScaledNLL() if stage.task == "multiclass" else None
     started = time.perf_counter()
     paused = False
     with show:
@@ -213,7 +216,7 @@ def fit_stage(
                                     channels_last=channels_last)  # fmt: skip
             train_loss = float(fabric.all_reduce(loss_sum, reduce_op="mean")) / max(steps, 1)
             _check_finite(train_loss, epoch, folder, saver.saved_epoch)
-            val = _validate(model, val_loader, metrics, fabric, channels_last, epoch)
+            val = _validate(model, val_loader, metrics, scaled, fabric, channels_last, epoch)
             if scheduler is not None:
                 scheduler.step()
             improved = val["brier"] < state.best_brier  # the checkpoint kept: best val Brier
@@ -318,7 +321,7 @@ def _log_row(
         "epoch": float(epoch),
         **{f"lr_{g.get('name', i)}": r for i, (g, r) in enumerate(zip(groups, rates, strict=True))},
         "train_loss": train_loss,
-        **{f"val_{k}": val[k] for k in ("brier", "nll", "acc", "ece_15")},
+        **{f"val_{k}": val[k] for k in ("brier", "nll", "acc", "ece_15", "nll_ts") if k in val},
         "seconds": time.perf_counter() - epoch_start,
     }
 
@@ -328,15 +331,19 @@ def _validate(
     model: nn.Module,
     loader: Iterable[tuple[torch.Tensor, torch.Tensor]],
     metrics: StreamingMetrics,
+    scaled: TemperatureScaledNLL | None,
     fabric: Any,
     channels_last: bool,
     epoch: int,
 ) -> dict[str, float]:
     """The epoch's validation pass in streaming form; with several processes each streams
     its shard and the sums are added, so every validation sample counts once. Non-finite
-    logits end the run as diverged (every process stops together)."""
+    logits end the run as diverged (every process stops together). ``scaled``: also the
+    NLL after the best temperature (``nll_ts``)."""
     model.eval()
     metrics.reset()
+    if scaled is not None:
+        scaled.reset()
     bad = torch.zeros((), device=fabric.device)
     for x, y in loader:
         if channels_last and x.ndim == 4:
@@ -344,6 +351,8 @@ def _validate(
         z = model(x).float()
         if bool(torch.isfinite(z).all()):
             metrics.update(z, y)
+            if scaled is not None:
+                scaled.update(z, y)
         else:
             bad += 1
     if float(fabric.all_reduce(bad, reduce_op="sum")) > 0:
@@ -352,7 +361,9 @@ def _validate(
             "still finite); the run diverged. Lower the learning rate(s) and retry."
         )
     metrics.sync()  # sums over processes (a no-op in a single process)
-    return metrics.compute()
+    if scaled is None:
+        return metrics.compute()
+    return {**metrics.compute(), "nll_ts": scaled.sync().compute()}
 
 
 class _Progress:

@@ -82,10 +82,14 @@ def rungs(epochs: int, selection: str = "halving") -> list[tuple[int, int]]:
     return out
 
 
-def rung_nll(history: list[dict[str, float]], epochs: int | None = None) -> float:
+def rung_nll(
+    history: list[dict[str, float]], epochs: int | None = None, key: str = "val_nll"
+) -> float:
     """The validation NLL of the checkpoint a run keeps after ``epochs`` epochs (all of
     ``history`` when None): the first epoch with the lowest validation Brier score among
-    them, as the training loop keeps it; ``inf`` when there is none.
+    them, as the training loop keeps it; ``inf`` when there is none. ``key``: the column
+    read at that epoch (``"val_nll_ts"``: the NLL after the best temperature; ``inf`` in
+    a log without it).
 
     >>> rows = [{"val_brier": 0.5, "val_nll": 0.9}, {"val_brier": 0.3, "val_nll": 0.7},
     ...         {"val_brier": 0.3, "val_nll": 0.6}, {"val_brier": 0.2, "val_nll": 0.8}]
@@ -95,7 +99,7 @@ def rung_nll(history: list[dict[str, float]], epochs: int | None = None) -> floa
     best, nll = math.inf, math.inf
     for row in history[:epochs]:
         if row["val_brier"] < best:
-            best, nll = row["val_brier"], row["val_nll"]
+            best, nll = row["val_brier"], row.get(key, math.inf)
     return float(nll) if math.isfinite(nll) else math.inf
 
 
@@ -205,6 +209,11 @@ class Search:
         Successive halving (:func:`rungs`); empty: every point trained to the end.
     schedule : str, optional
         The learning-rate schedule of the points (the ``schedule`` column).
+    key : str
+        The column of the training log the points are compared by (:func:`rung_nll`):
+        ``"val_nll"`` (validation cross-entropy, the default path's rule) or
+        ``"val_nll_ts"`` (after the best temperature: the cross-entropy side of the default
+        path, :mod:`cogcal.train.choice`); also at the end of the runs.
 
     Attributes
     ----------
@@ -226,12 +235,13 @@ class Search:
         max_extensions: int = 2,
         rungs: Sequence[tuple[int, int]] = (),
         schedule: str | None = None,
+        key: str = "val_nll",
     ) -> None:
         if not isinstance(grid, GridSearch):
             grid = GridSearch(grid, max_extensions=max_extensions)
         self.searches = [grid]
         self.then, self.max_extensions = then, grid.max_extensions
-        self.plan, self.schedule = list(rungs), schedule
+        self.plan, self.schedule, self.key = list(rungs), schedule, key
         self.points: dict[str, dict[str, float]] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.pending: set[str] = set()
@@ -294,14 +304,17 @@ class Search:
         self.searches[-1].record(point, nll, status)
 
     def nll(self, label: str, epochs: int | None) -> float:
-        """The point's validation NLL after ``epochs`` epochs (None: of the finished run);
-        ``inf`` for a point diverged, failed or not finished."""
+        """The point's validation NLL (its ``key`` column) after ``epochs`` epochs (None:
+        of the finished run); ``inf`` for a point diverged, failed or not finished."""
         outcome = self.outcomes[label]
         if outcome.status == "diverged":
             return math.inf
         if epochs is None:
-            return outcome.nll if outcome.status == "complete" else math.inf
-        return rung_nll(outcome.history or [], epochs)
+            if outcome.status != "complete":
+                return math.inf
+            if self.key == "val_nll":
+                return outcome.nll
+        return rung_nll(outcome.history or [], epochs, key=self.key)
 
     # -- running ---------------------------------------------------------------------------
     def advance(self, point: dict[str, float], until: int | None) -> None:
@@ -392,7 +405,9 @@ class Search:
         """``tune.json``: the selection rule, the grid tried, the choice, whether it is at
         an edge, the rungs and the table. ``edges`` names every edge of the choice, a bound
         by its name (``"ratio < 1 bound"``); ``at_edge`` is true only for an edge the
-        search could have moved past (``cap_reached``: the extension cap stopped it)."""
+        search could have moved past (``cap_reached``: the extension cap stopped it);
+        ``compared_by``: the log column the points were compared by (the table's NLL
+        columns hold it)."""
         best = self.best
         opened, bounds = self._edges(best)
         axes = [a for a in ("lr", "ratio") if any(a in s.grid.axes for s in self.searches)]
@@ -400,6 +415,7 @@ class Search:
         capped = any(s.extensions >= s.max_extensions for s in self.searches)
         return {
             "selection": SELECTION_RULE,
+            "compared_by": self.key,
             "axes": axes,
             "grid": {axis: sorted(values[axis]) for axis in axes},
             "best": best,

@@ -14,8 +14,8 @@ Other methods choose λ on :data:`BASELINE_LRS`. Each step's grid is extended in
 direction of its edge while the choice sits there, at most :data:`MAX_EXTENSIONS` times
 (the budget), so at most :data:`MAX_RUNS` points are tried (:data:`BASELINE_MAX_RUNS` for
 one-rate methods), each one exactly the run ``lr=`` would train. Without a method, the
-default path runs this search for COG-FC and for cross-entropy and keeps one of the two
-(:mod:`cogcal.train.choice`).
+default path runs this search for COG-FC, trains cross-entropy at the rate whose COG-FC
+point a temperature made best, and keeps one of the two (:mod:`cogcal.train.choice`).
 
 How far each point is trained is ``TrainConfig.selection``:
 
@@ -303,6 +303,7 @@ def select_and_train(
     train: TrainRun,
     resume: bool = False,
     overwrite: bool = False,
+    search: Search | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:
     """Choose the learning rates of ``config`` (no ``lr``, budget resolved) by validation
     cross-entropy, and return the chosen run as :func:`cogcal.train.runner.execute` does.
@@ -310,13 +311,17 @@ def select_and_train(
     ``train`` trains one point (:class:`TrainRun`: the runner's ``execute``). ``resume``
     continues an interrupted selection (finished points are reused and unfinished ones
     resumed in any case); ``overwrite`` replaces a finished run in ``config.out`` and
-    points of another configuration.
+    points of another configuration. ``search``: another search than
+    :func:`default_search` (the default path's cross-entropy side,
+    :mod:`cogcal.train.choice`), its points the most it may train.
     """
     method = get_method(config.method)
     fabric = launch(config)  # once: every point trains in these processes
     out = RunDir(config.out)
     folder = selection_folder(config.out)
     max_runs = MAX_RUNS if method.is_cog else BASELINE_MAX_RUNS
+    if search is not None:
+        max_runs = len(search.grid.lrs) * len(search.grid.ratios or (None,))
     plan = rungs(int(config.epochs or 1), config.selection)
     config = config.replace(extra={**config.extra, SELECTED: SELECTION_RULE})
     # the points skip the OOD and shift sets; the chosen one is evaluated on them below
@@ -326,14 +331,15 @@ def select_and_train(
         points, folder, fabric=fabric, train=train, source=source, model=model,
         overwrite=overwrite,
     )  # fmt: skip
-    search = default_search(method.is_cog, plan, schedule=config.resolved()["schedule"])
+    if search is None:
+        search = default_search(method.is_cog, plan, schedule=config.resolved()["schedule"])
     with contextlib.ExitStack() as held:
         sel.on_zero(
             lambda: _begin(held, out, folder, resume=resume, overwrite=overwrite, config=config)
         )
         if sel.zero:
             _say(config, describe_budget(config.resolved(), train_size(source)))
-            _say(config, _plan_text(config, plan, max_runs, folder))
+            _say(config, _plan_text(config, search.plan, max_runs, folder, search.key))
         started = time.perf_counter()
         summary = search.run(
             sel.train,
@@ -447,7 +453,7 @@ def _rung_line(config: TrainConfig) -> Callable[[dict[str, Any], list[str], list
 
 #: The keys of the summary recorded under ``selection`` in the chosen run's metrics.json.
 _RECORDED = (
-    "selection", "mode", "best", "best_config", "at_edge", "edges", "grid", "runs",
+    "selection", "compared_by", "mode", "best", "best_config", "at_edge", "edges", "grid", "runs",
     "max_runs", "rungs", "epochs", "epochs_trained", "run_equivalents", "seconds", "folder",
     "table",
 )  # fmt: skip
@@ -488,9 +494,12 @@ def _begin(
 
 
 def _plan_text(
-    config: TrainConfig, plan: list[tuple[int, int]], max_runs: int, folder: Path
-) -> str:
-    head = "choosing the learning rates by validation cross-entropy"
+    config: TrainConfig, plan: list[tuple[int, int]], max_runs: int, folder: Path,
+    key: str = "val_nll",
+) -> str:  # fmt: skip
+    head = "choosing the learning rates by validation cross-entropy" + (
+        "" if key == "val_nll" else " after the best temperature"
+    )
     tail = f"in {folder} (pass --lr to train one configuration)"
     if not plan:
         return f"{head}: at most {max_runs} runs of this budget, each to the end, {tail}"
