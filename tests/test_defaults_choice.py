@@ -378,6 +378,9 @@ def test_without_temperature_scaled_figures_the_cross_entropy_side_takes_cog_fcs
 def test_an_explicit_method_is_trained_alone(tmp_path):
     result = _fit(tmp_path / "run", method="cog-fc")
     assert "choice" not in result.selection and not sides_folder(tmp_path / "run").exists()
+    # the NLL after the best temperature is logged only where the default path reads it
+    with (tmp_path / "run" / "logs" / "stage1.csv").open() as f:
+        assert "val_nll_ts" not in next(csv.reader(f))
 
 
 def test_an_interrupted_default_path_resumes_the_same_choice(tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ of the logits divided by a temperature :math:`T`,
 
 the "calibrated log-likelihood" of Ashukha et al. (2020), here in sample (the temperature
 fitted on the samples it is scored on: one parameter, so the optimism is small). The
-training loop records it on the validation split every epoch (``val_nll_ts``); the
-default path reads it to compare the rates at which a network trains *before* a post-hoc
+training loop records it on the validation split every epoch of the default path's runs
+(``val_nll_ts``); the default path reads it to compare the rates at which a network trains *before* a post-hoc
 calibrator (docs/method.md §1, "COG-FC or cross-entropy + post-hoc calibration").
 
 It is computed in one pass in O(grid) memory, so that it streams and its state adds up

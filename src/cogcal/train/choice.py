@@ -64,7 +64,7 @@ from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
 from cogcal.posthoc import AUTO, Calibration, calibrate, fold_calibrator
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
-from cogcal.train.config import METHOD_GIVEN, TrainConfig
+from cogcal.train.config import LOG_NLL_TS, METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
 from cogcal.train.search import Search, rung_nll
 from cogcal.train.select import (
@@ -143,7 +143,7 @@ def _say(config: TrainConfig, text: str) -> None:
 
 
 def _side_config(config: TrainConfig, method: str, folder: Path) -> TrainConfig:
-    extra = {**config.extra, METHOD_GIVEN: True, DEFER_ROBUSTNESS: True}
+    extra = {**config.extra, METHOD_GIVEN: True, DEFER_ROBUSTNESS: True, LOG_NLL_TS: True}
     return config.replace(method=method, out=str(folder / method), extra=extra)
 
 

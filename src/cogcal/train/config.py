@@ -49,6 +49,7 @@ from cogcal.runs.methods import get_method, list_methods
 __all__ = [
     "ConfigError",
     "TrainConfig",
+    "LOG_NLL_TS",
     "LR_FLOOR",
     "PRESETS",
     "SCHEDULES",
@@ -144,6 +145,11 @@ def _opt(
 #: the default path then trains that method alone instead of weighing COG-FC against
 #: cross-entropy + post-hoc calibration (:mod:`cogcal.train.choice`).
 METHOD_GIVEN = "method_given"
+#: The ``extra`` key asking the training loop to log the validation NLL after the best
+#: temperature every epoch (``val_nll_ts``): set by the default path on the runs that
+#: compare by it (:mod:`cogcal.train.choice`), off elsewhere (it costs a pass over 49
+#: temperatures of the validation logits each epoch).
+LOG_NLL_TS = "log_nll_ts"
 
 
 @dataclass

@@ -6,8 +6,8 @@
   calibrator on λ_c; the calibrator is nothing but a slower parameter group);
 * one forward, one backward and one optimizer step per minibatch;
 * at the end of every epoch: a check that the training loss stayed finite (before anything
-  is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15; for single-label
-  tasks also ``nll_ts``, the NLL after the best temperature:
+  is saved), a streaming validation pass (Brier, NLL, accuracy, ECE-15; when the stage
+  asks, also ``nll_ts``, the NLL after the best temperature:
   :func:`cogcal.metrics.temperature_scaled_nll`), the step schedule
   (every rate divided by 10 every ``step_size`` epochs), best-by-validation-Brier, and a
   checkpoint (:mod:`cogcal.train.checkpoints`: when, how, and how a run resumes);
@@ -96,6 +96,9 @@ class Stage:
         Train with ``model.forward_with_kl`` and add the KL term (V-TST).
     seed : int
         With the epoch, seeds the global RNG (dropout, V-TST sampling) at each epoch start.
+    temperature_nll : bool
+        Also log the validation NLL after the best temperature (``val_nll_ts``) each epoch
+        (single-label tasks only).
     """
 
     name: str
@@ -108,6 +111,7 @@ class Stage:
     task: str = "multiclass"
     variational: bool = False
     seed: int = 0
+    temperature_nll: bool = False
 
 
 @dataclass
@@ -196,7 +200,9 @@ def fit_stage(
     show = _Progress(stage, steps, state.epoch, log_path, history, enabled=progress,
                      rank0=fabric.is_global_zero)  # fmt: skip
     metrics = StreamingMetrics(task=stage.task, n_bins=(15,)).to(fabric.device)
-    scaled = TemperatureScaledNLL() if stage.task == "multiclass" else None
+    scaled = (
+        TemperatureScaledNLL() if stage.temperature_nll and stage.task == "multiclass" else None
+    )
     started = time.perf_counter()
     paused = False
     with show:

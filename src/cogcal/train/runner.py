@@ -41,7 +41,7 @@ from cogcal.train.assemble import final_model, posthoc_calibrator, stage1_model,
 from cogcal.train.checkpoints import CheckpointWriter
 from cogcal.train.checkup import run_health
 from cogcal.train.choice import weigh_and_train, weighs
-from cogcal.train.config import ConfigError, TrainConfig
+from cogcal.train.config import LOG_NLL_TS, ConfigError, TrainConfig
 from cogcal.train.devices import launch
 from cogcal.train.loop import NonFiniteLossError, Stage, fit_stage
 from cogcal.train.methods import loss_function
@@ -293,6 +293,7 @@ def _train(
             "stage1", model, loss_function(method, source.task),
             _stage1_groups(method, model, config), config.epochs, step_size=step_size,
             patience=config.patience, task=source.task, seed=config.seed,
+            temperature_nll=bool(config.extra.get(LOG_NLL_TS)),
         ),
         folder.stage_dir(two_stage),
         stop_at_epoch,
