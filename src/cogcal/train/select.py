@@ -390,7 +390,7 @@ def _finish(
     selection recorded, evaluate it on the OOD and shift sets and write its record last."""
     edge = (
         f" (at the edge of the grid: {', '.join(open_edges(summary))})"
-        if summary["at_edge"]
+        if summary["at_edge"] and summary["max_extensions"]  # (a fixed race has no edge)
         else ""
     )
     cost = f"{summary['epochs_trained']} epochs in all = {summary['run_equivalents']:.2f} runs of the budget"
