@@ -95,3 +95,5 @@ def test_wrong_input_is_named():
         m.update(torch.zeros(4), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"class indices in \[0, 3\).*from 0 to 3"):
         m.update(torch.zeros(2, 3), torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        m.update(torch.tensor([[0.0, math.inf]]), torch.tensor([0]))

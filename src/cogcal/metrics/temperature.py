@@ -10,8 +10,9 @@ of the logits divided by a temperature :math:`T`,
 the "calibrated log-likelihood" of Ashukha et al. (2020), here in sample (the temperature
 fitted on the samples it is scored on: one parameter, so the optimism is small). The
 training loop records it on the validation split every epoch of the default path's runs
-(``val_nll_ts``); the default path reads it to compare the rates at which a network trains *before* a post-hoc
-calibrator (docs/method.md §1, "COG-FC or cross-entropy + post-hoc calibration").
+(``val_nll_ts``), which reads it to compare the rates at which a network trains *before*
+a post-hoc calibrator (docs/method.md §1, "COG-FC or cross-entropy + post-hoc
+calibration").
 
 It is computed in one pass in O(grid) memory, so that it streams and its state adds up
 over processes like :class:`~cogcal.metrics.StreamingMetrics`': the sum of the NLL is
@@ -76,6 +77,11 @@ class TemperatureScaledNLL:
             )
         z = logits.detach().float()
         y = labels.detach().long().to(z.device)
+        if not bool(torch.isfinite(z).all()):
+            raise ValueError(
+                "TemperatureScaledNLL.update: the logits hold NaN or infinite values; pass "
+                "finite logits (a diverged model has no temperature that calibrates it)."
+            )
         if len(y) and (int(y.min()) < 0 or int(y.max()) >= z.shape[1]):
             raise ValueError(
                 f"TemperatureScaledNLL.update: labels must be class indices in [0, "
