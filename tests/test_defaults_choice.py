@@ -1,5 +1,6 @@
 """The default path weighs COG-FC against cross-entropy + post-hoc calibration (issue 41,
 docs/method.md §1): the choice by validation NLL (cross-validated for the post-hoc side),
+the cross-entropy side's rate (judged by its validation NLL after the best temperature),
 its record, the report and predict lines, the chosen run as a valid run of its method, and
 a resumed default path that continues the same choice."""
 
@@ -332,9 +333,9 @@ def _point(folder: Path, label: str, rows: list[tuple[float, float, float]]) -> 
 def test_the_nominated_rate_is_the_first_step_point_a_temperature_made_best(tmp_path):
     """COG-FC chose 3e-4 by its uncalibrated NLL; after a temperature 1e-3 was best at the
     first rung (after 2 epochs, each point read at its kept checkpoint: the lowest
-    validation Brier so far): cross-entropy tries 3e-4 and 1e-3. A lower figure at an epoch that
-    was not kept, or after the rung, or of a point of the second step (another ratio) does
-    not count."""
+    validation Brier so far): cross-entropy tries 3e-4 and 1e-3. A lower figure at an
+    epoch that was not kept, or after the rung, or of a point of the second step (another
+    ratio) does not count."""
     folder = tmp_path / "cog-fc.select"
     _point(folder, "lo", [(0.30, 0.40, 0.39), (0.29, 0.38, 0.37), (0.10, 0.20, 0.10)])
     _point(folder, "mid", [(0.25, 0.45, 0.35), (0.26, 0.40, 0.30), (0.20, 0.50, 0.20)])
