@@ -24,7 +24,7 @@ from cogcal._checks import (
 )
 from cogcal._constraints import COUNT, CV_FOLDS, NON_NEGATIVE_REAL, check
 from cogcal.calibrators._folds import _shuffled_folds, _stratified_folds
-from cogcal.calibrators._newton import VectorProblem, fit_vector
+from cogcal.calibrators._newton import METRIC_DTYPE, VectorProblem, fit_vector
 
 #: Penalty strengths :math:`\lambda` tried by ``l2="cv"``: 0 (maximum likelihood) and one
 #: per decade from 1e-2 to 1e5. :math:`\lambda` is a prior precision per parameter, so the
@@ -513,7 +513,8 @@ class Calibrator(nn.Module):
         if vector is not None:
             fit = fit_vector(
                 vector, self.weight.detach(), self.bias.detach(), max_iter=self.max_iter,
-                metric=metric, start=start, **tolerances,
+                metric=metric, start=start, hessian_dtype=METRIC_DTYPE if scoring else None,
+                **tolerances,
             )  # fmt: skip
             self._set_solution(self._canonical({"weight": fit.weight, "bias": fit.bias}))
             # (the softmax, so the data term, is the same at the canonical representative)
@@ -604,6 +605,12 @@ class Calibrator(nn.Module):
         that copy's solution at the previous strength)."""
         for model, held in zip(models, held_out, strict=True):
             model._minimise(logits[~held], labels[~held], l2, scoring=True)
+
+    def _final_start(self, l2: float) -> dict[str, Any]:
+        """Where the final fit at ``l2`` starts, after :meth:`_prepare`: keyword arguments
+        of :meth:`_minimise` (and the parameters set), from what the cross-validation
+        learnt; by default nothing (the fit starts where :meth:`_prepare` put it)."""
+        return {}
 
     def _cross_validate(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
         self._check_cv_samples(labels.shape[0])
@@ -739,7 +746,9 @@ class Calibrator(nn.Module):
                 self.l2_at_edge_ = None
             self._reset_parameters()
             self._prepare(z64, y)
-            self.n_iter_ = self._minimise(z64, y, self.l2_, scoring=self._scoring_only)
+            self.n_iter_ = self._minimise(
+                z64, y, self.l2_, scoring=self._scoring_only, **self._final_start(self.l2_)
+            )
             self.nll_after_ = self._fitting_nll(z64, y)
             if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):
                 raise RuntimeError(

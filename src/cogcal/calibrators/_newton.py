@@ -64,13 +64,21 @@ class VectorProblem(NamedTuple):
 
 
 def _hessian_sum(
-    x: torch.Tensor, p: torch.Tensor, weights: torch.Tensor | None = None
+    x: torch.Tensor,
+    p: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The data term's Hessian summed over the columns (rows of the data) of features ``x``
     (..., K, N) at their softmax probabilities ``p`` (..., K, N), each column weighted by
     ``weights`` (..., 1, N) if given: ``diag([X^2, X, 1] P) - M M^T`` over
     ``M = [X * P; P]`` (the blocks ``w w``, ``w b``, ``b b``; the cross term of a block's
-    diagonal on its diagonal); batched over the leading dimensions."""
+    diagonal on its diagonal); batched over the leading dimensions. ``dtype``: compute in
+    it, returning ``x``'s (:data:`METRIC_DTYPE` for a Newton metric)."""
+    if dtype is not None and dtype != x.dtype:
+        w32 = None if weights is None else weights.to(dtype)
+        return _hessian_sum(x.to(dtype), p.to(dtype), w32).to(x.dtype)
     k = x.shape[-2]
     pw = p if weights is None else p * weights
     xp, xpw = x * p, x * pw
@@ -85,6 +93,15 @@ def _hessian_sum(
     return h
 
 
+#: The precision of the Hessians that serve only as Newton metrics of fits to a loose
+#: gradient (:func:`hessian_sums`; :func:`fit_vector`'s ``hessian_dtype``): the step they
+#: give is a descent direction at any precision and the minimiser is where the float64
+#: gradient vanishes, so float32's seven digits (a relative error of about 4e-7 on 1,600 x
+#: 100 logits) cost no step of a fit to a gradient of 1e-4, for products that take 40%
+#: less time (docs/performance.md, "posthoc_peers").
+METRIC_DTYPE = torch.float32
+
+
 def hessian_sums(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, groups: list[torch.Tensor]
 ) -> list[torch.Tensor]:
@@ -93,7 +110,7 @@ def hessian_sums(
     held-out rows' sums of the cross-validation folds give every fold's Hessian."""
     with torch.no_grad():
         p = torch.softmax(x * w + b, dim=1)
-    return [_hessian_sum(x[rows].T, p[rows].T) for rows in groups]
+    return [_hessian_sum(x[rows].T, p[rows].T, dtype=METRIC_DTYPE) for rows in groups]
 
 
 def _penalised(
@@ -224,6 +241,7 @@ def fit_vector(
     tolerance_change: float,
     metric: torch.Tensor | None = None,
     start: tuple[float, torch.Tensor] | None = None,
+    hessian_dtype: torch.dtype | None = None,
 ) -> VectorFit:
     """Minimise the objective from ``(w, b)`` by damped Newton steps (Armijo backtracking
     from the full step).
@@ -239,8 +257,16 @@ def fit_vector(
     the minimum a Hessian from nearby is as good a metric as the exact one, at no pass
     over the data.
 
-    Stops when the largest gradient entry is at most ``tolerance_grad``, when a step
-    changes the objective by less than ``tolerance_change``, or after ``max_iter`` steps.
+    ``hessian_dtype``: the precision of the Hessians the fit forms (default the data's):
+    :data:`METRIC_DTYPE` for a fit that stops at a loose gradient (the cross-validation's
+    scoring fits), where the linear convergence of a float32 metric costs no step. A fit to
+    a tight gradient keeps float64: near the minimum the objective's changes fall to its
+    rounding before a float32 metric's steps reach 1e-8.
+
+    Stops when the largest gradient entry is at most ``tolerance_grad``, when a step taken
+    with a Hessian formed where it started changes the objective by less than
+    ``tolerance_change`` (a kept metric's step that does is checked by forming it there),
+    or after ``max_iter`` steps.
     """
     k, columns = w.shape[0], problem.columns
     if columns is None:
@@ -269,7 +295,7 @@ def fit_vector(
         if fixed is None:
             if probs is None:
                 probs = _data_term(columns, w, b)[2]
-            hessian = _hessian_sum(columns.x, probs)
+            hessian = _hessian_sum(columns.x, probs, dtype=hessian_dtype)
             fixed = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), hessian)[2]
             exact = True
         step = _solve(fixed, grad)
@@ -280,13 +306,15 @@ def fit_vector(
                 continue
             break  # no decrease along the Newton direction: at the minimum to rounding
         new_loss, new_grad, probs = new
-        exact = False
+        stepped_exact, exact = exact, False
         if t < 1.0 or float(new_grad.abs().max()) > 0.1 * float(grad.abs().max()):
             fixed = None
         previous = loss
         w, b, loss, grad = w + t * step[:k], b + t * step[k:], new_loss, new_grad
         if abs(previous - loss) < tolerance_change:
-            break
+            if stepped_exact:
+                break
+            fixed = None  # a kept metric's step that barely moved: check with the Hessian here
     penalty, penalty_grad, _ = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), None)
     return VectorFit(w, b, n_iter, loss - penalty, grad - penalty_grad)
 

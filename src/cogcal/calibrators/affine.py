@@ -279,12 +279,16 @@ class _ClassScaling(_AffineScaling):
         b = torch.stack([m.bias.detach() for m in models]).mean(0)
         parts = hessian_sums(logits, w, b, held_out)
         total = torch.stack(parts).sum(0)
-        # each fold's rows (the same tensors at every strength) and its data term where
-        # its previous fit ended, where this one starts
+        # each fold's rows (the same tensors at every strength), its data term where its
+        # previous fit ended, where this one starts, and the strength of that fit
         ends = getattr(self, "_fold_ends", None)
         if ends is None or ends[0] is not held_out:  # once per cross-validation
             rows = [(logits[~held], labels[~held]) for held in held_out]
-            ends = self._fold_ends = (held_out, [None] * len(models), rows)
+            ends = self._fold_ends = [held_out, [None] * len(models), rows, None]
+            self._fold_means = {}
+        if ends[3] is not None:  # the folds' mean solution there and all the data's Hessian
+            self._fold_means[ends[3]] = (w, b, total)
+        ends[3] = l2
         for f, (model, part) in enumerate(zip(models, parts, strict=True)):
             model._minimise(
                 *ends[2][f], l2, scoring=True, metric=total - part, start=ends[1][f]
@@ -359,10 +363,23 @@ class _ClassScaling(_AffineScaling):
             torch.stack(curvatures), torch.stack(centres), full=full,
         )  # fmt: skip
 
+    def _final_start(self, l2: float) -> dict[str, Any]:
+        """Vector scaling's final fit starts from the mean of the folds' solutions at
+        ``l2``, with all the data's Hessian there as its Newton metric (both from
+        :meth:`_fit_folds`): a step or two to the same minimiser, where a start at
+        ``1 / T_0`` took four, each forming the Hessian."""
+        w, b, metric = getattr(self, "_fold_means", {}).get(l2, (None, None, None))
+        if metric is None:
+            return {}
+        with torch.no_grad():
+            self.weight.copy_(w)
+            self.bias.copy_(b)
+        return {"metric": metric}
+
     def _after_fit(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         super()._after_fit(logits, labels)
         # the folds' and the fit's data as the solvers read them: not a fitted calibrator's
-        self._stacked_folds = self._fold_ends = self._fit_columns = None
+        self._stacked_folds = self._fold_ends = self._fit_columns = self._fold_means = None
 
     def _weight_penalty_deviation(self, w: torch.Tensor, t0: float, identity: Any) -> torch.Tensor:
         """The penalised weight deviation of :meth:`_penalty_terms` for the hand-written
