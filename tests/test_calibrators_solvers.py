@@ -426,3 +426,14 @@ def test_scoring_only_fold_fits_stop_early_and_skip_the_fitting_nll() -> None:
         scored = F.cross_entropy(fold(z[held]).double(), y[held])
         reference = F.cross_entropy(exact(z[held]).double(), y[held])
         assert float(scored) == pytest.approx(float(reference), abs=5e-5)
+
+
+def test_a_fitted_vector_scaling_refits_the_same_as_a_fresh_one() -> None:
+    """The final fit's start from the folds (``_final_start``) is per fit: refitting a
+    fitted calibrator, with or without cross-validation, gives a fresh fit's solution."""
+    z, y = _data(n=400, k=4, seed=8)
+    for l2 in ("cv", 3.0):
+        cal = VectorScaling(l2=l2).fit(z, y).fit(z, y)
+        fresh = VectorScaling(l2=l2).fit(z, y)
+        torch.testing.assert_close(cal.weight, fresh.weight, rtol=0, atol=1e-7)
+        torch.testing.assert_close(cal.bias, fresh.bias, rtol=0, atol=1e-7)

@@ -368,7 +368,7 @@ class _ClassScaling(_AffineScaling):
         ``l2``, with all the data's Hessian there as its Newton metric (both from
         :meth:`_fit_folds`): a step or two to the same minimiser, where a start at
         ``1 / T_0`` took four, each forming the Hessian."""
-        w, b, metric = getattr(self, "_fold_means", {}).get(l2, (None, None, None))
+        w, b, metric = (getattr(self, "_fold_means", None) or {}).get(l2, (None, None, None))
         if metric is None:
             return {}
         with torch.no_grad():
