@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from cogcal.calibrators import (
     StructuredVectorScaling,
     Temperature,
     VectorScaling,
+    _base,
     _newton,
     affine,
     make_calibrator,
@@ -437,3 +439,74 @@ def test_a_fitted_vector_scaling_refits_the_same_as_a_fresh_one() -> None:
         fresh = VectorScaling(l2=l2).fit(z, y)
         torch.testing.assert_close(cal.weight, fresh.weight, rtol=0, atol=1e-7)
         torch.testing.assert_close(cal.bias, fresh.bias, rtol=0, atol=1e-7)
+
+
+# -- reduced precision in the cross-validation fits of the full maps -----------------------
+
+
+@pytest.mark.parametrize("kind", ["ms", "dirichlet", "sms"])
+def test_full_maps_scoring_in_float32_score_as_in_float64(kind: str, monkeypatch) -> None:
+    """The cross-validation fits of the full maps compute in SCORING_DTYPE (float32): the
+    same pooled scores as in float64 (to a tenth of the scoring fits' tolerance), the same
+    choice and the same final map (which is fitted in float64 either way)."""
+    from cogcal.posthoc import cross_validated_nll
+
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)  # (else: Newton on all folds)
+    z, y = _data(n=600, k=8, seed=21)
+    cls = type(make_calibrator(kind))
+    calls: list[torch.dtype | None] = []
+    chosen = cls._scoring_dtype
+
+    def spy(self, logits, scoring):
+        calls.append(chosen(self, logits, scoring))
+        return calls[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cls, "_scoring_dtype", spy)
+        reduced = make_calibrator(kind).fit(z, y)
+        reduced_cv = cross_validated_nll(z, y, kind)
+    assert torch.float32 in calls and None in calls  # the folds' fits and the final fit
+    monkeypatch.setattr(cls, "_scoring_dtype", lambda self, logits, scoring: None)
+    exact = make_calibrator(kind).fit(z, y)
+    if exact.l2_grid_ is not None:
+        _same_cross_validation(reduced, exact, atol=1e-5)
+    torch.testing.assert_close(reduced.weight, exact.weight, rtol=0, atol=1e-6)
+    assert cross_validated_nll(z, y, kind) == pytest.approx(reduced_cv, abs=1e-5)
+
+
+def test_a_scoring_fit_that_stalls_in_reduced_precision_is_finished_in_float64(monkeypatch):
+    """A cross-validation fit whose reduced-precision L-BFGS stops above the tolerance
+    (here bfloat16, whose objective is too coarse to get there) is finished in the logits'
+    float64: the scores of the float64 fits."""
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)
+    z, y = _data(n=400, k=6, seed=5)
+    exact_fits = MatrixScaling()
+    monkeypatch.setattr(MatrixScaling, "_scoring_dtype", lambda self, logits, scoring: None)
+    exact_fits.fit(z, y)
+    monkeypatch.setattr(
+        MatrixScaling, "_scoring_dtype",
+        lambda self, logits, scoring: torch.bfloat16 if scoring else None,
+    )  # fmt: skip
+    runs: list[tuple[torch.dtype, float]] = []
+    lbfgs = _base._lbfgs
+
+    def counted(objective, x, **kwargs):
+        out = lbfgs(objective, x, **kwargs)
+        runs.append((kwargs["tolerance_grad"], out[2]))
+        return out
+
+    monkeypatch.setattr(_base, "_lbfgs", counted)
+    stalled = MatrixScaling().fit(z, y)
+    scoring = [g for tol, g in runs if tol == 1e-4]
+    assert any(g > 1e-4 for g in scoring)  # some bfloat16 fits stalled ...
+    assert len(scoring) > len(stalled.cv_fold_scores_[np.isfinite(stalled.cv_fold_scores_)])
+    _same_cross_validation(stalled, exact_fits, atol=1e-5)  # ... and were finished
+
+
+def test_reduced_precision_only_for_features_of_moderate_size() -> None:
+    small = torch.full((3, 4), affine.REDUCED_PRECISION_FEATURES, dtype=torch.float64)
+    assert affine.scoring_dtype(small) == torch.float32
+    assert affine.scoring_dtype(small * 1.01) is None  # float32 rounding near the tolerance
+    assert affine.scoring_dtype(small.float()) is None  # already float32: nothing to reduce
+    z, y = _data(n=50, k=3)
+    assert MatrixScaling(3)._scoring_dtype(z, scoring=False) is None  # final fits: float64

@@ -40,6 +40,13 @@ _CV_PATIENCE = 1
 #: (:meth:`Calibrator._minimise`).
 FINAL_TOLERANCES = {"tolerance_grad": 1e-8, "tolerance_change": 1e-15}
 SCORING_TOLERANCES = {"tolerance_grad": 1e-4, "tolerance_change": 1e-12}
+#: The arithmetic of a cross-validation fit by L-BFGS where the calibrator's closure allows
+#: it (:meth:`Calibrator._scoring_dtype`; the objective is summed, and the iterates kept, in
+#: float64): to a gradient of 1e-4, float32 rounding (1e-7 of the features) moved no
+#: pooled score of docs/performance.md's sets by 1e-6, for matrix products and softmaxes at
+#: half the memory traffic ("posthoc_peers" there). A fit that stalls above the tolerance
+#: in it is finished in float64.
+SCORING_DTYPE = torch.float32
 
 #: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
 #: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
@@ -141,12 +148,14 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 class _Problem(NamedTuple):
     """One penalised fit: the logits and labels, the conditioning statistics of
-    :meth:`Calibrator._standardisation` and the penalty's weight ``l2 / (2 n)``."""
+    :meth:`Calibrator._standardisation`, the penalty's weight ``l2 / (2 n)`` and the dtype
+    of the closure's arithmetic (``None``: the logits')."""
 
     logits: torch.Tensor
     labels: torch.Tensor
     stats: Any
     weight: float
+    dtype: torch.dtype | None = None
 
 
 #: An L-BFGS closure: returns the objective, leaves the gradient in the variables' ``.grad``.
@@ -180,9 +189,9 @@ def _lbfgs(
     tolerance_grad: float,
     tolerance_change: float,
     history_size: int = 20,
-) -> tuple[torch.Tensor, int]:
+) -> tuple[torch.Tensor, int, float]:
     """Minimise ``objective`` from ``x`` by L-BFGS with a strong-Wolfe line search; return
-    the minimiser and the iterations.
+    the minimiser, the iterations and the largest gradient entry there.
 
     The algorithm of ``torch.optim.LBFGS(lr=1, line_search_fn="strong_wolfe")`` step for
     step (its stopping rules, first step ``min(1, 1 / |g|_1)``, at most ``1.25 max_iter``
@@ -192,7 +201,7 @@ def _lbfgs(
     """
     loss, g = objective(x)
     if float(g.abs().max()) <= tolerance_grad:
-        return x, 0
+        return x, 0, float(g.abs().max())
     history: list[tuple[torch.Tensor, torch.Tensor, float]] = []
     h0, evals, n_iter = 1.0, 1, 0
     d, t, prev_g = g.neg(), 1.0, g
@@ -225,7 +234,7 @@ def _lbfgs(
             or abs(loss - prev_loss) < tolerance_change
         ):
             break
-    return x, n_iter
+    return x, n_iter, float(g.abs().max())
 
 
 class Calibrator(nn.Module):
@@ -524,16 +533,28 @@ class Calibrator(nn.Module):
         variables = {
             k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()
         }
-        closure = self._closure(variables, _Problem(logits, labels, stats, weight))
+        problem = _Problem(logits, labels, stats, weight, self._scoring_dtype(logits, scoring))
         x0 = torch.cat([v.detach().reshape(-1) for v in variables.values()])
         with torch.enable_grad():
-            x, n_iter = _lbfgs(
-                self._flat(variables, closure), x0, max_iter=self.max_iter, **tolerances,
-            )  # fmt: skip
+            objective = self._flat(variables, self._closure(variables, problem))
+            x, n_iter, g_max = _lbfgs(objective, x0, max_iter=self.max_iter, **tolerances)
+            if problem.dtype is not None and g_max > tolerances["tolerance_grad"]:
+                # stalled in the reduced precision (SCORING_DTYPE): finished in the logits'
+                closure = self._closure(variables, problem._replace(dtype=None))
+                x, more, _ = _lbfgs(
+                    self._flat(variables, closure), x, max_iter=self.max_iter, **tolerances
+                )  # fmt: skip
+                n_iter += more
             self._flat(variables, None)(x)  # leave the variables at the minimiser
         with torch.no_grad():
             self._set_solution(self._canonical(self._decode(variables, stats)))
         return n_iter
+
+    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
+        """The dtype of the L-BFGS closure's arithmetic in a fit of these logits
+        (:data:`SCORING_DTYPE` for a cross-validation fit, ``scoring``, where the closure
+        supports it); ``None``, the logits' own, by default (the generic closure's)."""
+        return None
 
     @torch.no_grad()
     def _set_solution(self, params: dict[str, torch.Tensor]) -> None:
@@ -562,7 +583,7 @@ class Calibrator(nn.Module):
 
     def _closure(self, variables: dict[str, torch.Tensor], problem: _Problem) -> _Closure:
         """The L-BFGS closure: :math:`J_\\lambda` at ``variables``, their ``.grad`` set."""
-        logits, labels, stats, weight = problem
+        logits, labels, stats, weight, _ = problem
 
         def closure() -> torch.Tensor:
             for v in variables.values():
@@ -746,9 +767,8 @@ class Calibrator(nn.Module):
                 self.l2_at_edge_ = None
             self._reset_parameters()
             self._prepare(z64, y)
-            self.n_iter_ = self._minimise(
-                z64, y, self.l2_, scoring=self._scoring_only, **self._final_start(self.l2_)
-            )
+            start = self._final_start(self.l2_) if self.l2 == "cv" else {}
+            self.n_iter_ = self._minimise(z64, y, self.l2_, scoring=self._scoring_only, **start)
             self.nll_after_ = self._fitting_nll(z64, y)
             if not all(bool(torch.isfinite(p).all()) for p in self.parameters()):
                 raise RuntimeError(

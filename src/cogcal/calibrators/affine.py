@@ -13,6 +13,7 @@ from torch import nn
 
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
+    SCORING_DTYPE,
     SCORING_TOLERANCES,
     Calibrator,
     _cast,
@@ -490,11 +491,20 @@ def _row_closure(
     variables: dict[str, torch.Tensor],
     blocks: _RowBlocks | None,
     penalty: _Penalty | None,
+    dtype: torch.dtype | None = None,
 ) -> _Closure:
     """The closure of a full affine map ``W x + b`` of features ``x`` with the mean NLL
     and ``penalty``, by hand (tests check it against autograd): the data term's gradient
     is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``, chained back through
-    ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``)."""
+    ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``).
+    ``dtype``: the products and the softmax in it (a cross-validation fit's
+    :data:`~cogcal.calibrators._base.SCORING_DTYPE`); the loss is summed, and the penalty
+    and the gradient returned, in the variables' dtype."""
+    exact = v_dtype = variables["weight"].dtype
+    if dtype is not None and dtype != x.dtype:
+        x, exact = x.to(dtype), dtype
+        if blocks is not None:
+            blocks = _RowBlocks(blocks.factor.to(dtype), blocks.inverse.to(dtype))
     # the logits as (K, n): with few classes torch's softmax over a long contiguous
     # dimension, and the addmm producing it, are 2.5-4x faster than over rows of K
     x_cols, n = x.T.contiguous(), x.shape[0]
@@ -507,24 +517,44 @@ def _row_closure(
 
     @torch.no_grad()  # L-BFGS enables autograd around its closure: no graph is needed
     def closure() -> torch.Tensor:
-        w, b = (v, c) if blocks is None else _decode_rows(v, c, blocks)
+        vx, cx = v.to(exact), c.to(exact)
+        w, b = (vx, cx) if blocks is None else _decode_rows(vx, cx, blocks)
         logp = torch.log_softmax(torch.addmm(b[:, None], w, x_cols), dim=0)
-        loss = -logp.take(picked).sum() / n
+        loss = -logp.take(picked).to(v_dtype).sum() / n
         p = logp.exp_()  # (logp is not needed after the loss)
         grad_w = torch.addmm(label_x, p, x, beta=-1.0, alpha=1.0 / n)
         grad_b = p.sum(1).div_(n).sub_(label_share)
         if penalty is not None:
-            value, pen_w, pen_b = penalty(w, b)
+            value, pen_w, pen_b = penalty(w.to(v_dtype), b.to(v_dtype))
             loss, grad_w, grad_b = loss + value, grad_w + pen_w, grad_b + pen_b
         if blocks is None:
-            v.grad, c.grad = grad_w, grad_b
+            v.grad, c.grad = grad_w.to(v_dtype), grad_b.to(v_dtype)
         else:
-            grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, :, None]
-            grad = torch.bmm(blocks.inverse, grad).squeeze(2)  # L_j^{-1} [G_W | g_b]_j
+            # L_j^{-1} g_j as the row g_j^T L_j^{-T}: a batch of rows times matrices is 4-5x
+            # faster than of matrices times columns (100 classes, one thread: 0.3 vs 1.3 ms)
+            grad = torch.cat([grad_w, grad_b[:, None]], 1)[:, None, :].to(exact)
+            grad = torch.bmm(grad, blocks.inverse.transpose(1, 2)).squeeze(1).to(v_dtype)
             v.grad, c.grad = grad[:, :-1].contiguous(), grad[:, -1].contiguous()
         return loss
 
     return closure
+
+
+#: The largest feature (logit; log-probability for Dirichlet calibration) in absolute value
+#: for which a full map's cross-validation fits compute in
+#: :data:`~cogcal.calibrators._base.SCORING_DTYPE`: there float32's rounding of a gradient
+#: entry, about 1e-7 of the largest feature, stays well below the fits' tolerance of 1e-4.
+REDUCED_PRECISION_FEATURES = 256.0
+
+
+def scoring_dtype(features: torch.Tensor) -> torch.dtype | None:
+    """The dtype of a full map's cross-validation fit on ``features`` (:func:`_row_closure`):
+    :data:`~cogcal.calibrators._base.SCORING_DTYPE` where every feature is at most
+    :data:`REDUCED_PRECISION_FEATURES` in size, else ``None`` (the features' own)."""
+    if features.dtype == SCORING_DTYPE:
+        return None
+    small = float(features.abs().max()) <= REDUCED_PRECISION_FEATURES
+    return SCORING_DTYPE if small else None
 
 
 class _RowConditioned(_ClassScaling):
@@ -641,7 +671,7 @@ class _RowConditioned(_ClassScaling):
         ``W x + b`` (:meth:`_features`); the penalty's gradient is ``2 weight T_0 D`` on ``W``
         (``D = T_0 W - I`` with centred columns, an orthogonal projection:
         :meth:`_weight_penalty_deviation`) and ``2 weight d_b``."""
-        logits, labels, stats, weight = problem
+        logits, labels, stats, weight, _ = problem
         blocks = stats if isinstance(stats, _RowBlocks) else None
         t0 = self._target_temperature if self._shrinks_to_temperature() else 1.0
         identity = self._identity() if self._weights_toward_identity else 0.0
@@ -655,7 +685,12 @@ class _RowConditioned(_ClassScaling):
             return value, (2.0 * weight * t0) * d_w, grad_b
 
         features = self._features(logits)
-        return _row_closure(features, labels, variables, blocks, penalty if weight else None)
+        return _row_closure(
+            features, labels, variables, blocks, penalty if weight else None, problem.dtype
+        )  # fmt: skip
+
+    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
+        return scoring_dtype(self._features(logits)) if scoring else None
 
 
 class VectorScaling(_ClassScaling):

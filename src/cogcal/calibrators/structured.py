@@ -37,6 +37,7 @@ from cogcal.calibrators.affine import (
     _row_closure,
     _row_curvature,
     row_conditioned,
+    scoring_dtype,
 )
 from cogcal.calibrators.temperature import Temperature, fit_temperature
 
@@ -370,7 +371,7 @@ class StructuredMatrixScaling(_StructuredScaling):
         """The penalised mean NLL and its gradient by hand (:func:`_row_closure`): the
         penalty ``weight (C * (W - I)^2).sum() + 2 K weight |b|^2`` has the gradient
         ``2 weight C (W - I)`` and ``4 K weight b``."""
-        logits, labels, blocks, weight = problem
+        logits, labels, blocks, weight, _ = problem
         k = logits.shape[1]
         coef = 2.0 * weight * self._coefficients(k, logits)
         identity = self._identity()
@@ -381,4 +382,9 @@ class StructuredMatrixScaling(_StructuredScaling):
             return value, coef * d_w, 4.0 * k * weight * b
 
         x = self._fit_features(logits)
-        return _row_closure(x, labels, variables, blocks, penalty if weight else None)
+        return _row_closure(
+            x, labels, variables, blocks, penalty if weight else None, problem.dtype
+        )  # fmt: skip
+
+    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
+        return scoring_dtype(self._fit_features(logits)) if scoring else None
