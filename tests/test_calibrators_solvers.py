@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -441,72 +440,82 @@ def test_a_fitted_vector_scaling_refits_the_same_as_a_fresh_one() -> None:
         torch.testing.assert_close(cal.bias, fresh.bias, rtol=0, atol=1e-7)
 
 
-# -- reduced precision in the cross-validation fits of the full maps -----------------------
+# -- reduced precision: the full maps' fits down to the cross-validation's tolerance ------
 
 
 @pytest.mark.parametrize("kind", ["ms", "dirichlet", "sms"])
-def test_full_maps_scoring_in_float32_score_as_in_float64(kind: str, monkeypatch) -> None:
-    """The cross-validation fits of the full maps compute in SCORING_DTYPE (float32): the
-    same pooled scores as in float64 (to a tenth of the scoring fits' tolerance), the same
-    choice and the same final map (which is fitted in float64 either way)."""
+def test_full_maps_in_reduced_precision_fit_as_in_float64(kind: str, monkeypatch) -> None:
+    """The full maps' L-BFGS fits compute in REDUCED_DTYPE (float32) down to a gradient of
+    1e-4: the same cross-validation scores as in float64 (to a tenth of the scoring fits'
+    tolerance), the same choice, and the same final map (which goes on to 1e-8 in float64)."""
     from cogcal.posthoc import cross_validated_nll
 
     monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)  # (else: Newton on all folds)
     z, y = _data(n=600, k=8, seed=21)
     cls = type(make_calibrator(kind))
-    calls: list[torch.dtype | None] = []
-    chosen = cls._scoring_dtype
-
-    def spy(self, logits, scoring):
-        calls.append(chosen(self, logits, scoring))
-        return calls[-1]
-
-    with monkeypatch.context() as patch:
-        patch.setattr(cls, "_scoring_dtype", spy)
-        reduced = make_calibrator(kind).fit(z, y)
-        reduced_cv = cross_validated_nll(z, y, kind)
-    assert torch.float32 in calls and None in calls  # the folds' fits and the final fit
-    monkeypatch.setattr(cls, "_scoring_dtype", lambda self, logits, scoring: None)
+    assert make_calibrator(kind)._reduced_dtype(z) == torch.float32
+    reduced = make_calibrator(kind).fit(z, y)
+    reduced_cv = cross_validated_nll(z, y, kind)
+    monkeypatch.setattr(cls, "_reduced_dtype", lambda self, logits: None)
     exact = make_calibrator(kind).fit(z, y)
     if exact.l2_grid_ is not None:
         _same_cross_validation(reduced, exact, atol=1e-5)
     torch.testing.assert_close(reduced.weight, exact.weight, rtol=0, atol=1e-6)
+    torch.testing.assert_close(reduced.bias, exact.bias, rtol=0, atol=1e-6)
     assert cross_validated_nll(z, y, kind) == pytest.approx(reduced_cv, abs=1e-5)
 
 
-def test_a_scoring_fit_that_stalls_in_reduced_precision_is_finished_in_float64(monkeypatch):
-    """A cross-validation fit whose reduced-precision L-BFGS stops above the tolerance
-    (here bfloat16, whose objective is too coarse to get there) is finished in the logits'
-    float64: the scores of the float64 fits."""
+def test_a_fit_that_stalls_in_reduced_precision_is_finished_in_float64(monkeypatch):
+    """A fit whose reduced-precision L-BFGS stops above the cross-validation's tolerance
+    (here bfloat16, too coarse to get there) goes on in the logits' float64: the scores and
+    the map of the float64 fits."""
     monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)
     z, y = _data(n=400, k=6, seed=5)
-    exact_fits = MatrixScaling()
-    monkeypatch.setattr(MatrixScaling, "_scoring_dtype", lambda self, logits, scoring: None)
-    exact_fits.fit(z, y)
-    monkeypatch.setattr(
-        MatrixScaling, "_scoring_dtype",
-        lambda self, logits, scoring: torch.bfloat16 if scoring else None,
-    )  # fmt: skip
-    runs: list[tuple[torch.dtype, float]] = []
+    monkeypatch.setattr(MatrixScaling, "_reduced_dtype", lambda self, logits: None)
+    exact = MatrixScaling().fit(z, y)
+    monkeypatch.setattr(MatrixScaling, "_reduced_dtype", lambda self, logits: torch.bfloat16)
+    runs: list[tuple[float, float]] = []
     lbfgs = _base._lbfgs
 
-    def counted(objective, x, **kwargs):
-        out = lbfgs(objective, x, **kwargs)
-        runs.append((kwargs["tolerance_grad"], out[2]))
-        return out
+    def recorded(objective, x, **kwargs):
+        run = lbfgs(objective, x, **kwargs)
+        runs.append((kwargs["tolerance_grad"], run.largest_gradient))
+        return run
 
-    monkeypatch.setattr(_base, "_lbfgs", counted)
+    monkeypatch.setattr(_base, "_lbfgs", recorded)
     stalled = MatrixScaling().fit(z, y)
-    scoring = [g for tol, g in runs if tol == 1e-4]
-    assert any(g > 1e-4 for g in scoring)  # some bfloat16 fits stalled ...
-    assert len(scoring) > len(stalled.cv_fold_scores_[np.isfinite(stalled.cv_fold_scores_)])
-    _same_cross_validation(stalled, exact_fits, atol=1e-5)  # ... and were finished
+    assert any(tol == 1e-4 and g > 1e-4 for tol, g in runs)  # some bfloat16 runs stalled
+    _same_cross_validation(stalled, exact, atol=1e-5)
+    torch.testing.assert_close(stalled.weight, exact.weight, rtol=0, atol=1e-6)
+
+
+def test_lbfgs_continuing_an_earlier_run_reaches_its_minimiser_in_fewer_steps() -> None:
+    """``_lbfgs(continuing=run)``: started where an earlier run stopped, with its curvature
+    pairs, the same minimiser as a fresh run from there, in fewer iterations."""
+    z, y = _data(n=300, k=5, seed=2)
+
+    def objective(x: torch.Tensor) -> tuple[float, torch.Tensor]:
+        x = x.detach().requires_grad_(True)
+        w = x[:25].view(5, 5)
+        loss = F.cross_entropy(z @ w.T + x[25:], y) + 1e-2 * (x**2).sum()
+        (grad,) = torch.autograd.grad(loss, x)
+        return float(loss.detach()), grad
+
+    x0 = torch.zeros(30, dtype=torch.float64)
+    first = _base._lbfgs(objective, x0, max_iter=500, tolerance_grad=1e-3, tolerance_change=0)
+    assert first.pairs and first.largest_gradient <= 1e-3
+    tight = {"max_iter": 500, "tolerance_grad": 1e-6, "tolerance_change": 1e-15}
+    continued = _base._lbfgs(objective, first.x, continuing=first, **tight)
+    fresh = _base._lbfgs(objective, first.x, **tight)
+    assert continued.largest_gradient <= 1e-6 and fresh.largest_gradient <= 1e-6
+    torch.testing.assert_close(continued.x, fresh.x, rtol=0, atol=1e-4)
+    assert continued.iterations < fresh.iterations
 
 
 def test_reduced_precision_only_for_features_of_moderate_size() -> None:
     small = torch.full((3, 4), affine.REDUCED_PRECISION_FEATURES, dtype=torch.float64)
-    assert affine.scoring_dtype(small) == torch.float32
-    assert affine.scoring_dtype(small * 1.01) is None  # float32 rounding near the tolerance
-    assert affine.scoring_dtype(small.float()) is None  # already float32: nothing to reduce
+    assert affine.reduced_dtype(small) == torch.float32
+    assert affine.reduced_dtype(small * 1.01) is None  # float32 rounding near the tolerance
+    assert affine.reduced_dtype(small.float()) is None  # already float32: nothing to reduce
     z, y = _data(n=50, k=3)
-    assert MatrixScaling(3)._scoring_dtype(z, scoring=False) is None  # final fits: float64
+    assert MatrixScaling(3)._reduced_dtype(100.0 * z) is None  # logits beyond 256

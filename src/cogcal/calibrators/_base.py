@@ -40,13 +40,14 @@ _CV_PATIENCE = 1
 #: (:meth:`Calibrator._minimise`).
 FINAL_TOLERANCES = {"tolerance_grad": 1e-8, "tolerance_change": 1e-15}
 SCORING_TOLERANCES = {"tolerance_grad": 1e-4, "tolerance_change": 1e-12}
-#: The arithmetic of a cross-validation fit by L-BFGS where the calibrator's closure allows
-#: it (:meth:`Calibrator._scoring_dtype`; the objective is summed, and the iterates kept, in
-#: float64): to a gradient of 1e-4, float32 rounding (1e-7 of the features) moved no
+#: The arithmetic of an L-BFGS fit, where the calibrator's closure allows it
+#: (:meth:`Calibrator._reduced_dtype`), until the gradient reaches the cross-validation's
+#: tolerance (:data:`SCORING_TOLERANCES`; the objective is summed, and the iterates kept,
+#: in float64): to a gradient of 1e-4, float32 rounding (1e-7 of the features) moved no
 #: pooled score of docs/performance.md's sets by 1e-6, for matrix products and softmaxes at
-#: half the memory traffic ("posthoc_peers" there). A fit that stalls above the tolerance
-#: in it is finished in float64.
-SCORING_DTYPE = torch.float32
+#: half the memory traffic ("posthoc_peers" there). A final fit then goes on to 1e-8 in
+#: float64 with the curvature pairs gathered so far, as does a fit stalled above 1e-4.
+REDUCED_DTYPE = torch.float32
 
 #: Precision of the Gaussian prior on ``log T`` (``sigma = 1``): the default ``l2`` of
 #: :class:`Temperature` and :class:`TaskTemperature`, and the fixed prior on the temperature
@@ -181,6 +182,18 @@ def _two_loop(
     return r
 
 
+class _LBFGSRun(NamedTuple):
+    """Where :func:`_lbfgs` stopped: the point, the iterations, the largest gradient entry
+    there, and the curvature pairs ``(y, s, 1 / y.s)`` (oldest first) with the initial
+    inverse-Hessian scale ``h0`` that a run continuing from there can start with."""
+
+    x: torch.Tensor
+    iterations: int
+    largest_gradient: float
+    pairs: list[tuple[torch.Tensor, torch.Tensor, float]]
+    h0: float
+
+
 def _lbfgs(
     objective: _Objective,
     x: torch.Tensor,
@@ -189,21 +202,24 @@ def _lbfgs(
     tolerance_grad: float,
     tolerance_change: float,
     history_size: int = 20,
-) -> tuple[torch.Tensor, int, float]:
-    """Minimise ``objective`` from ``x`` by L-BFGS with a strong-Wolfe line search; return
-    the minimiser, the iterations and the largest gradient entry there.
+    continuing: _LBFGSRun | None = None,
+) -> _LBFGSRun:
+    """Minimise ``objective`` from ``x`` by L-BFGS with a strong-Wolfe line search.
 
     The algorithm of ``torch.optim.LBFGS(lr=1, line_search_fn="strong_wolfe")`` step for
     step (its stopping rules, first step ``min(1, 1 / |g|_1)``, at most ``1.25 max_iter``
     evaluations), on one flat vector and without an optimiser object: the first
     ``torch.optim`` optimiser of a process imports ``torch._dynamo`` (about 1 s), which a
-    post-hoc fit need not pay.
+    post-hoc fit need not pay. ``continuing``: an earlier run that ended at ``x`` (on the
+    same objective in another precision, :data:`REDUCED_DTYPE`), whose curvature pairs
+    give the first step, a unit one, as they would its next.
     """
     loss, g = objective(x)
+    history = list(continuing.pairs) if continuing is not None else []
+    h0 = continuing.h0 if continuing is not None else 1.0
     if float(g.abs().max()) <= tolerance_grad:
-        return x, 0, float(g.abs().max())
-    history: list[tuple[torch.Tensor, torch.Tensor, float]] = []
-    h0, evals, n_iter = 1.0, 1, 0
+        return _LBFGSRun(x, 0, float(g.abs().max()), history, h0)
+    evals, n_iter = 1, 0
     d, t, prev_g = g.neg(), 1.0, g
     while n_iter < max_iter:
         n_iter += 1
@@ -215,9 +231,10 @@ def _lbfgs(
                     history.pop(0)
                 history.append((y, s, 1.0 / ys))
                 h0 = ys / float(y.dot(y))
+        if n_iter > 1 or history:
             d = _two_loop(g, history, h0)
         prev_g, prev_loss = g, loss
-        t = min(1.0, 1.0 / float(g.abs().sum())) if n_iter == 1 else 1.0
+        t = 1.0 if n_iter > 1 or history else min(1.0, 1.0 / float(g.abs().sum()))
         gtd = float(g.dot(d))
         if gtd > -tolerance_change:
             break
@@ -234,7 +251,7 @@ def _lbfgs(
             or abs(loss - prev_loss) < tolerance_change
         ):
             break
-    return x, n_iter, float(g.abs().max())
+    return _LBFGSRun(x, n_iter, float(g.abs().max()), history, h0)
 
 
 class Calibrator(nn.Module):
@@ -533,27 +550,33 @@ class Calibrator(nn.Module):
         variables = {
             k: v.detach().clone().requires_grad_(True) for k, v in self._encode(stats).items()
         }
-        problem = _Problem(logits, labels, stats, weight, self._scoring_dtype(logits, scoring))
-        x0 = torch.cat([v.detach().reshape(-1) for v in variables.values()])
+        problem = _Problem(logits, labels, stats, weight, self._reduced_dtype(logits))
+        x = torch.cat([v.detach().reshape(-1) for v in variables.values()])
         with torch.enable_grad():
-            objective = self._flat(variables, self._closure(variables, problem))
-            x, n_iter, g_max = _lbfgs(objective, x0, max_iter=self.max_iter, **tolerances)
-            if problem.dtype is not None and g_max > tolerances["tolerance_grad"]:
-                # stalled in the reduced precision (SCORING_DTYPE): finished in the logits'
+            run = None
+            if problem.dtype is not None:  # to the cross-validation's tolerance in it
+                objective = self._flat(variables, self._closure(variables, problem))
+                run = _lbfgs(objective, x, max_iter=self.max_iter, **SCORING_TOLERANCES)
+                x = run.x
+            if run is None or run.largest_gradient > tolerances["tolerance_grad"]:
+                # in the logits' precision: the whole fit, a final fit's last steps, or a
+                # fit that stalled in the reduced one, with the curvature pairs it gathered
                 closure = self._closure(variables, problem._replace(dtype=None))
-                x, more, _ = _lbfgs(
-                    self._flat(variables, closure), x, max_iter=self.max_iter, **tolerances
+                used = run.iterations if run is not None else 0
+                rest = _lbfgs(
+                    self._flat(variables, closure), x, max_iter=max(1, self.max_iter - used),
+                    continuing=run, **tolerances,
                 )  # fmt: skip
-                n_iter += more
+                x, run = rest.x, rest._replace(iterations=used + rest.iterations)
             self._flat(variables, None)(x)  # leave the variables at the minimiser
         with torch.no_grad():
             self._set_solution(self._canonical(self._decode(variables, stats)))
-        return n_iter
+        return run.iterations
 
-    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
-        """The dtype of the L-BFGS closure's arithmetic in a fit of these logits
-        (:data:`SCORING_DTYPE` for a cross-validation fit, ``scoring``, where the closure
-        supports it); ``None``, the logits' own, by default (the generic closure's)."""
+    def _reduced_dtype(self, logits: torch.Tensor) -> torch.dtype | None:
+        """The dtype in which an L-BFGS fit of these logits runs until the gradient reaches
+        the cross-validation's tolerance (:data:`REDUCED_DTYPE` where the closure supports
+        it); ``None`` by default: the whole fit in the logits' dtype (the generic closure)."""
         return None
 
     @torch.no_grad()

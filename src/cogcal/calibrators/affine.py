@@ -13,7 +13,7 @@ from torch import nn
 
 from cogcal.calibrators._base import (
     DEFAULT_L2_GRID,
-    SCORING_DTYPE,
+    REDUCED_DTYPE,
     SCORING_TOLERANCES,
     Calibrator,
     _cast,
@@ -497,9 +497,9 @@ def _row_closure(
     and ``penalty``, by hand (tests check it against autograd): the data term's gradient
     is ``G x`` and ``G 1`` with ``G = (softmax - onehot) / n``, chained back through
     ``[W | b]_j = v_j L_j^{-1}`` (``blocks``; ``None``: the variables are ``W`` and ``b``).
-    ``dtype``: the products and the softmax in it (a cross-validation fit's
-    :data:`~cogcal.calibrators._base.SCORING_DTYPE`); the loss is summed, and the penalty
-    and the gradient returned, in the variables' dtype."""
+    ``dtype``: the products and the softmax in it (:data:`~cogcal.calibrators._base.REDUCED_DTYPE`
+    while a fit's gradient is above the cross-validation's tolerance); the loss is summed,
+    and the penalty and the gradient returned, in the variables' dtype."""
     exact = v_dtype = variables["weight"].dtype
     if dtype is not None and dtype != x.dtype:
         x, exact = x.to(dtype), dtype
@@ -541,20 +541,20 @@ def _row_closure(
 
 
 #: The largest feature (logit; log-probability for Dirichlet calibration) in absolute value
-#: for which a full map's cross-validation fits compute in
-#: :data:`~cogcal.calibrators._base.SCORING_DTYPE`: there float32's rounding of a gradient
-#: entry, about 1e-7 of the largest feature, stays well below the fits' tolerance of 1e-4.
+#: for which a full map's fits compute in :data:`~cogcal.calibrators._base.REDUCED_DTYPE`
+#: down to the cross-validation's tolerance: there float32's rounding of a gradient entry,
+#: about 1e-7 of the largest feature, stays well below that tolerance of 1e-4.
 REDUCED_PRECISION_FEATURES = 256.0
 
 
-def scoring_dtype(features: torch.Tensor) -> torch.dtype | None:
-    """The dtype of a full map's cross-validation fit on ``features`` (:func:`_row_closure`):
-    :data:`~cogcal.calibrators._base.SCORING_DTYPE` where every feature is at most
-    :data:`REDUCED_PRECISION_FEATURES` in size, else ``None`` (the features' own)."""
-    if features.dtype == SCORING_DTYPE:
+def reduced_dtype(features: torch.Tensor) -> torch.dtype | None:
+    """The reduced precision of a full map's fit on ``features`` (:func:`_row_closure`):
+    :data:`~cogcal.calibrators._base.REDUCED_DTYPE` where every feature is at most
+    :data:`REDUCED_PRECISION_FEATURES` in size, else ``None`` (only the features' own)."""
+    if features.dtype == REDUCED_DTYPE:
         return None
     small = float(features.abs().max()) <= REDUCED_PRECISION_FEATURES
-    return SCORING_DTYPE if small else None
+    return REDUCED_DTYPE if small else None
 
 
 class _RowConditioned(_ClassScaling):
@@ -689,8 +689,8 @@ class _RowConditioned(_ClassScaling):
             features, labels, variables, blocks, penalty if weight else None, problem.dtype
         )  # fmt: skip
 
-    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
-        return scoring_dtype(self._features(logits)) if scoring else None
+    def _reduced_dtype(self, logits: torch.Tensor) -> torch.dtype | None:
+        return reduced_dtype(self._features(logits))
 
 
 class VectorScaling(_ClassScaling):

@@ -36,8 +36,8 @@ from cogcal.calibrators.affine import (
     _row_blocks,
     _row_closure,
     _row_curvature,
+    reduced_dtype,
     row_conditioned,
-    scoring_dtype,
 )
 from cogcal.calibrators.temperature import Temperature, fit_temperature
 
@@ -386,5 +386,5 @@ class StructuredMatrixScaling(_StructuredScaling):
             x, labels, variables, blocks, penalty if weight else None, problem.dtype
         )  # fmt: skip
 
-    def _scoring_dtype(self, logits: torch.Tensor, scoring: bool) -> torch.dtype | None:
-        return scoring_dtype(self._fit_features(logits)) if scoring else None
+    def _reduced_dtype(self, logits: torch.Tensor) -> torch.dtype | None:
+        return reduced_dtype(self._fit_features(logits))
