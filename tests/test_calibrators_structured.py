@@ -187,3 +187,30 @@ def test_registered_kinds_and_auto_candidates():
     assert make_calibrator("sms", num_outputs=4).weight.shape == (4, 4)
     assert isinstance(make_calibrator("svs"), StructuredVectorScaling)
     assert auto_candidates(10)[-3:] == ("ts-laplace", "svs", "sms")
+
+
+def test_sms_folds_sharing_a_preconditioner_score_as_folds_with_their_own(monkeypatch):
+    """The folds of ``cross_validated_nll`` (``auto``) and of the default path's paired gain
+    share SMS's preconditioner, computed once on all the data (``fold_share``): the same
+    held-out NLLs as folds that each compute their own, to the scoring fits' tolerance."""
+    from cogcal.calibrators import structured
+    from cogcal.posthoc import cross_validated_nll, fold_share
+    from cogcal.train.choice import paired_gain
+
+    z, y = (torch.as_tensor(a) for a in _data(n=600, k=40, seed=3))
+    shared = fold_share("sms", z, y)
+    assert set(shared) == {"_fold_curvature", "_shared_blocks"}
+    cog = 0.7 * z  # any logits for the paired side
+    factorised = []
+    row_blocks = structured._row_blocks
+    monkeypatch.setattr(
+        structured, "_row_blocks", lambda *a: factorised.append(1) or row_blocks(*a)
+    )
+    with_shared = cross_validated_nll(z, y, "sms"), paired_gain(cog, z, y, "sms", 5)
+    assert len(factorised) == 2  # once per cross-validation, for its five folds
+    monkeypatch.setattr(StructuredMatrixScaling, "_fold_share", lambda self, z, y: {})
+    alone = cross_validated_nll(z, y, "sms"), paired_gain(cog, z, y, "sms", 5)
+    assert len(factorised) == 2 + 10
+    assert with_shared[0] == pytest.approx(alone[0], abs=1e-5)
+    assert with_shared[1][0] == pytest.approx(alone[1][0], abs=1e-5)
+    assert fold_share("svs", z, y) == {} and fold_share("ms", z, y) == {}

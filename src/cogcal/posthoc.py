@@ -132,17 +132,26 @@ def _held_out_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
     return nll if math.isfinite(nll) else math.inf
 
 
-def fold_calibrator(method: str) -> nn.Module:
+def fold_calibrator(method: str, shared: dict[str, Any] | None = None) -> nn.Module:
     """A fresh calibrator of ``method`` for one fold of a cross-validation, whose only use
     is its held-out NLL (:func:`cross_validated_nll`; the default path's paired gain):
     fitted to the tolerance of the folds of ``l2="cv"`` (a gradient of 1e-4, not 1e-8),
     and accepting a class missing from the fold's training part (a class with one sample:
     that fit is scored honestly on its held-out fold; ``calibrate`` refuses classes absent
-    from all the data)."""
+    from all the data). ``shared``: what the folds share (:func:`fold_share`)."""
     cal = make_calibrator(method)
     cal._require_every_class = False
     cal._scoring_only = True
+    for name, value in (shared or {}).items():
+        setattr(cal, name, value)
     return cal
+
+
+def fold_share(method: str, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+    """What the :func:`fold_calibrator` s of a cross-validation of ``method`` over these
+    logits share, computed once on all of them (structured matrix scaling: its
+    preconditioner; the other methods: nothing)."""
+    return fold_calibrator(method)._fold_share(logits, labels)
 
 
 def cross_validated_nll(
@@ -177,12 +186,13 @@ def cross_validated_nll(
     True
     """
     folds = _stratified_folds(labels, cv, seed).to(labels.device)
+    shared = fold_share(method, logits, labels)
     total = 0.0
     for f in range(cv):
         held = folds == f
         if progress is not None:
             progress(f"{method}, fold {f + 1}/{cv}")
-        cal = fold_calibrator(method)
+        cal = fold_calibrator(method, shared)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

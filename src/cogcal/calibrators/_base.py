@@ -625,6 +625,12 @@ class Calibrator(nn.Module):
             return _shuffled_folds(labels.shape[0], self.cv)
         return _stratified_folds(labels, self.cv)
 
+    def _fold_share(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
+        """What the calibrators of a cross-validation's folds over ``logits`` can share,
+        computed once on all of it: attributes set on each fold's calibrator before its fit
+        (:func:`cogcal.posthoc.cross_validated_nll`); by default nothing."""
+        return {}
+
     def _fold_models(
         self, logits: torch.Tensor, labels: torch.Tensor, held_out: list[torch.Tensor]
     ) -> list[Calibrator]:

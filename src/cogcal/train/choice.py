@@ -62,7 +62,7 @@ from cogcal.calibrators import auto_candidates
 from cogcal.calibrators._folds import _stratified_folds  # calibrate's folds, for the paired NLL
 from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
-from cogcal.posthoc import AUTO, Calibration, calibrate, fold_calibrator
+from cogcal.posthoc import AUTO, Calibration, calibrate, fold_calibrator, fold_share
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
 from cogcal.train.config import LOG_NLL_TS, METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
@@ -218,9 +218,10 @@ def paired_gain(
     z, y = logits.double(), labels
     held_out = torch.empty(len(y), dtype=torch.float64)
     fold = _stratified_folds(y, folds, 0)
+    shared = fold_share(method, z, y)
     for f in range(folds):
         held = fold == f
-        cal = fold_calibrator(method)
+        cal = fold_calibrator(method, shared)
         if l2 is not None:
             cal.l2 = l2
         with warnings.catch_warnings():
