@@ -519,3 +519,31 @@ def test_reduced_precision_only_for_features_of_moderate_size() -> None:
     assert affine.reduced_dtype(small.float()) is None  # already float32: nothing to reduce
     z, y = _data(n=50, k=3)
     assert MatrixScaling(3)._reduced_dtype(100.0 * z) is None  # logits beyond 256
+
+
+@pytest.mark.parametrize("reduced", [torch.float32, torch.bfloat16])
+def test_vector_scaling_scoring_fits_in_reduced_precision_score_as_in_float64(
+    reduced: torch.dtype, monkeypatch
+) -> None:
+    """Vector scaling's cross-validation fits compute their softmaxes, gradients and
+    Hessians in METRIC_DTYPE (float32): the scores and choice of float64 fits. In a
+    precision too coarse to reach the tolerance (bfloat16) a fit goes on in float64."""
+    monkeypatch.setattr(affine, "FOLDS_TOGETHER_SIZE", 0)  # (else: Newton on all folds)
+    z, y = _data(n=600, k=12, seed=9)
+    monkeypatch.setattr(_base, "METRIC_DTYPE", torch.float64)
+    exact = VectorScaling().fit(z, y)
+    monkeypatch.setattr(_base, "METRIC_DTYPE", reduced)
+    dtypes: list[torch.dtype] = []
+    newton = _newton._newton_vector
+
+    def recorded(problem, columns, *args, **kwargs):
+        dtypes.append(columns.x.dtype)
+        return newton(problem, columns, *args, **kwargs)
+
+    monkeypatch.setattr(_newton, "_newton_vector", recorded)
+    fit = VectorScaling().fit(z, y)
+    assert reduced in dtypes
+    if reduced == torch.bfloat16:
+        assert dtypes.count(torch.float64) > 1  # the final fit, and the stalled folds'
+    _same_cross_validation(fit, exact, atol=1e-5)
+    torch.testing.assert_close(fit.weight, exact.weight, rtol=0, atol=1e-7)

@@ -539,7 +539,7 @@ class Calibrator(nn.Module):
         if vector is not None:
             fit = fit_vector(
                 vector, self.weight.detach(), self.bias.detach(), max_iter=self.max_iter,
-                metric=metric, start=start, hessian_dtype=METRIC_DTYPE if scoring else None,
+                metric=metric, start=start, dtype=METRIC_DTYPE if scoring else None,
                 **tolerances,
             )  # fmt: skip
             self._set_solution(self._canonical({"weight": fit.weight, "bias": fit.bias}))

@@ -94,11 +94,13 @@ def _hessian_sum(
 
 
 #: The precision of the Hessians that serve only as Newton metrics of fits to a loose
-#: gradient (:func:`hessian_sums`; :func:`fit_vector`'s ``hessian_dtype``): the step they
-#: give is a descent direction at any precision and the minimiser is where the float64
-#: gradient vanishes, so float32's seven digits (a relative error of about 4e-7 on 1,600 x
-#: 100 logits) cost no step of a fit to a gradient of 1e-4, for products that take 40%
-#: less time (docs/performance.md, "posthoc_peers").
+#: gradient (:func:`hessian_sums`), and of everything a fit to a loose gradient computes
+#: per row (:func:`fit_vector`'s ``dtype``: softmaxes, gradients, Hessians; the loss is
+#: summed and the iterate kept in float64): the step a metric gives is a descent direction
+#: at any precision, and float32's seven digits (a relative error of about 4e-7 on
+#: 1,600 x 100 logits) cost no step of a fit to a gradient of 1e-4, for softmaxes and
+#: products that take 40-60% less time (docs/performance.md, "posthoc_peers"). A fit
+#: whose steps stall above its tolerance in it goes on in float64.
 METRIC_DTYPE = torch.float32
 
 
@@ -136,13 +138,15 @@ def _data_term(
     columns: VectorColumns, w: torch.Tensor, b: torch.Tensor
 ) -> tuple[float, torch.Tensor, torch.Tensor]:
     """The data term's mean at ``(w, b)``, its gradient (2K,) and the probabilities (K, N)
-    (for its Hessian, :func:`_hessian_sum`)."""
+    (for its Hessian, :func:`_hessian_sum`); computed in ``columns.x``'s dtype (the loss
+    summed, and the gradient returned, in ``w``'s)."""
     x, n = columns.x, columns.x.shape[1]
-    logp = torch.log_softmax(torch.addcmul(b[:, None], x, w[:, None]), dim=0)
-    loss = -float(logp.take(columns.picked).sum()) / n
+    wx, bx = w.to(x.dtype), b.to(x.dtype)
+    logp = torch.log_softmax(torch.addcmul(bx[:, None], x, wx[:, None]), dim=0)
+    loss = -float(logp.take(columns.picked).sum(dtype=w.dtype)) / n
     p = logp.exp_()  # (logp is not needed after the loss)
-    grad = torch.cat([(p * x).sum(1) - columns.label_x, p.sum(1) - columns.label_count]) / n
-    return loss, grad, p
+    sums = torch.cat([(p * x).sum(1), p.sum(1)]).to(w.dtype)
+    return loss, (sums - torch.cat([columns.label_x, columns.label_count])) / n, p
 
 
 def vector_objective(
@@ -241,7 +245,7 @@ def fit_vector(
     tolerance_change: float,
     metric: torch.Tensor | None = None,
     start: tuple[float, torch.Tensor] | None = None,
-    hessian_dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None,
 ) -> VectorFit:
     """Minimise the objective from ``(w, b)`` by damped Newton steps (Armijo backtracking
     from the full step).
@@ -257,20 +261,53 @@ def fit_vector(
     the minimum a Hessian from nearby is as good a metric as the exact one, at no pass
     over the data.
 
-    ``hessian_dtype``: the precision of the Hessians the fit forms (default the data's):
-    :data:`METRIC_DTYPE` for a fit that stops at a loose gradient (the cross-validation's
-    scoring fits), where the linear convergence of a float32 metric costs no step. A fit to
-    a tight gradient keeps float64: near the minimum the objective's changes fall to its
-    rounding before a float32 metric's steps reach 1e-8.
+    ``dtype``: the precision of what the fit computes per row (softmaxes, gradients,
+    Hessians; default the data's): :data:`METRIC_DTYPE` for a fit that stops at a loose
+    gradient (the cross-validation's scoring fits); if its steps stall above
+    ``tolerance_grad`` there, the fit goes on in the data's. A fit to a tight gradient
+    keeps float64: near the minimum the objective's changes fall to float32's rounding
+    before its steps reach 1e-8.
 
     Stops when the largest gradient entry is at most ``tolerance_grad``, when a step taken
     with a Hessian formed where it started changes the objective by less than
     ``tolerance_change`` (a kept metric's step that does is checked by forming it there),
     or after ``max_iter`` steps.
     """
-    k, columns = w.shape[0], problem.columns
+    columns = problem.columns
     if columns is None:
         columns = vector_columns(problem.features, problem.labels)
+    limits = dict(
+        max_iter=max_iter, tolerance_grad=tolerance_grad, tolerance_change=tolerance_change
+    )
+    if dtype is None or dtype == columns.x.dtype:
+        return _newton_vector(problem, columns, w, b, metric=metric, start=start, **limits)[0]
+    reduced = columns._replace(x=columns.x.to(dtype))
+    fit, largest = _newton_vector(problem, reduced, w, b, metric=metric, start=start, **limits)
+    if largest <= tolerance_grad or fit.steps >= max_iter:
+        return fit
+    # stalled in the reduced precision: on in the data's, from where it stopped
+    limits["max_iter"] = max_iter - fit.steps
+    rest, _ = _newton_vector(
+        problem, columns, fit.weight, fit.bias, metric=None, start=None, **limits
+    )
+    return rest._replace(steps=fit.steps + rest.steps)
+
+
+def _newton_vector(
+    problem: VectorProblem,
+    columns: VectorColumns,
+    w: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    max_iter: int,
+    tolerance_grad: float,
+    tolerance_change: float,
+    metric: torch.Tensor | None,
+    start: tuple[float, torch.Tensor] | None,
+) -> tuple[VectorFit, float]:
+    """:func:`fit_vector`'s Newton steps on the rows as ``columns`` lays them out (in their
+    dtype); also returns the largest entry of the objective's gradient where they stop."""
+    k = w.shape[0]
 
     def evaluate(v: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
         """The objective, its gradient and the probabilities at ``v = [w, b]``."""
@@ -295,7 +332,7 @@ def fit_vector(
         if fixed is None:
             if probs is None:
                 probs = _data_term(columns, w, b)[2]
-            hessian = _hessian_sum(columns.x, probs, dtype=hessian_dtype)
+            hessian = _hessian_sum(columns.x, probs).to(grad.dtype)
             fixed = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), hessian)[2]
             exact = True
         step = _solve(fixed, grad)
@@ -316,7 +353,8 @@ def fit_vector(
                 break
             fixed = None  # a kept metric's step that barely moved: check with the Hessian here
     penalty, penalty_grad, _ = _penalised(problem, w, b, 0.0, torch.zeros_like(grad), None)
-    return VectorFit(w, b, n_iter, loss - penalty, grad - penalty_grad)
+    fit = VectorFit(w, b, n_iter, loss - penalty, grad - penalty_grad)
+    return fit, float(grad.abs().max())
 
 
 # -- the cross-validation folds' fits, all at once -------------------------------------
