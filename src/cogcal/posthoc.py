@@ -94,6 +94,11 @@ class Calibration:
         With ``calibrate(conformal=alpha)`` (``cogcal calibrate --conformal ALPHA``): the
         split conformal sets whose threshold was fitted on the calibrated probabilities of
         validation rows the calibrator did not see (:meth:`predict_sets`); else ``None``.
+    held_out_nll : Tensor or None
+        With ``method="auto"``: each fitting sample's NLL under ``method`` fitted on the
+        folds that did not hold it out (float64, CPU), whose mean is ``cv_nll[method]``
+        (the default path pairs it with COG-FC's NLL on the same samples); ``None``
+        otherwise, and when read back from disk.
     """
 
     method: str
@@ -104,6 +109,7 @@ class Calibration:
     nll_before: float = math.nan
     nll_after: float = math.nan
     conformal: ConformalSets | None = None
+    held_out_nll: torch.Tensor | None = field(default=None, repr=False)
 
     def __call__(self, logits: Any) -> Any:
         """Calibrated logits: a tensor gives a tensor, a numpy array a numpy array."""
@@ -125,7 +131,7 @@ class Calibration:
         return self.conformal.predict(probs=self.predict_proba(logits))
 
 
-def _held_out_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
+def _mean_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         out = cal(z)
     nll = float(F.cross_entropy(out.double(), y))
@@ -185,9 +191,25 @@ def cross_validated_nll(
     >>> cross_validated_nll(z, y, "ts") < cross_validated_nll(z * 0, y, "ts")
     True
     """
+    nll = float(held_out_nlls(logits, labels, method, cv=cv, seed=seed, progress=progress).mean())
+    return nll if math.isfinite(nll) else math.inf
+
+
+def held_out_nlls(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    method: str,
+    *,
+    cv: int = 5,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> torch.Tensor:
+    """Each sample's NLL under ``method`` fitted on the other folds, the terms of
+    :func:`cross_validated_nll` (float64, on the CPU; ``inf`` throughout when a fold's fit
+    diverged, since the candidate cannot then be trusted)."""
     folds = _stratified_folds(labels, cv, seed).to(labels.device)
     shared = fold_share(method, logits, labels)
-    total = 0.0
+    out = torch.full((labels.shape[0],), math.inf, dtype=torch.float64)
     for f in range(cv):
         held = folds == f
         if progress is not None:
@@ -197,10 +219,12 @@ def cross_validated_nll(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cal.fit(logits[~held], labels[~held])
-        except RuntimeError:  # diverged on this fold: the candidate cannot be trusted
-            return math.inf
-        total += _held_out_nll(cal, logits[held], labels[held]) * int(held.sum())
-    return total / labels.shape[0]
+        except RuntimeError:  # diverged on this fold
+            return out.fill_(math.inf)
+        with torch.no_grad():
+            terms = F.cross_entropy(cal(logits[held]).double(), labels[held], reduction="none")
+        out[held.cpu()] = terms.cpu()
+    return out.nan_to_num_(nan=math.inf)
 
 
 def _score_candidates(
@@ -209,21 +233,25 @@ def _score_candidates(
     candidates: Sequence[str],
     cv: int,
     progress: Progress | None = None,
-) -> tuple[dict[str, float], dict[str, tuple[nn.Module, list]]]:
-    """The cross-validated NLL of each candidate, and those fitted on all the data.
+) -> tuple[dict[str, float], dict[str, tuple[nn.Module, list]], dict[str, torch.Tensor]]:
+    """The cross-validated NLL of each candidate, those fitted on all the data, and each
+    candidate's held-out NLL per sample (:func:`held_out_nlls`).
 
     A calibrator that chooses its penalty by cross-validation (``l2="cv"``) on the same
     ``cv`` stratified folds (seed 0) already computes, while fitting on all the data, the
-    pooled held-out NLL of each strength: its score is that of the strength it chose, and
-    the fit is kept (with its warnings) for the case it wins. The others are scored by
-    :func:`cross_validated_nll`.
+    pooled held-out NLL of each strength: its score is that of the strength it chose (and
+    its terms, ``cv_sample_nll_``), and the fit is kept (with its warnings) for the case it
+    wins. The others are scored by :func:`held_out_nlls`.
     """
     scores: dict[str, float] = {}
     fitted: dict[str, tuple[nn.Module, list]] = {}
+    terms: dict[str, torch.Tensor] = {}
     for name in dict.fromkeys(candidates):
         cal = make_calibrator(name)
         if getattr(cal, "l2", None) != "cv":
-            scores[name] = cross_validated_nll(z, y, name, cv=cv, progress=progress)
+            terms[name] = held_out_nlls(z, y, name, cv=cv, progress=progress)
+            mean = float(terms[name].mean())
+            scores[name] = mean if math.isfinite(mean) else math.inf
             continue
         if progress is not None:  # its folds run inside its own fit
             progress(f"{name}, penalty by {cv}-fold cross-validation (folds 1-{cv}/{cv})")
@@ -238,7 +266,8 @@ def _score_candidates(
         chosen = cal.cv_scores_[list(cal.l2_grid_).index(cal.l2_)]
         scores[name] = float(chosen) if math.isfinite(chosen) else math.inf
         fitted[name] = (cal, list(caught))
-    return scores, fitted
+        terms[name] = torch.from_numpy(cal.cv_sample_nll_)
+    return scores, fitted, terms
 
 
 def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
@@ -259,9 +288,10 @@ def _checked_method(method: Any, candidates: Sequence[str], cv: Any) -> str:
 def _choose(
     z: torch.Tensor, y: torch.Tensor, candidates: Sequence[str], cv: int,
     progress: Progress | None,
-) -> tuple[str, dict[str, float], dict[str, tuple[nn.Module, list]]]:  # fmt: skip
-    """``method="auto"``: the candidate of least cross-validated NLL, every score, and the
-    candidates already fitted on all the data (:func:`_score_candidates`)."""
+) -> tuple[str, dict[str, float], dict[str, tuple[nn.Module, list]], torch.Tensor]:  # fmt: skip
+    """``method="auto"``: the candidate of least cross-validated NLL, every score, the
+    candidates already fitted on all the data, and the chosen one's held-out NLL per
+    sample (:func:`_score_candidates`)."""
     n = int(y.shape[0])
     if n < _MIN_PER_FOLD * cv:
         raise ValueError(
@@ -269,14 +299,15 @@ def _choose(
             f"samples ({_MIN_PER_FOLD} per fold), got {n}: pass a smaller `cv` or a "
             "method (e.g. method='ts')."
         )
-    scores, fitted = _score_candidates(z, y, candidates, cv, progress)
+    scores, fitted, terms = _score_candidates(z, y, candidates, cv, progress)
     finite = {c: s for c, s in scores.items() if math.isfinite(s)}
     if not finite:
         raise ValueError(
             "every candidate calibrator failed to fit in cross-validation; check the "
             "logits for extreme values."
         )
-    return min(finite, key=finite.__getitem__), scores, fitted  # ties: the simpler
+    best = min(finite, key=finite.__getitem__)  # ties: the simpler
+    return best, scores, fitted, terms[best]
 
 
 def _fit(
@@ -287,9 +318,9 @@ def _fit(
     check_classes_present(y, int(z.shape[1]))
     scores: dict[str, float] = {}
     fitted: dict[str, tuple[nn.Module, list]] = {}
-    folds = None
+    folds, terms = None, None
     if method == AUTO:
-        method, scores, fitted = _choose(z, y, candidates, cv, progress)
+        method, scores, fitted, terms = _choose(z, y, candidates, cv, progress)
         folds = cv
     if method in fitted:  # fitted on all the data while scoring it: its warnings now
         cal, caught = fitted[method]
@@ -301,7 +332,8 @@ def _fit(
         cal = make_calibrator(method).fit(z, y)
     return Calibration(
         method=method, calibrator=cal, num_classes=int(z.shape[1]), cv_nll=scores,
-        folds=folds, nll_before=float(F.cross_entropy(z, y)), nll_after=_held_out_nll(cal, z, y),
+        folds=folds, nll_before=float(F.cross_entropy(z, y)), nll_after=_mean_nll(cal, z, y),
+        held_out_nll=terms,
     )  # fmt: skip
 
 

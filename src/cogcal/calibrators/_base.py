@@ -295,6 +295,11 @@ class Calibrator(nn.Module):
     cv_fold_scores_ : ndarray or None
         Mean held-out NLL per fold and strength, shape ``(cv, len(l2_grid_))`` (``inf``
         where a fit diverged, ``nan`` where skipped).
+    cv_sample_nll_ : ndarray or None
+        Each sample's held-out NLL at the chosen strength, shape ``(N,)``: from the fit on
+        the folds that did not hold it out (multi-label: the mean over its tasks); its mean
+        is that strength's ``cv_scores_`` entry. ``cogcal.calibrate(method="auto")`` pairs
+        it with another model's NLL on the same samples.
     l2_at_edge_ : {None, "lower", "upper"}
         Where in ``l2_grid_`` the chosen strength lies, if at an end. An edge raises an
         :class:`L2GridEdgeWarning` when a strength beyond it could give a different map:
@@ -494,6 +499,15 @@ class Calibrator(nn.Module):
     def _nll(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self._nll_of(self._forward(logits), labels)
 
+    def _sample_nll(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Each row's NLL as the calibrator maps it now (multi-label: the mean over the
+        row's tasks), whose mean is :meth:`_nll`."""
+        z = self._forward(logits)
+        if self.multilabel:
+            terms = F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="none")
+            return terms.mean(1)
+        return F.cross_entropy(z, labels, reduction="none")
+
     def _nll_of(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.multilabel:
             return F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="mean")
@@ -670,15 +684,20 @@ class Calibrator(nn.Module):
         sizes = np.array([float(h.sum()) for h in held_out])
         models = self._fold_models(logits, labels, held_out)
         fold_scores = np.full((self.cv, grid.size), np.nan)
+        samples = np.full((grid.size, labels.shape[0]), np.nan)  # held-out NLL per sample
         pooled = np.full(grid.size, np.nan)
         best_score, worse_in_a_row = np.inf, 0
         for j in reversed(range(grid.size)):  # strongest first, each fit warm-starts the next
             self._fit_folds(models, logits, labels, held_out, float(grid[j]))
             for f, (model, held) in enumerate(zip(models, held_out, strict=True)):
                 with torch.no_grad():
-                    score = float(model._nll(logits[held], labels[held]))
+                    per_sample = model._sample_nll(logits[held], labels[held]).cpu().numpy()
+                score = float(per_sample.mean())
                 finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
                 fold_scores[f, j] = score if math.isfinite(score) and finite else np.inf
+                samples[j, held.cpu().numpy()] = (
+                    per_sample if np.isfinite(fold_scores[f, j]) else np.inf
+                )
             pooled[j] = float((fold_scores[:, j] * sizes).sum() / sizes.sum())
             if pooled[j] < best_score:
                 best_score, worse_in_a_row = pooled[j], 0
@@ -693,6 +712,7 @@ class Calibrator(nn.Module):
             )
         best = int(np.flatnonzero(pooled == best_score).max())  # ties: stronger penalty
         self.l2_grid_, self.cv_scores_, self.cv_fold_scores_ = grid, pooled, fold_scores
+        self.cv_sample_nll_ = samples[best]
         self.l2_at_edge_ = "upper" if best == grid.size - 1 else "lower" if best == 0 else None
         return float(grid[best])
 
@@ -793,6 +813,7 @@ class Calibrator(nn.Module):
             else:
                 self.l2_ = float(self.l2)
                 self.l2_grid_ = self.cv_scores_ = self.cv_fold_scores_ = None
+                self.cv_sample_nll_ = None
                 self.l2_at_edge_ = None
             self._reset_parameters()
             self._prepare(z64, y)
