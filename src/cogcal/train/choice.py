@@ -19,8 +19,9 @@ Without a method (``cogcal train`` without ``--method``, :func:`cogcal.fit` with
   whose only merit is an over-confidence the post-hoc calibrator removes anyway; COG-FC's
   points nominate the rate at no cost, and the cross-entropy network confirms it, since at
   high rates it over-fits where COG-FC, whose final layer learns ten times slower, does
-  not (on mnist1d, COG-FC's λ_f 3e-2 nominated itself, and cross-entropy there alone
-  ended at test NLL 0.705 with SMS; confirmed against the runner-up 1e-2, 0.605).
+  not (on mnist1d on an AMD EPYC, COG-FC's λ_f 3e-2 nominated itself, and cross-entropy
+  there alone ended at test NLL 0.705 with SMS; against the runner-up, 1e-2 was kept:
+  0.605 with MS; docs/defaults.md).
 
 COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
 validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
