@@ -49,6 +49,7 @@ __all__ = [
     "calibrate",
     "conformal_split",
     "cross_validated_nll",
+    "held_out_nlls",
 ]
 
 #: A function told, as each step of a fit starts, what it is (``"ms, fold 3/5"``).
