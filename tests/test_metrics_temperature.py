@@ -97,3 +97,17 @@ def test_wrong_input_is_named():
         m.update(torch.zeros(2, 3), torch.tensor([0, 3]))
     with pytest.raises(ValueError, match="NaN or infinite"):
         m.update(torch.tensor([[0.0, math.inf]]), torch.tensor([0]))
+
+
+def test_never_negative_where_the_nll_is_nearly_zero():
+    """Validation logits the network separates with a wide margin: the NLL falls toward 0
+    as the temperature does, and the interpolating cubic, which can dip below the values it
+    joins, must not report a negative NLL (the default path logged -7e-11 on digits)."""
+    metric = TemperatureScaledNLL()
+    i = 20  # an interior grid interval whose cubic dips below zero
+    metric.sums[0].fill_(1.0)
+    metric.sums[0, i : i + 2] = torch.tensor([1e-12, 1e-12], dtype=torch.float64)
+    metric.sums[1].fill_(0.0)
+    metric.sums[1, i : i + 2] = torch.tensor([-1e-6, 1e-6], dtype=torch.float64)
+    metric.count = 1.0
+    assert metric.compute() == 0.0

@@ -140,7 +140,8 @@ class TemperatureScaledNLL:
             (2 * t3 - 3 * t2 + 1) * f[a] + (t3 - 2 * t2 + t) * h * slope[a]
             + (3 * t2 - 2 * t3) * f[a + 1] + (t3 - t2) * h * slope[a + 1]
         )  # fmt: skip
-        return min(float(cubic.min()), float(f[i]))
+        # (an NLL is never negative: where it is nearly 0, the cubic can dip below it)
+        return max(0.0, min(float(cubic.min()), float(f[i])))
 
 
 def temperature_scaled_nll(logits: torch.Tensor, labels: torch.Tensor) -> float:
