@@ -141,7 +141,7 @@ def _mean_nll(cal: nn.Module, z: torch.Tensor, y: torch.Tensor) -> float:
 
 def fold_calibrator(method: str, shared: dict[str, Any] | None = None) -> nn.Module:
     """A fresh calibrator of ``method`` for one fold of a cross-validation, whose only use
-    is its held-out NLL (:func:`cross_validated_nll`; the default path's paired gain):
+    is its held-out NLL (:func:`held_out_nlls`, :func:`cross_validated_nll`):
     fitted to the tolerance of the folds of ``l2="cv"`` (a gradient of 1e-4, not 1e-8),
     and accepting a class missing from the fold's training part (a class with one sample:
     that fit is scored honestly on its held-out fold; ``calibrate`` refuses classes absent
