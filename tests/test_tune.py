@@ -288,6 +288,14 @@ def test_a_choice_at_an_open_edge_warns_with_the_next_point_to_try():
     assert "--lr 0.03 --calibrator-lr 0.0009 or with --lr 0.01 --calibrator-lr 0.0001" in (
         edge_warning(both)
     )
+    # the default path delivered cross-entropy + post hoc: the search was COG-FC's side's
+    other = {**both, "choice": {"side": "posthoc", "chosen": "ms"}}
+    assert edge_warning(other).startswith(
+        "COG-FC's side of the default path (the model delivered is cross-entropy + ms, "
+        "which beat it): its learning rates chosen by validation cross-entropy (lr 0.01"
+    )
+    kept = {**both, "choice": {"side": "cog", "chosen": "cog-fc"}}
+    assert edge_warning(kept) == edge_warning(both)
     # a one-rate method at its low edge
     low = _selection(["lr low"], {"lr": 1e-4}, {"lr": [1e-4, 3e-4, 1e-3]}, max_runs=3)
     assert "(lr 0.0001) sit at the lr low edge" in edge_warning(low)

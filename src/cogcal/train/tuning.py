@@ -590,8 +590,9 @@ def edge_warning(selection: dict[str, Any] | None, *, python: bool = False) -> s
     """What ``cogcal train`` and :func:`cogcal.fit` warn with when the learning rates chosen
     by validation cross-entropy sit at an edge of the grid that the run cap
     (``max_runs``) kept the search from moving past: a better point may lie beyond it.
-    None when the choice is interior (or at a bound only). ``python``: name arguments
-    (``lr=``), not flags."""
+    None when the choice is interior (or at a bound only). When the default path delivered
+    cross-entropy + post hoc (``selection["choice"]``), the search is COG-FC's side's and
+    the message says so. ``python``: name arguments (``lr=``), not flags."""
     if not selection or not selection.get("at_edge"):
         return None
     edges = open_edges(selection)
@@ -622,8 +623,16 @@ def edge_warning(selection: dict[str, Any] | None, *, python: bool = False) -> s
         if "max_runs" in selection
         else ""
     )
+    choice = selection.get("choice") or {}
+    subject = "the learning rates chosen by validation cross-entropy"
+    if choice.get("side") == "posthoc":  # the default path delivered the other side
+        subject = (
+            f"COG-FC's side of the default path (the model delivered is cross-entropy + "
+            f"{choice.get('chosen')}, which beat it): its learning rates chosen by validation "
+            "cross-entropy"
+        )
     return (
-        f"the learning rates chosen by validation cross-entropy ({chosen}) sit at the "
+        f"{subject} ({chosen}) sit at the "
         f"{' and '.join(edges)} edge{'s' if len(edges) > 1 else ''} of the grid tried{cap}, "
         f"so a better point may lie beyond: train with {' or with '.join(tries)} and compare "
         f"the validation NLL, or search further with {search}."
