@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import cogcal
-from cogcal._errors import QUIET_EXIT
+from cogcal._errors import QUIET_EXIT, Interrupted
 from cogcal.bench.results import run_rows
 from cogcal.cli import main
 from cogcal.commands.calibrate import calibrate_files
@@ -476,3 +476,26 @@ def test_ctrl_c_to_a_two_process_run_is_one_line_and_130(tmp_path, delay):
     assert "Forcefully terminating" not in err, err
     assert err.count("cogcal: interrupted") == 1, err
     assert "cogcal: interrupted (SIGINT)" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, lambda: Interrupted(signal.SIGTERM)])
+def test_an_interrupted_command_at_another_rank_ends_quietly(rank, raised, monkeypatch, capsys):
+    """A command interrupted in a process other than rank 0 before that process was made
+    quiet for training (still loading its data: Ctrl-C 8 s into a two-process default path
+    printed the line twice): the status ``QUIET_EXIT + n`` and no word; rank 0 prints it."""
+    from cogcal import cli
+    from cogcal.commands import bench as bench_command
+
+    def interrupted(args):
+        raise raised()
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(bench_command, "run", interrupted)
+    status = cli.main(["bench", "--list"])
+    signum = signal.SIGINT if raised is KeyboardInterrupt else signal.SIGTERM
+    err = capsys.readouterr().err
+    if rank == "0":
+        assert status == 128 + signum and err.startswith("cogcal: interrupted")
+    else:
+        assert (status, err) == (QUIET_EXIT + signum, "")

@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from cogcal._errors import QUIET_EXIT, Interrupted
+from cogcal._errors import QUIET_EXIT, Interrupted, other_rank
 
 __all__ = ["main"]
 
@@ -30,7 +30,7 @@ def _end_while_importing(signum: int, frame: object) -> None:
     code from C++ (pybind11), where it ends in ``std::terminate``: SIGABRT and a C++ trace
     instead of the line (seen with Ctrl-C 0.5 s after a two-process run's second process
     started). Nothing has been written yet: there is nothing to clean up."""
-    if _is_rank_zero():
+    if not other_rank():
         print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         sys.stderr.flush()
         os._exit(128 + signum)
@@ -58,16 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(cli.main(argv))
     except (KeyboardInterrupt, Interrupted) as err:  # before or after cli.main's own handling
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
-        if not _is_rank_zero():  # a process of a multi-process run: rank 0 prints the line
+        if other_rank():  # a process of a multi-process run: rank 0 prints the line
             return QUIET_EXIT + signum
         print(f"cogcal: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + signum
-
-
-def _is_rank_zero() -> bool:
-    """Whether this is the only process or rank 0 of a multi-process run (``RANK`` and
-    ``LOCAL_RANK`` as Lightning sets them for the processes it starts)."""
-    return all(os.environ.get(name, "0") in ("", "0") for name in ("RANK", "LOCAL_RANK"))
 
 
 if __name__ == "__main__":  # pragma: no cover

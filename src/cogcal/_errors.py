@@ -13,14 +13,22 @@ True
 
 from __future__ import annotations
 
+import os
 import signal
 
-__all__ = ["QUIET_EXIT", "ArgumentError", "Interrupted", "cli_message"]
+__all__ = ["QUIET_EXIT", "ArgumentError", "Interrupted", "cli_message", "other_rank"]
 
 #: The exit status ``QUIET_EXIT + n`` of a process other than rank 0 of a multi-process run
 #: that signal ``n`` ended without a word: the main process prints the one line
 #: (:mod:`cogcal.train.devices`).
 QUIET_EXIT = 192
+
+
+def other_rank() -> bool:
+    """Whether this process is one of a multi-process run other than rank 0 (``RANK`` or
+    ``LOCAL_RANK`` not 0, as Lightning sets them for the processes it starts): interrupted,
+    it ends without a word (:data:`QUIET_EXIT`), and rank 0 prints the one line."""
+    return any(os.environ.get(name, "0") not in ("", "0") for name in ("LOCAL_RANK", "RANK"))
 
 
 class ArgumentError(ValueError):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from cogcal._errors import ArgumentError, Interrupted, cli_message
+from cogcal._errors import QUIET_EXIT, ArgumentError, Interrupted, cli_message, other_rank
 from cogcal._version import __version__
 from cogcal.commands import tune
 from cogcal.commands._common import UserError, default_out
@@ -410,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (KeyboardInterrupt, Interrupted) as err:
         signum = err.signum if isinstance(err, Interrupted) else int(signal.SIGINT)
+        if other_rank():  # a process of a multi-process run, interrupted before it was
+            return QUIET_EXIT + signum  # made quiet (still loading its data): rank 0 prints
         name = signal.Signals(signum).name
         if not _started(args):
             hint = ""  # nothing was started: there is nothing to resume

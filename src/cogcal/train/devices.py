@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cogcal._errors import QUIET_EXIT
+from cogcal._errors import QUIET_EXIT, other_rank
 from cogcal.train.config import ConfigError, TrainConfig
 
 __all__ = ["RENDEZVOUS_TIMEOUT", "SingleProcess", "launch", "needs_fabric", "rendezvous_timeout"]
@@ -250,12 +250,6 @@ class _Interruption:
 _STATE = _Interruption()
 
 
-def _is_child() -> bool:
-    """Whether this process is one Lightning started for a rank other than 0 (or any rank
-    other than 0 of a multi-node run)."""
-    return any(os.environ.get(v, "0") not in ("", "0") for v in ("LOCAL_RANK", "RANK"))
-
-
 def _quiet_when_interrupted() -> None:
     """In a process other than 0: SIGINT and SIGTERM end it at once and silently, with the
     status ``_QUIET + n`` that tells the main process's watcher to print the one line. A
@@ -347,7 +341,7 @@ class _ChildWatcher(threading.Thread):
 def _interruptible_children() -> Any:
     """While Fabric launches: children quiet on an interruption, and the main process's
     child processes watched by :class:`_ChildWatcher` instead of Lightning's watcher."""
-    if _is_child():
+    if other_rank():
         with contextlib.suppress(ValueError):  # not the main thread: signals left alone
             _quiet_when_interrupted()
         yield
