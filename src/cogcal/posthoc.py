@@ -192,7 +192,12 @@ def cross_validated_nll(
     >>> cross_validated_nll(z, y, "ts") < cross_validated_nll(z * 0, y, "ts")
     True
     """
-    nll = float(held_out_nlls(logits, labels, method, cv=cv, seed=seed, progress=progress).mean())
+    return _pooled(held_out_nlls(logits, labels, method, cv=cv, seed=seed, progress=progress))
+
+
+def _pooled(terms: torch.Tensor) -> float:
+    """The mean of held-out NLLs (:func:`held_out_nlls`), ``inf`` unless finite."""
+    nll = float(terms.mean())
     return nll if math.isfinite(nll) else math.inf
 
 
@@ -251,8 +256,7 @@ def _score_candidates(
         cal = make_calibrator(name)
         if getattr(cal, "l2", None) != "cv":
             terms[name] = held_out_nlls(z, y, name, cv=cv, progress=progress)
-            mean = float(terms[name].mean())
-            scores[name] = mean if math.isfinite(mean) else math.inf
+            scores[name] = _pooled(terms[name])
             continue
         if progress is not None:  # its folds run inside its own fit
             progress(f"{name}, penalty by {cv}-fold cross-validation (folds 1-{cv}/{cv})")

@@ -397,6 +397,9 @@ class _RowBlocks(NamedTuple):
 
     factor: torch.Tensor
     inverse: torch.Tensor
+    #: ``inverse`` in a reduced precision, made once per dtype (the folds of a
+    #: cross-validation share the blocks: :func:`_row_closure`)
+    reduced: dict[torch.dtype, torch.Tensor]
 
 
 #: Rows of the data from which :func:`_row_curvature` estimates the curvature (a strided
@@ -464,7 +467,7 @@ def _row_blocks(curvature: torch.Tensor, diagonal: torch.Tensor) -> _RowBlocks:
     else:  # pragma: no cover - a diagonal of 1s makes any symmetric block positive definite
         factor = torch.linalg.cholesky(torch.diag_embed(diagonal + top))
     inverse = torch.linalg.solve_triangular(factor, eye.expand_as(factor), upper=False)
-    return _RowBlocks(factor, inverse)
+    return _RowBlocks(factor, inverse, {})
 
 
 def _encode_rows(w: torch.Tensor, b: torch.Tensor, blocks: _RowBlocks) -> dict[str, torch.Tensor]:
@@ -503,8 +506,10 @@ def _row_closure(
     exact = v_dtype = variables["weight"].dtype
     if dtype is not None and dtype != x.dtype:
         x, exact = x.to(dtype), dtype
-        if blocks is not None:
-            blocks = _RowBlocks(blocks.factor.to(dtype), blocks.inverse.to(dtype))
+        if blocks is not None:  # (only the inverse enters the closure)
+            if dtype not in blocks.reduced:
+                blocks.reduced[dtype] = blocks.inverse.to(dtype)
+            blocks = blocks._replace(inverse=blocks.reduced[dtype])
     # the logits as (K, n): with few classes torch's softmax over a long contiguous
     # dimension, and the addmm producing it, are 2.5-4x faster than over rows of K
     x_cols, n = x.T.contiguous(), x.shape[0]
