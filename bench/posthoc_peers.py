@@ -20,7 +20,8 @@ Every calibrator is fitted on the validation logits and scored on the test logit
 :func:`cogcal.metrics.evaluate` on its probabilities (clipped at 1e-12 for the NLL, so a
 zero probability costs 27.6 nats, not infinity). Fit seconds are wall-clock on one thread,
 the median of ``--repeats`` fits after one warm-up fit per method; ``ratio`` divides by the
-fastest peer of the same method, and for ``ms``, ``dirichlet`` and ``auto`` (which choose
+fastest peer of the same method (rows ``cogcal one-vs-rest``: the paper's one-vs-rest BBQ,
+``BBQ(multiclass="one-vs-rest")``, beside cogcal's, which keeps each row's top label), and for ``ms``, ``dirichlet`` and ``auto`` (which choose
 their penalty, or the method, by cross-validation) by probmetrics' structured matrix
 scaling (``SMSCalibrator``), marked ``/sms``. ``--first-fit`` also times, in a fresh
 process, the first and a second temperature-scaling fit.
@@ -43,7 +44,7 @@ import torch
 from torch import nn
 
 import cogcal
-from cogcal.calibrators import KINDS, make_calibrator
+from cogcal.calibrators import BBQ, KINDS, make_calibrator
 from cogcal.data.tabular import make_mnist1d
 from cogcal.metrics import evaluate
 
@@ -231,8 +232,21 @@ PEERS: dict[str, dict[str, Callable[[], Entry]]] = {
 }
 
 
-def _entries(method: str) -> dict[str, Entry]:
+#: cogcal's other forms of a method, shown beside it: the paper's one-vs-rest BBQ (cogcal's
+#: keeps each row's top label for K > 2; the same map for two classes, so left out there)
+VARIANTS: dict[str, dict[str, Callable[[], object]]] = {
+    "bbq": {"cogcal one-vs-rest": lambda: BBQ(multiclass="one-vs-rest")},
+}
+
+
+def _variant(make: Callable[[], object]) -> Entry:
+    return lambda z, y: make().fit(z, y), lambda cal, z: cal.predict_proba(z)
+
+
+def _entries(method: str, k: int) -> dict[str, Entry]:
     entries = {"cogcal": _cogcal(method)}
+    if k > 2:
+        entries.update({name: _variant(make) for name, make in VARIANTS.get(method, {}).items()})
     for library, make in PEERS.get(method, {}).items():
         try:
             entries[library] = make()
@@ -268,7 +282,7 @@ def run_set(name: str, data: dict[str, np.ndarray], methods: list[str], repeats:
     for method in methods:
         if method in KINDS and KINDS.get(method).two_class and k != 2:
             continue  # a two-class calibrator: only on two-class sets
-        for library, entry in _entries(method).items():
+        for library, entry in _entries(method, k).items():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cal, seconds = _timed(entry, data, repeats)
@@ -291,7 +305,7 @@ def _with_ratios(rows: list, sms_seconds: float | None) -> list:
     out = []
     for row in rows:
         name, method, library, *_, seconds = row
-        peers = [r[-1] for r in rows if r[1] == method and r[2] not in ("cogcal", "-")]
+        peers = [r[-1] for r in rows if r[1] == method and not r[2].startswith(("cogcal", "-"))]
         if method in _CV_METHODS and sms_seconds:
             ratio = f"{seconds / sms_seconds:.1f}/sms"
         elif peers and library != "-":

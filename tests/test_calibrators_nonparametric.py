@@ -1,4 +1,5 @@
-"""Isotonic regression and histogram binning: references, buffers, export, errors."""
+"""Isotonic regression and histogram binning (and BBQ where they share a contract):
+references, buffers, export, errors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from cogcal.calibrators import (
+    BBQ,
     HistogramBinning,
     Isotonic,
     ProbabilitiesAsLogitsWarning,
@@ -176,7 +178,7 @@ def test_histogram_bins_never_split_tied_probabilities():
     assert len(np.unique(bins)) <= 15
 
 
-@pytest.mark.parametrize("kind", ["isotonic", "histogram"])
+@pytest.mark.parametrize("kind", ["isotonic", "histogram", "bbq"])
 def test_state_dict_round_trips_into_a_fresh_calibrator(kind):
     z, y = _data(500, 3, seed=11)
     fitted = make_calibrator(kind).fit(z, y)
@@ -195,7 +197,7 @@ def test_state_dict_round_trips_into_a_fresh_calibrator(kind):
     assert not list(fitted.parameters())  # all fitted state is in buffers
 
 
-@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning])
+@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning, BBQ])
 @pytest.mark.parametrize("k", [2, 4])
 def test_onnx_export_path_equals_eager(cls, k, monkeypatch):
     z, y = _data(700, k, seed=13)
@@ -208,7 +210,7 @@ def test_onnx_export_path_equals_eager(cls, k, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning])
+@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning, BBQ])
 def test_onnx_export_with_a_dynamic_batch_runs_in_onnxruntime(cls):
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
@@ -227,7 +229,7 @@ def test_onnx_export_with_a_dynamic_batch_runs_in_onnxruntime(cls):
     np.testing.assert_allclose(out, cal(logits), atol=1e-4)
 
 
-@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning])
+@pytest.mark.parametrize("cls", [Isotonic, HistogramBinning, BBQ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_every_float_dtype_in_and_out(cls, dtype):
     z, y = _data(400, 3, seed=17)

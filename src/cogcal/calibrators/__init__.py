@@ -18,9 +18,10 @@ and :class:`Dirichlet` (an affine map of the log-probabilities).
 
 Three non-parametric multiclass calibrators, :class:`Isotonic`, :class:`HistogramBinning`
 and :class:`BBQ` (Bayesian binning into quantiles), are post hoc only and fitted
-differently: no parameters and no L-BFGS, ``fit`` computes one-vs-rest maps of the class
-probabilities in closed form and keeps them in buffers; their output is the log of the
-clipped, renormalised calibrated probabilities (docs/method.md §2).
+differently: no parameters and no L-BFGS, ``fit`` computes maps of the class
+probabilities in closed form (one-vs-rest, and for the binning methods over K > 2 classes
+the top label's, which keeps every row's predicted class) and keeps them in buffers; their
+output is the log of the clipped, renormalised calibrated probabilities (docs/method.md §2).
 
 :class:`LaplaceTemperature` (temperature scaling mixed with the uniform distribution) and
 the structured maps :class:`StructuredVectorScaling` and :class:`StructuredMatrixScaling`

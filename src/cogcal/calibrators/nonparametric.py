@@ -105,6 +105,37 @@ def _histogram_bins(x: np.ndarray, y: np.ndarray, n_bins: int) -> tuple[np.ndarr
     return edges, np.bincount(bins, weights=y, minlength=edges.size + 1) / counts
 
 
+def _keep_top_label(
+    f: torch.Tensor, top: torch.Tensor, weights: torch.Tensor, floor: torch.Tensor
+) -> torch.Tensor:
+    r"""Top-label calibrated probabilities (Gupta & Ramdas, 2022) that keep each row's top
+    label: the predicted class :math:`\hat y` (``top``, (N, 1)) gets the top-label map's
+    value ``f`` (N, 1), clipped to :math:`[(1 + 10^{-6})/K, 1 - \epsilon]`; the other
+    classes share the rest in proportion to ``weights`` (N, K; the entry of :math:`\hat y`
+    is ignored), flattened toward uniform, :math:`s_k \leftarrow \alpha s_k +
+    (1 - \alpha)/(K - 1)`, with the largest :math:`\alpha \le 1` that keeps every other
+    class below :math:`\hat y` by a relative :math:`10^{-6}`; then floored at
+    :math:`\epsilon` (``floor``) and renormalised. So the arg-max never changes, the other
+    classes keep the order of their weights, and where the map's accuracy is low the rest
+    is spread more evenly."""
+    k = weights.shape[1]
+    # above chance (1 / K) by a hair, so that the others can stay below it
+    q_top = f.clamp(min=(1.0 + _TOP_MARGIN) / k, max=1.0 - float(floor))
+    q_top = torch.maximum(q_top, floor)
+    others = weights.scatter(1, top, 0.0)
+    share = others / others.sum(1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+    # flatten the others' shares toward uniform just enough that none reaches q_top
+    uniform = 1.0 / (k - 1)
+    limit = q_top * (1.0 - _TOP_MARGIN) / (1.0 - q_top)
+    peak = share.amax(1, keepdim=True)
+    mix = ((limit - uniform) / (peak - uniform).clamp_min(1e-300)).clamp(0.0, 1.0)
+    mix = torch.where(peak <= limit, torch.ones_like(mix), mix)
+    q = (1.0 - q_top) * (mix * share + (1.0 - mix) * uniform)
+    q = q.scatter(1, top, q_top)
+    q = torch.maximum(q, floor)
+    return q / q.sum(1, keepdim=True)
+
+
 class _NonParametric(Calibrator):
     """One-vs-rest maps of the class probabilities, fitted in closed form (no L-BFGS).
 
@@ -243,17 +274,26 @@ class _NonParametric(Calibrator):
     def _check_data(self, n: int) -> None:
         return None
 
+    def _classes_of_maps(self, rows: int) -> int:
+        """The number of classes whose fitted maps are ``rows`` rows of the buffers (one
+        map of ``p_1`` for two classes, else one per class)."""
+        return 2 if rows == 1 else rows
+
+    def _maps_note(self) -> str:
+        """What a mismatch of classes and maps adds to its error (a layout option's name)."""
+        return ""
+
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors
     ):  # type: ignore[override]  # noqa: E501
         # the fitted buffers' sizes depend on the data: take them from the state
         values = state_dict.get(prefix + "values")
         if isinstance(values, torch.Tensor) and values.ndim == 2 and values.numel() > 0:
-            k = 2 if values.shape[0] == 1 else int(values.shape[0])
+            k = self._classes_of_maps(int(values.shape[0]))
             if self.num_outputs is not None and k != self.num_outputs:
                 errors.append(
                     f"{type(self).__name__} was built for {self.num_outputs} classes; the "
-                    f"state holds maps for {k}."
+                    f"state holds maps for {k}{self._maps_note()}."
                 )
                 return
             self.num_outputs = k
@@ -447,22 +487,7 @@ class HistogramBinning(_NonParametric):
         p = torch.softmax(logits.reshape(-1, k).to(work), dim=1)
         conf, top = p.max(1, keepdim=True)
         f = self._evaluate_rows(conf, top, knots, values)
-        # above chance (1 / K) by a hair, so that the others can stay below it
-        q_top = f.clamp(min=(1.0 + _TOP_MARGIN) / k, max=1.0 - float(self.floor))
-        q_top = torch.maximum(q_top, floor)
-        others = p.scatter(1, top, 0.0)
-        share = others / others.sum(1, keepdim=True).clamp_min(torch.finfo(work).tiny)
-        # flatten the others' shares toward uniform just enough that none reaches q_top
-        uniform = 1.0 / (k - 1)
-        limit = q_top * (1.0 - _TOP_MARGIN) / (1.0 - q_top)
-        peak = share.amax(1, keepdim=True)
-        mix = ((limit - uniform) / (peak - uniform).clamp_min(1e-300)).clamp(0.0, 1.0)
-        mix = torch.where(peak <= limit, torch.ones_like(mix), mix)
-        q = (1.0 - q_top) * (mix * share + (1.0 - mix) * uniform)
-        q = q.scatter(1, top, q_top)
-        q = torch.maximum(q, floor)
-        q = q / q.sum(1, keepdim=True)
-        return torch.log(q).reshape(logits.shape).to(logits.dtype)
+        return torch.log(_keep_top_label(f, top, p, floor)).reshape(logits.shape).to(logits.dtype)
 
     def _evaluate_rows(
         self, conf: torch.Tensor, top: torch.Tensor, knots: torch.Tensor, values: torch.Tensor

@@ -277,7 +277,7 @@ for _m in (
     ),
     Method(
         "histogram",
-        "cross-entropy + post-hoc histogram binning (equal-mass, one-vs-rest)",
+        "cross-entropy + post-hoc histogram binning (equal-mass, top-label)",
         "ce",
         posthoc="histogram",
     ),
@@ -290,7 +290,10 @@ for _m in (
     Method("svs", "cross-entropy + post-hoc structured vector scaling (SVS)", "ce", posthoc="svs"),
     Method("sms", "cross-entropy + post-hoc structured matrix scaling (SMS)", "ce", posthoc="sms"),
     Method(
-        "bbq", "cross-entropy + post-hoc Bayesian binning into quantiles (BBQ)", "ce", posthoc="bbq"
+        "bbq",
+        "cross-entropy + post-hoc Bayesian binning into quantiles (BBQ, top-label)",
+        "ce",
+        posthoc="bbq",
     ),
     Method("platt", "cross-entropy + post-hoc Platt scaling (two classes)", "ce", posthoc="platt"),
     Method("beta", "cross-entropy + post-hoc Beta calibration (two classes)", "ce", posthoc="beta"),
