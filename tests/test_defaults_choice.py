@@ -472,3 +472,29 @@ def test_digits_at_defaults_end_to_end(tmp_path, capsys):
     assert main(["predict", str(out), "--input", str(tmp_path / "x.npy")]) == 0
     err = capsys.readouterr().err
     assert f"cogcal: {made['chosen']} model; default path: chose" in err
+
+
+def test_cog_fc_is_kept_when_cross_entropy_classifies_validation_without_error(tmp_path):
+    """Three well-separated clusters: the cross-entropy network classifies every validation
+    sample correctly, so no validation NLL can price the confidence a calibrator adds (each
+    fitted there only sharpens, its cross-validated NLL toward 0): COG-FC is kept and the
+    reason says why; no calibrator is fitted."""
+    g = torch.Generator().manual_seed(1)
+    y = torch.arange(300) % 3
+    x = torch.randn(300, 8, generator=g) + 8.0 * F.one_hot(y, 8).float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = cogcal.fit(
+            _net(), (x, y), epochs=3, out=tmp_path / "run", progress=False, checkpoint_seconds=0
+        )  # fmt: skip
+    made = result.selection["choice"]
+    z, labels = RunDir(sides_folder(tmp_path / "run") / "ce").read_logits("val")
+    assert (z.argmax(1) == labels).all()  # the premise: no validation error
+    assert (made["side"], made["chosen"], made["posthoc"]) == ("cog", COG_SIDE, None)
+    assert made["reason"] == (
+        f"the cross-entropy network classifies all {labels.size} validation samples "
+        "correctly, so no validation NLL can price the confidence a post-hoc calibrator "
+        "adds; COG-FC kept"
+    )
+    assert "no error on the validation split" in made["rule"]
+    assert result.config.method == COG_SIDE
