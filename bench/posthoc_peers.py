@@ -20,10 +20,11 @@ Every calibrator is fitted on the validation logits and scored on the test logit
 :func:`cogcal.metrics.evaluate` on its probabilities (clipped at 1e-12 for the NLL, so a
 zero probability costs 27.6 nats, not infinity). Fit seconds are wall-clock on one thread,
 the median of ``--repeats`` fits after one warm-up fit per method; ``ratio`` divides by the
-fastest peer of the same method (rows ``cogcal one-vs-rest``: the paper's one-vs-rest BBQ,
-``BBQ(multiclass="one-vs-rest")``, beside cogcal's, which keeps each row's top label), and for ``ms``, ``dirichlet`` and ``auto`` (which choose
+fastest peer of the same method, and for ``ms``, ``dirichlet`` and ``auto`` (which choose
 their penalty, or the method, by cross-validation) by probmetrics' structured matrix
-scaling (``SMSCalibrator``), marked ``/sms``. ``--first-fit`` also times, in a fresh
+scaling (``SMSCalibrator``), marked ``/sms``. The rows ``cogcal one-vs-rest`` are the
+paper's one-vs-rest BBQ (``BBQ(multiclass="one-vs-rest")``), beside cogcal's default,
+which keeps each row's top label. ``--first-fit`` also times, in a fresh
 process, the first and a second temperature-scaling fit.
 """
 

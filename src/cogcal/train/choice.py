@@ -114,7 +114,7 @@ CHOICE_RULE = (
 #: an error: each calibrator fitted there only sharpens, and its cross-validated NLL falls
 #: toward 0 with the confidence it adds, which no validation sample can contradict (digits
 #: on an AMD EPYC: every candidate scored 0.0007, and cross-entropy + VS, chosen, had test
-#: NLL 0.049 against COG-FC's 0.029; docs/defaults.md)
+#: NLL 0.049 against COG-FC's 0.028; docs/defaults.md)
 _NO_ERROR = (
     "the cross-entropy network classifies all {n} validation samples correctly, so no "
     "validation NLL can price the confidence a post-hoc calibrator adds"
