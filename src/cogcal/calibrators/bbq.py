@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from cogcal._constraints import COUNT, POSITIVE, check
-from cogcal.calibrators._base import _cast
 from cogcal.calibrators.nonparametric import _keep_top_label, _NonParametric
 
 _BINNINGS = ("quantile", "uniform")
@@ -218,10 +217,7 @@ class BBQ(_NonParametric):
         k = logits.shape[-1]
         if not self._top_label(k):
             return super()._forward(logits)
-        self._require_built()
-        work = torch.promote_types(logits.dtype, self.values.dtype)
-        knots, values, floor = (_cast(b, work) for b in (self.knots, self.values, self.floor))
-        p = torch.softmax(logits.reshape(-1, k).to(work), dim=1)
+        p, knots, values, floor = self._softmax_and_maps(logits)
         shares = torch.maximum(self._evaluate(p.T, knots[:k], values[:k]).T, floor)
         conf, top = p.max(1, keepdim=True)
         f = self._evaluate(conf.T, knots[k:], values[k:]).T

@@ -168,12 +168,20 @@ class _NonParametric(Calibrator):
         raise NotImplementedError  # pragma: no cover - overridden
 
     # -- prediction ---------------------------------------------------------------------
-    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
+    def _softmax_and_maps(
+        self, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows' probabilities (N, K) and the buffers ``knots``, ``values`` and
+        ``floor``, all in the wider of the logits' and the buffers' dtypes."""
         self._require_built()
-        k = logits.shape[-1]
         work = torch.promote_types(logits.dtype, self.values.dtype)
         knots, values, floor = (_cast(b, work) for b in (self.knots, self.values, self.floor))
-        p = torch.softmax(logits.reshape(-1, k).to(work), dim=1)
+        p = torch.softmax(logits.reshape(-1, logits.shape[-1]).to(work), dim=1)
+        return p, knots, values, floor
+
+    def _forward(self, logits: torch.Tensor) -> torch.Tensor:
+        k = logits.shape[-1]
+        p, knots, values, floor = self._softmax_and_maps(logits)
         if k == 2:  # one map, of p_1: p_0 = 1 - p_1 exactly, nothing to renormalise
             q1 = self._evaluate(p[:, 1:].T, knots, values).T
             q1 = torch.minimum(torch.maximum(q1, floor), 1.0 - floor)
@@ -481,10 +489,7 @@ class HistogramBinning(_NonParametric):
         k = logits.shape[-1]
         if k == 2:
             return super()._forward(logits)
-        self._require_built()
-        work = torch.promote_types(logits.dtype, self.values.dtype)
-        knots, values, floor = (_cast(b, work) for b in (self.knots, self.values, self.floor))
-        p = torch.softmax(logits.reshape(-1, k).to(work), dim=1)
+        p, knots, values, floor = self._softmax_and_maps(logits)
         conf, top = p.max(1, keepdim=True)
         f = self._evaluate_rows(conf, top, knots, values)
         return torch.log(_keep_top_label(f, top, p, floor)).reshape(logits.shape).to(logits.dtype)
