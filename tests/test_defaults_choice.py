@@ -10,6 +10,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from cogcal.train.choice import (
     METHOD_GIVEN,
     RATE_RULE,
     choose,
+    first_step_lr,
     paired_gain,
     posthoc_rates,
     sides_folder,
@@ -202,8 +204,8 @@ def _fit(out: Path, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # under-trained, the edge of the grid
         return cogcal.fit(
-            kwargs.pop("net", None) or _net(), (x, y), epochs=3, out=out, progress=False,
-            checkpoint_seconds=0, **kwargs,
+            kwargs.pop("net", None) or _net(), (x, y), epochs=3, out=out,
+            progress=kwargs.pop("progress", False), checkpoint_seconds=0, **kwargs,
         )  # fmt: skip
 
 
@@ -283,8 +285,8 @@ def test_the_cross_entropy_side_tries_the_rate_a_temperature_made_best(tmp_path)
     """COG-FC's first-step λ_f with the lowest validation NLL after the best temperature at
     the first rung (read here from the points' CSV logs) is nominated; cross-entropy is
     trained at COG-FC's λ_f and the nominated one (the runner-up when COG-FC's own is
-    nominated) to the first rung, and the better one after a temperature continues to the
-    end."""
+    nominated and the runner-up is lower; COG-FC's alone when it is higher) to the first
+    rung, and the better one after a temperature continues to the end."""
     result = _fit(tmp_path / "run")
     made = result.selection["choice"]["posthoc"]
     sides = sides_folder(tmp_path / "run")
@@ -301,8 +303,11 @@ def test_the_cross_entropy_side_tries_the_rate_a_temperature_made_best(tmp_path)
     assert rate["val_nll_ts"] == pytest.approx(logged, rel=1e-6)
     assert rate["nominated"] == float(min(logged, key=logged.__getitem__))
     own = result.selection["choice"]["cog"]["lr"]
-    ranked = sorted(logged, key=logged.__getitem__)
-    other = float(ranked[1] if float(ranked[0]) == own else ranked[0])
+    ranked = [float(lr) for lr in sorted(logged, key=logged.__getitem__)]
+    other = ranked[1] if ranked[0] == own else ranked[0]
+    if ranked[0] == own and other > own:  # a higher runner-up is not tried
+        assert rate["tried"] is None and made["lr"] == rate["lr"] == own
+        return
     tried = {  # both to the first rung, the lower NLL after a temperature kept
         f"{lr:g}": _logged_nll_ts(sides / "ce.select" / f"lr{lr:g}", at) for lr in (own, other)
     }
@@ -378,6 +383,50 @@ def test_the_nominated_rate_is_the_first_step_point_a_temperature_made_best(tmp_
     assert rate["val_nll_ts"] == {"0.0003": 0.37, "0.001": 0.35, "0.003": 0.36}
 
 
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [(1e-3, (1e-3, 3e-4)), (3e-4, (3e-4,))],
+    ids=["lower-runner-up-confirms", "higher-runner-up-not-tried"],
+)
+def test_cog_fcs_own_nominated_is_confirmed_only_by_a_lower_runner_up(tmp_path, own, expected):
+    """COG-FC's own λ_f nominated (lowest NLL after a temperature at the first rung):
+    cross-entropy also tries the runner-up when it is a lower rate, and trains once, at
+    COG-FC's λ_f, when the runner-up is higher (cross-entropy over-fits at high rates)."""
+    folder = tmp_path / "cog-fc.select"
+    nll_ts = {1e-4: 0.50, 3e-4: 0.36, 1e-3: 0.35, 3e-3: 0.40}
+    if own == 3e-4:  # 3e-4 best, 1e-3 the (higher) runner-up
+        nll_ts = {1e-4: 0.50, 3e-4: 0.34, 1e-3: 0.35, 3e-3: 0.40}
+    table = []
+    for i, (lr, value) in enumerate(nll_ts.items()):
+        _point(folder, f"p{i}", [(0.30, 0.40, value)])
+        table.append({"lr": lr, "ratio": BASE_RATIO, "run": f"p{i}"})
+    cog, _ = _records(0.3)
+    cog["config"]["lr"] = own
+    cog["selection"] = {"folder": str(folder), "rungs": [{"rung": 1, "epoch": 1}],
+                        "table": table}  # fmt: skip
+    rates, rate = posthoc_rates(cog)
+    assert rates == expected and rate["nominated"] == own
+
+
+def test_cog_fcs_first_step_lr_is_read_where_the_first_step_compared_its_points():
+    """COG-FC's λ_f after its first step: the λ_c/λ_f = 0.1 point with the lowest figure the
+    step compared (the first rung's NLL; the final one without halving), the first visited
+    on a tie; a second-step point (another ratio) or one without a figure does not count;
+    COG-FC's λ_f when nothing is there to read."""
+    table = [
+        {"lr": 1e-3, "ratio": BASE_RATIO, "rung1_val_nll": 0.40, "val_nll": None},
+        {"lr": 3e-3, "ratio": BASE_RATIO, "rung1_val_nll": 0.30, "val_nll": 0.10},
+        {"lr": 1e-2, "ratio": BASE_RATIO, "rung1_val_nll": 0.30, "val_nll": 0.20},
+        {"lr": 3e-3, "ratio": 0.3, "rung1_val_nll": 0.20, "val_nll": None},
+        {"lr": 3e-2, "ratio": BASE_RATIO, "rung1_val_nll": None, "val_nll": None},
+    ]
+    record = {"config": {"lr": 1e-2}, "selection": {"rungs": [{"epoch": 2}], "table": table}}
+    assert first_step_lr(record) == 3e-3  # the later rungs kept 1e-2: not the first step's
+    record["selection"]["rungs"] = []
+    assert first_step_lr(record) == 3e-3  # without halving: the final NLLs
+    assert first_step_lr({"config": {"lr": 1e-2}}) == 1e-2
+
+
 def test_without_temperature_scaled_figures_the_cross_entropy_side_takes_cog_fcs_rate(
     tmp_path,
 ):
@@ -445,6 +494,77 @@ def test_an_interrupted_default_path_resumes_the_same_choice(tmp_path, monkeypat
     ce_epochs = sum(len(list(csv.DictReader(log.open()))) for log in points)
     assert len(epochs) == ce_epochs  # the COG side was reused: only the ce side trained
     assert not math.isnan(resumed.metrics["nll"])
+
+
+def _trained_by(tmp_path: Path, monkeypatch) -> Path:
+    """Record, in a file, the process that trains each cross-entropy side (``_side`` is
+    looked up when called, also in a forked process)."""
+    real, where = choice_module._side, tmp_path / "ce-pids.txt"
+
+    def side(cfg, *args, **kwargs):
+        if cfg.method == "ce":
+            with where.open("a") as f:
+                f.write(f"{os.getpid()}\n")
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(choice_module, "_side", side)
+    return where
+
+
+def test_the_cross_entropy_side_trains_in_a_second_process_with_the_same_result(
+    tmp_path, monkeypatch
+):
+    """Where a second process is allowed, the cross-entropy side is started in one as soon
+    as COG-FC's first step is over; the choice and every figure are those of the same
+    default path trained in one process (one torch thread in both, so that not even the
+    float rounding differs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (the second process trains on one)
+    try:
+        _compare_overlapped_with_serial(tmp_path, monkeypatch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_overlapped_with_serial(tmp_path: Path, monkeypatch) -> None:
+    pids = _trained_by(tmp_path, monkeypatch)
+    monkeypatch.setattr(choice_module, "second_process_allowed", lambda accelerator: False)
+    serial = _fit(tmp_path / "serial")
+    assert {int(p) for p in pids.read_text().split()} == {os.getpid()}
+    pids.unlink()
+    monkeypatch.setattr(choice_module, "second_process_allowed", lambda accelerator: True)
+    overlapped = _fit(tmp_path / "overlapped")
+    seen = [int(p) for p in pids.read_text().split()]
+    assert len(seen) == 2 and seen[0] != os.getpid() and seen[1] == os.getpid()  # then reused
+    assert overlapped.selection["choice"]["chosen"] == serial.selection["choice"]["chosen"]
+    for key in ("cog", "posthoc"):
+        got, want = overlapped.selection["choice"][key], serial.selection["choice"][key]
+        assert {k: v for k, v in got.items() if k != "rate"} == {
+            k: v for k, v in want.items() if k != "rate"
+        }
+    assert overlapped.metrics == serial.metrics
+
+
+def test_a_failed_second_process_leaves_the_side_to_this_one(tmp_path, monkeypatch, capfd):
+    """The cross-entropy side's second process fails (here: any error in it): this process
+    says so, trains the side itself and ends with the result of an undisturbed run."""
+    monkeypatch.setattr(choice_module, "second_process_allowed", lambda accelerator: True)
+    reference = _fit(tmp_path / "reference")
+    real, parent = choice_module._side, os.getpid()
+
+    def side(cfg, *args, **kwargs):
+        if cfg.method == "ce" and os.getpid() != parent:
+            raise RuntimeError("disk full")
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(choice_module, "_side", side)
+    capfd.readouterr()
+    result = _fit(tmp_path / "run", progress=True)
+    err = capfd.readouterr().err
+    assert "second process beside COG-FC's search" in err
+    assert "second process stopped (exit code 1); training it here" in err
+    assert result.selection["choice"]["chosen"] == reference.selection["choice"]["chosen"]
+    assert result.metrics == pytest.approx(reference.metrics, rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.slow

@@ -10,18 +10,26 @@ Without a method (``cogcal train`` without ``--method``, :func:`cogcal.fit` with
   calibrator is chosen among those of :func:`cogcal.calibrators.auto_candidates` by
   cross-validated NLL on the validation logits (:func:`cogcal.posthoc.calibrate` with
   ``method="auto"``). Its rate (:func:`posthoc_rates`, :data:`RATE_RULE`): COG-FC's λ_f
-  and the λ_f of COG-FC's first step with the lowest validation NLL *after the best
-  temperature* at the first rung (``val_nll_ts`` of the training log,
-  :func:`cogcal.metrics.temperature_scaled_nll`), or the runner-up when that is COG-FC's
-  own: both to the first rung, and the better one after a temperature to the end (a
-  third of a run more than one run). COG-FC's λ_f is chosen by its *uncalibrated* NLL,
-  which is right for COG-FC (it must calibrate itself) but can favour a cautious rate
-  whose only merit is an over-confidence the post-hoc calibrator removes anyway; COG-FC's
-  points nominate the rate at no cost, and the cross-entropy network confirms it, since at
-  high rates it over-fits where COG-FC, whose final layer learns ten times slower, does
-  not (on mnist1d on an AMD EPYC, COG-FC's λ_f 3e-2 nominated itself, and cross-entropy
-  there alone ended at test NLL 0.705 with SMS; against the runner-up, 1e-2 was kept:
-  0.605 with MS; docs/defaults.md).
+  after its first step (:func:`first_step_lr`) and the λ_f of that step with the lowest
+  validation NLL *after the best temperature* at the first rung (``val_nll_ts`` of the
+  training log, :func:`cogcal.metrics.temperature_scaled_nll`), or the runner-up when
+  that is COG-FC's own and the runner-up is a lower rate: both to the first rung, and the
+  better one after a temperature to the end (a third of a run more than one run); a
+  higher runner-up is not tried (cross-entropy, which over-fits at high rates, is not
+  expected to gain there), and cross-entropy is trained once, at COG-FC's λ_f. COG-FC's
+  λ_f is chosen by its *uncalibrated* NLL, which is right for COG-FC (it must calibrate
+  itself) but can favour a cautious rate whose only merit is an over-confidence the
+  post-hoc calibrator removes anyway; COG-FC's points nominate the rate at no cost, and
+  the cross-entropy network confirms it, since at high rates it over-fits where COG-FC,
+  whose final layer learns ten times slower, does not (on mnist1d on an AMD EPYC,
+  COG-FC's λ_f 3e-2 nominated itself, and cross-entropy there alone ended at test NLL
+  0.705 with SMS; against the runner-up, 1e-2 was kept: 0.605 with MS; docs/defaults.md).
+
+The cross-entropy side is planned as soon as COG-FC's first step is over, and where a
+second process is allowed (:func:`cogcal.train.background.second_process_allowed`: Linux,
+the CPU, two threads or more) it is trained in one while this process goes on with
+COG-FC's search (:class:`_EarlySide`); it is then reused as a finished side. The same
+configuration is trained either way.
 
 COG-FC, the default, is replaced by cross-entropy + post hoc only when the latter's
 validation NLL is clearly lower (:data:`CHOICE_RULE`). A post-hoc calibrator fitted on the
@@ -53,6 +61,7 @@ import contextlib
 import copy
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +76,7 @@ from cogcal.cog import CalibratedModel
 from cogcal.metrics import evaluate
 from cogcal.posthoc import AUTO, Calibration, calibrate
 from cogcal.runs import RunDir, RunFolderError, config_digest, load_checkpoint
+from cogcal.train.background import Background, second_process_allowed
 from cogcal.train.config import LOG_NLL_TS, METHOD_GIVEN, TrainConfig
 from cogcal.train.robustness import DEFER_ROBUSTNESS, add_robustness
 from cogcal.train.search import Search, rung_nll
@@ -76,6 +86,7 @@ from cogcal.train.select import (
     adopt_run,
     load_back,
     select_and_train,
+    selection_folder,
     take_out,
 )
 from cogcal.train.sources import DataSource
@@ -88,6 +99,7 @@ __all__ = [
     "POSTHOC_SIDE",
     "RATE_RULE",
     "choose",
+    "first_step_lr",
     "paired_gain",
     "posthoc_rates",
     "sides_folder",
@@ -122,9 +134,11 @@ _NO_ERROR = (
 
 
 RATE_RULE = (
-    "cross-entropy is trained at COG-FC's λ_f and at one more λ_f of COG-FC's first step "
+    "cross-entropy is trained at COG-FC's λ_f after its first step and at one more λ_f of "
+    "that step "
     f"(λ_c/λ_f = {BASE_RATIO:g}): the one whose point had the lowest validation NLL after the "
-    "best temperature at the first rung, or the second lowest when that is COG-FC's own; "
+    "best temperature at the first rung, or the second lowest when that is COG-FC's own "
+    "and the second lowest is a lower rate (a higher one is not tried: COG-FC's λ_f alone); "
     "both to the first rung, and the one with the lower validation NLL after the best "
     "temperature (the checkpoint kept then) to the end"
 )
@@ -166,6 +180,7 @@ _SAME = ("dataset", "seed", "preset", "epochs", "batch_size", "selection", "targ
 def _side(
     cfg: TrainConfig, source: DataSource, model: nn.Module | None, *, train: TrainRun,
     overwrite: bool, search: Search | None = None,
+    on_first_step: Callable[[Search], None] | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:  # fmt: skip
     """One side: reused when its folder holds the finished run of the same budget; else
     chosen and trained by ``search`` (COG-FC: the default search; its finished points
@@ -186,19 +201,55 @@ def _side(
         return train(cfg, resume=resume, overwrite=overwrite, data=source, model=model)
     return select_and_train(
         cfg, source, model, train=train, resume=not overwrite, overwrite=overwrite,
-        search=search,
+        search=search, on_first_step=on_first_step,
     )  # fmt: skip
+
+
+def first_step_lr(cog: dict[str, Any]) -> float:
+    """COG-FC's λ_f after the first step of its search, from its record ``cog``: the point
+    at λ_c/λ_f = :data:`BASE_RATIO` with the lowest validation NLL where the step compared
+    the points (at the first rung; at the end without halving), the first visited on a
+    tie; COG-FC's λ_f where the record holds no such figure. It is COG-FC's final λ_f except
+    where a later rung of the halving kept another point, and it is known as soon as the
+    first step is over, so the cross-entropy side can start then (:func:`weigh_and_train`)."""
+    selection = cog.get("selection") or {}
+    column = "rung1_val_nll" if selection.get("rungs") else "val_nll"
+    best: tuple[float, float] | None = None
+    for row in selection.get("table") or []:
+        nll, ratio = row.get(column), row.get("ratio")
+        if ratio is None or not math.isclose(float(ratio), BASE_RATIO) or nll is None:
+            continue
+        if math.isfinite(float(nll)) and (best is None or float(nll) < best[0]):
+            best = (float(nll), float(row["lr"]))
+    return best[1] if best is not None else float(cog["config"]["lr"])
+
+
+def _first_step_record(search: Search, folder: Path) -> dict[str, Any]:
+    """What :func:`posthoc_rates` reads of COG-FC's record, taken from its ``search`` (its
+    points in ``folder``) once the first step is over; ``config.lr`` None."""
+    at = search.search_at
+    column = "rung1_val_nll" if at is not None else "val_nll"
+    table = []
+    for label in search.outcomes:
+        point, nll = search.points[label], search.nll(label, at)
+        table.append({"lr": point["lr"], "ratio": point.get("ratio"), "run": label,
+                      column: nll if math.isfinite(nll) else None})  # fmt: skip
+    rungs = [{"rung": 1, "epoch": at}] if at is not None else []
+    return {"config": {"lr": None}, "selection": {"folder": str(folder), "rungs": rungs,
+                                                  "table": table}}  # fmt: skip
 
 
 def posthoc_rates(cog: dict[str, Any]) -> tuple[tuple[float, ...], dict[str, Any]]:
     """The learning rates the cross-entropy side tries (:data:`RATE_RULE`), from the COG-FC
     side's record ``cog`` (its ``selection``: the points, their folders and rungs): COG-FC's
-    λ_f, then the one nominated when it differs, else the runner-up (COG-FC's alone when it
-    tried one λ_f); and the record of the nomination: the rule,
+    λ_f, then the one nominated when it differs, else the runner-up when it is lower
+    (COG-FC's alone when it tried one λ_f or the runner-up is higher); and the record of the
+    nomination: the rule,
     the epoch compared (None: the whole runs, without halving), the nominated λ_f and each
     first-step λ_f with its validation NLL after the best temperature (None where its log
-    has none, e.g. written before it was logged)."""
-    own = float(cog["config"]["lr"])
+    has none, e.g. written before it was logged). COG-FC's λ_f is the one of its first step
+    (:func:`first_step_lr`)."""
+    own = first_step_lr(cog)
     selection = cog.get("selection") or {}
     rungs = selection.get("rungs") or []
     at = int(rungs[0]["epoch"]) if rungs else None
@@ -216,8 +267,8 @@ def posthoc_rates(cog: dict[str, Any]) -> tuple[tuple[float, ...], dict[str, Any
     nominated = ranked[0][1] if ranked else own
     if not math.isclose(nominated, own):
         rates: tuple[float, ...] = (own, nominated)
-    elif len(ranked) > 1:  # COG-FC's own nominated: the runner-up confirms it (or not)
-        rates = (own, ranked[1][1])
+    elif len(ranked) > 1 and ranked[1][1] < own:  # own nominated: a lower runner-up
+        rates = (own, ranked[1][1])  # confirms it or not (cross-entropy over-fits higher)
     else:
         rates = (own,)
     record = {"rule": RATE_RULE, "epoch": at, "nominated": nominated, TS_KEY: figures}
@@ -330,6 +381,12 @@ def _kept(cog: dict[str, Any], why: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _folds(n: int) -> int:
+    """The folds of the post-hoc side's cross-validation on ``n`` validation samples
+    (under 2: too few to weigh it)."""
+    return min(CV_FOLDS, n // MIN_PER_FOLD)
+
+
 def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
     """``calibrate(method="auto")`` with ``folds`` folds; when a candidate cannot be fitted
     on folds this small (the non-parametric ones need more samples), among the parametric
@@ -361,25 +418,106 @@ def _tried(selection: dict[str, Any] | None) -> dict[str, float | None]:
     return {f"{float(r['lr']):g}": r.get(column) for r in rows}
 
 
-def _weigh(
-    config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
-    model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool,
-) -> tuple[dict[str, Any], tuple[Path, CalibratedModel | None, Any] | None]:  # fmt: skip
-    """Train the cross-entropy side, calibrate its validation logits post hoc and choose;
-    returns the choice and, when cross-entropy + post hoc wins, its run folder, model and
-    selection record."""
+def _cross_entropy_plan(
+    config: TrainConfig, sides: Path, cog: dict[str, Any]
+) -> tuple[tuple[float, ...], dict[str, Any], TrainConfig, Search | None]:
+    """The cross-entropy side as :data:`RATE_RULE` plans it from COG-FC's record ``cog``:
+    the rates, the record of their nomination, the side's configuration and, for two
+    rates, its race (both to the first rung, the better one after a temperature to the
+    end)."""
     rates, rate = posthoc_rates(cog)
     ce_cfg, search = _side_config(config, POSTHOC_SIDE, sides), None
     if len(rates) == 1:
         ce_cfg = ce_cfg.replace(lr=rates[0])
-    else:  # both rates to the first rung, the better one after a temperature to the end
+    else:
         plan = [(rate["epoch"], 1)] if rate["epoch"] is not None else []
         search = Search(
             Grid(tuple(sorted(rates))), max_extensions=0, rungs=plan, key=TS_KEY,
             schedule=ce_cfg.resolved()["schedule"],
         )  # fmt: skip
-    _say(config, f"cross-entropy side: {_rate_text(rates, rate)}")
-    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite,
+    return rates, rate, ce_cfg, search
+
+
+class _EarlySide:
+    """The cross-entropy side started in a second process as soon as COG-FC's first step is
+    over (:mod:`cogcal.train.background`), while this process goes on with COG-FC's
+    search; :meth:`start` is the search's ``on_first_step``."""
+
+    def __init__(
+        self, config: TrainConfig, sides: Path, source: DataSource, model: nn.Module | None,
+        *, train: TrainRun, overwrite: bool,
+    ) -> None:  # fmt: skip
+        self.config, self.sides, self.source, self.model = config, sides, source, model
+        self.train, self.overwrite = train, overwrite
+        self.job = Background()
+        self.rates: tuple[float, ...] | None = None
+
+    def start(self, search: Search) -> None:
+        config = self.config
+        if not (second_process_allowed(config.accelerator) and self.source.in_memory):
+            return
+        if search.searches[0].best is None:  # every first-step point diverged
+            return
+        folder = selection_folder(_side_config(config, COG_SIDE, self.sides).out)
+        rates, rate, ce_cfg, ce_search = _cross_entropy_plan(
+            config, self.sides, _first_step_record(search, folder)
+        )
+        if RunDir(ce_cfg.out).read_record() is not None and not self.overwrite:
+            return  # finished before: reused
+        val = self.source.split("val")
+        if val is None or _folds(sum(len(y) for _, y in val)) < 2:  # no side to train
+            return
+        _say(config, f"cross-entropy side: {_rate_text(rates, rate)}; trained in a second "
+                     "process beside COG-FC's search")  # fmt: skip
+        quiet, net = ce_cfg.replace(progress=False), copy.deepcopy(self.model)
+        self.job.start(
+            lambda: _side(quiet, self.source, net, train=self.train, overwrite=self.overwrite,
+                          search=ce_search),
+            name="cogcal-cross-entropy-side",
+        )  # fmt: skip
+        self.rates = rates
+
+    def polled(self, train: TrainRun) -> TrainRun:
+        """``train`` that first takes back the thread the second process had, once it has
+        ended (COG-FC's points go on with all the threads)."""
+
+        def polled(*args: Any, **kwargs: Any) -> tuple[dict[str, Any], CalibratedModel | None]:
+            self.job.poll()
+            return train(*args, **kwargs)
+
+        return polled
+
+    def wait(self, rates: tuple[float, ...]) -> bool:
+        """Wait for the second process; whether it trained the side (else, or when none was
+        started, this process trains it, resuming what it left)."""
+        if not self.job.running:
+            return False
+        code = self.job.wait()
+        if rates != self.rates:  # the same rule on the same figures: never
+            raise RuntimeError(
+                f"the cross-entropy side was started at {self.rates} and is now planned at "
+                f"{rates}; please report this."
+            )
+        if code != 0:
+            _say(self.config, f"the cross-entropy side's second process stopped (exit code "
+                              f"{code}); training it here")  # fmt: skip
+        return code == 0
+
+
+def _weigh(
+    config: TrainConfig, sides: Path, cog: dict[str, Any], source: DataSource,
+    model: nn.Module | None, *, train: TrainRun, folds: int, overwrite: bool, early: _EarlySide,
+) -> tuple[dict[str, Any], tuple[Path, CalibratedModel | None, Any] | None]:  # fmt: skip
+    """Train the cross-entropy side (or take it from ``early``), calibrate its validation
+    logits post hoc and choose; returns the choice and, when cross-entropy + post hoc
+    wins, its run folder, model and selection record."""
+    rates, rate, ce_cfg, search = _cross_entropy_plan(config, sides, cog)
+    if early.wait(rates):
+        overwrite_ce = False  # trained by the second process just now: reused as it is
+    else:
+        overwrite_ce = overwrite
+        _say(config, f"cross-entropy side: {_rate_text(rates, rate)}")
+    ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite_ce,
                   search=search)  # fmt: skip
     ce_cfg = ce_cfg.replace(lr=ce["config"]["lr"], out=ce["config"]["out"])
     rate["lr"] = ce["config"]["lr"]
@@ -426,21 +564,23 @@ def weigh_and_train(
         take_out(held, out, resume=resume, overwrite=overwrite, config=config)
         _say(config, f"weighing COG-FC against cross-entropy + post-hoc calibration in {sides}")
         # each side trains (or loads back) copies: the caller's model gets the winner's weights
+        early = _EarlySide(config, sides, source, model, train=train, overwrite=overwrite)
+        held.callback(early.job.stop)  # on any way out: the second process ends with this one
         cog, cog_model = _side(
-            _side_config(config, COG_SIDE, sides), source, copy.deepcopy(model), train=train,
-            overwrite=overwrite,
+            _side_config(config, COG_SIDE, sides), source, copy.deepcopy(model),
+            train=early.polled(train), overwrite=overwrite, on_first_step=early.start,
         )  # fmt: skip
         assert cog_model is not None
         path, trained, selection = Path(cog["config"]["out"]), cog_model, cog["selection"]
         n = len(RunDir(path).read_logits("val")[1])
-        folds = min(CV_FOLDS, n // MIN_PER_FOLD)
+        folds = _folds(n)
         if folds < 2:  # too few validation samples to judge a post-hoc calibrator honestly
             choice = _kept(
                 cog, f"{n} validation samples: too few to cross-validate a post-hoc calibrator"
             )
         else:
             choice, found = _weigh(config, sides, cog, source, model, train=train, folds=folds,
-                                   overwrite=overwrite)  # fmt: skip
+                                   overwrite=overwrite, early=early)  # fmt: skip
             if found is not None:
                 path, trained, selection = found
         choice["folder"] = str(sides)

@@ -214,6 +214,10 @@ class Search:
         ``"val_nll"`` (validation cross-entropy, the default path's rule) or
         ``"val_nll_ts"`` (after the best temperature: the cross-entropy side of the default
         path, :mod:`cogcal.train.choice`); also at the end of the runs.
+    on_first_step : callable, optional
+        ``on_first_step(search)``, once, when the first step is over (every point of it
+        recorded, before the second step's grid is built): the default path starts its
+        cross-entropy side from it (:mod:`cogcal.train.choice`).
 
     Attributes
     ----------
@@ -236,6 +240,7 @@ class Search:
         rungs: Sequence[tuple[int, int]] = (),
         schedule: str | None = None,
         key: str = "val_nll",
+        on_first_step: Callable[[Search], None] | None = None,
     ) -> None:
         if not isinstance(grid, GridSearch):
             grid = GridSearch(grid, max_extensions=max_extensions)
@@ -248,6 +253,7 @@ class Search:
         self.halving: list[dict[str, Any]] = []
         self._alive: list[str] | None = None
         self._train: Train | None = None
+        self.on_first_step = on_first_step
 
     @property
     def grid(self) -> Grid:
@@ -282,6 +288,9 @@ class Search:
 
     def _next_step(self) -> bool:
         first = self.searches[0]
+        if len(self.searches) == 1 and self.on_first_step is not None:
+            told, self.on_first_step = self.on_first_step, None  # once
+            told(self)
         if self.then is None or len(self.searches) > 1 or first.best is None:
             return False
         grid = self.then(first.best)

@@ -304,6 +304,7 @@ def select_and_train(
     resume: bool = False,
     overwrite: bool = False,
     search: Search | None = None,
+    on_first_step: Callable[[Search], None] | None = None,
 ) -> tuple[dict[str, Any], CalibratedModel | None]:
     """Choose the learning rates of ``config`` (no ``lr``, budget resolved) by validation
     cross-entropy, and return the chosen run as :func:`cogcal.train.runner.execute` does.
@@ -313,7 +314,8 @@ def select_and_train(
     resumed in any case); ``overwrite`` replaces a finished run in ``config.out`` and
     points of another configuration. ``search``: another search than
     :func:`default_search` (the default path's cross-entropy side,
-    :mod:`cogcal.train.choice`), its points the most it may train.
+    :mod:`cogcal.train.choice`), its points the most it may train. ``on_first_step``: given
+    to :func:`default_search` (:class:`~cogcal.train.search.Search`).
     """
     method = get_method(config.method)
     fabric = launch(config)  # once: every point trains in these processes
@@ -332,7 +334,10 @@ def select_and_train(
         overwrite=overwrite,
     )  # fmt: skip
     if search is None:
-        search = default_search(method.is_cog, plan, schedule=config.resolved()["schedule"])
+        search = default_search(
+            method.is_cog, plan, schedule=config.resolved()["schedule"],
+            on_first_step=on_first_step,
+        )  # fmt: skip
     with contextlib.ExitStack() as held:
         sel.on_zero(
             lambda: _begin(held, out, folder, resume=resume, overwrite=overwrite, config=config)
@@ -366,20 +371,24 @@ def select_and_train(
 
 
 def default_search(
-    cog: bool, plan: list[tuple[int, int]], *, schedule: str | None = None
-) -> Search:
+    cog: bool, plan: list[tuple[int, int]], *, schedule: str | None = None,
+    on_first_step: Callable[[Search], None] | None = None,
+) -> Search:  # fmt: skip
     """The search of the default path: COG methods choose λ_f on :data:`COG_LRS` at
     :data:`BASE_RATIO`, then the ratio on :data:`COG_RATIOS` at the chosen λ_f; other
     methods λ on :data:`BASELINE_LRS`; each step extended at most :data:`MAX_EXTENSIONS`
-    times, the points compared and halved on the rungs ``plan``."""
+    times, the points compared and halved on the rungs ``plan``; ``on_first_step`` told
+    when the first step is over."""
     if not cog:
         return Search(
-            Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS, rungs=plan, schedule=schedule
-        )
+            Grid(BASELINE_LRS), max_extensions=MAX_EXTENSIONS, rungs=plan, schedule=schedule,
+            on_first_step=on_first_step,
+        )  # fmt: skip
     return Search(
         Grid(COG_LRS, (BASE_RATIO,), fixed=("ratio",)),
         then=lambda best: Grid((best["lr"],), COG_RATIOS, fixed=("lr",)),
         max_extensions=MAX_EXTENSIONS, rungs=plan, schedule=schedule,
+        on_first_step=on_first_step,
     )  # fmt: skip
 
 

@@ -35,6 +35,9 @@ class DataSource:
     class_names: list[str]
     info: dict[str, Any]
     dataset: Dataset | None = None  # a built-in dataset (OOD / shift sets exist for some)
+    #: every split held as tensors in this process (no user ``DataLoader``, whose worker
+    #: processes a forked process could not start: :mod:`cogcal.train.background`)
+    in_memory: bool = True
 
     def train_loader(self, batch_size: int, *, world: int, rank: int, seed: int, device: Any):
         raise NotImplementedError
@@ -130,6 +133,10 @@ class LoaderSource(DataSource):
     class_names: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     dataset: Dataset | None = None
+
+    @property
+    def in_memory(self) -> bool:  # type: ignore[override]
+        return not isinstance(self.train, DataLoader) and not isinstance(self.val, DataLoader)
 
     def train_loader(self, batch_size: int, *, world: int, rank: int, seed: int, device: Any):
         if isinstance(self.train, DataLoader):
