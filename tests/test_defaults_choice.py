@@ -30,7 +30,7 @@ from cogcal.report.run_report import choice_line, health_section
 from cogcal.runs import RunDir, RunRecord
 from cogcal.runs.checkpoints import CHECKPOINT_FORMAT
 from cogcal.train import choice as choice_module
-from cogcal.train import loop
+from cogcal.train import loop, robustness
 from cogcal.train.choice import (
     COG_SIDE,
     METHOD_GIVEN,
@@ -574,17 +574,30 @@ def test_a_failed_second_process_leaves_the_side_to_this_one(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_digits_at_defaults_end_to_end(tmp_path, capsys):
+def test_digits_at_defaults_end_to_end(tmp_path, capsys, monkeypatch):
     """`cogcal train --dataset digits` without --method: both sides trained, the choice in
     metrics.json, the report and `cogcal predict`'s output; the chosen model's test logits
-    are those load_run predicts."""
+    are those load_run predicts; the OOD and shift sets evaluated once, on the chosen
+    model (the sides leave them to it)."""
+    evaluated = []
+    real = robustness.evaluate_robustness
+
+    def counted(*args, **kwargs):
+        evaluated.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(robustness, "evaluate_robustness", counted)
+    monkeypatch.setattr(choice_module, "second_process_allowed", lambda accelerator: False)
     out, data = tmp_path / "run", ["--data-root", str(tmp_path / "data")]
     argv = ["train", "--dataset", "digits", "--epochs", "3", "--no-progress", *data]
     assert main([*argv, "--out", str(out)]) == 0
     saved = json.loads((out / "metrics.json").read_text())
     made = saved["selection"]["choice"]
     assert saved["config"]["method"] == made["chosen"]
-    assert saved["ood"] or saved["shift"] or saved["unavailable"]
+    assert saved["ood"] and saved["shift"] and evaluated == [1]
+    for side in ("cog-fc", "ce"):
+        record = json.loads((sides_folder(out) / side / "metrics.json").read_text())
+        assert record["unavailable"]["ood"] == {"all": robustness.DEFERRED}
     assert main(["report", str(out)]) == 0
     assert "Default path: chose" in (out / "report.md").read_text()
     loaded = cogcal.load_run(out)

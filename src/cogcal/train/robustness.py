@@ -3,8 +3,8 @@
 :func:`predict_logits` gives the float32 logits of any batches; :func:`evaluate_robustness`
 the OOD-detection and shift metrics of a final (calibrated) model (docs/method.md §3-§4);
 :func:`add_robustness` fills them into a record whose run left them to its caller
-(:data:`DEFER_ROBUSTNESS`: the points of a learning-rate selection, of which only the
-chosen one is evaluated on them). Both the runner (:mod:`cogcal.train.runner`) and the
+(:data:`DEFER_ROBUSTNESS`: the points of a learning-rate selection and the sides of the
+default path, of which only the chosen one is evaluated on them). Both the runner (:mod:`cogcal.train.runner`) and the
 selection (:mod:`cogcal.train.select`) use them; neither imports the other for it.
 """
 
@@ -36,8 +36,9 @@ __all__ = [
 ]
 
 #: ``extra`` key of a run whose OOD and shift evaluation its caller does afterwards
-#: (:func:`add_robustness`): the points of a learning-rate selection, of which only the
-#: chosen one is evaluated on them.
+#: (:func:`add_robustness`): the points of a learning-rate selection, and the two sides of
+#: the default path (:mod:`cogcal.train.choice`), of which only the chosen one is evaluated
+#: on them.
 DEFER_ROBUSTNESS = "defer_robustness"
 #: Why such a run's record has no OOD or shift results (its ``unavailable`` entry).
 DEFERRED = "left to the chosen run of the learning-rate selection"

@@ -416,7 +416,9 @@ def _finish(
         trained = load_back(sel.folder / chosen, sel.model)
     elif sel.model is not None and not method.stage2:  # the caller's model gets the weights
         sel.model.load_state_dict(trained.network.state_dict())
-    if sel.source.dataset is not None and trained is not None:
+    # (a side of the default path leaves it to the side chosen: cogcal.train.choice)
+    deferred = bool(config.extra.get(DEFER_ROBUSTNESS))
+    if sel.source.dataset is not None and trained is not None and not deferred:
         add_robustness(record, out, trained, sel.source.dataset, config)
     out.write_record(record)  # metrics.json last: only now is the run complete
     return record.to_dict(), trained
