@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from multiprocessing.connection import wait as mp_wait
 
@@ -95,7 +96,11 @@ class Background:
         process = multiprocessing.get_context("fork").Process(
             target=_child, args=(target,), name=name, daemon=True
         )
-        process.start()
+        with warnings.catch_warnings():
+            # (Python 3.12+ warns of any fork beside other threads: here they are torch's
+            # idle pool, and no cogcal thread runs between two runs, when this is called)
+            warnings.filterwarnings("ignore", message=r".*fork\(\)", category=DeprecationWarning)
+            process.start()
         self._process, self._threads = process, torch.get_num_threads()
         torch.set_num_threads(max(1, self._threads - 1))
 
