@@ -428,6 +428,18 @@ def test_cog_fcs_first_step_lr_is_read_where_the_first_step_compared_its_points(
     assert first_step_lr({"config": {"lr": 1e-2}}) == 1e-2
 
 
+def test_the_progress_line_names_a_first_step_rate_that_is_not_cog_fcs_final_one():
+    """The cross-entropy side's rate is COG-FC's λ_f after its first step; where a later
+    rung kept another λ_f, the line says so and names the final one."""
+    rate = {"epoch": 2, "first_step_lr": 3e-3, "nominated": 3e-3, "val_nll_ts": {}}
+    line = choice_module._rate_text((3e-3,), rate, 1e-2)
+    assert line == "lr 0.003, COG-FC's λ_f after its first step; its final λ_f is 0.01"
+    assert choice_module._rate_text((3e-3,), rate, 3e-3) == "lr 0.003, COG-FC's λ_f"
+    assert choice_module._rate_text((3e-3,), rate) == "lr 0.003, COG-FC's λ_f"  # (early)
+    two = choice_module._rate_text((3e-3, 1e-3), {**rate, "val_nll_ts": {"0.003": 0.5}}, 1e-2)
+    assert two.startswith("lr 0.003 (COG-FC's λ_f after its first step; its final λ_f is 0.01)")
+
+
 def test_without_temperature_scaled_figures_the_cross_entropy_side_takes_cog_fcs_rate(
     tmp_path,
 ):
@@ -435,7 +447,8 @@ def test_without_temperature_scaled_figures_the_cross_entropy_side_takes_cog_fcs
     (written before it was logged): cross-entropy trains at COG-FC's λ_f alone."""
     cog, _ = _records(0.3)
     assert posthoc_rates(cog) == ((1e-2,), {
-        "rule": RATE_RULE, "epoch": None, "nominated": 1e-2, "val_nll_ts": {},
+        "rule": RATE_RULE, "epoch": None, "first_step_lr": 1e-2, "nominated": 1e-2,
+        "val_nll_ts": {},
     })  # fmt: skip
     folder = tmp_path / "cog-fc.select"
     for label in ("a", "b"):

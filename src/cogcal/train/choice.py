@@ -248,7 +248,7 @@ def posthoc_rates(cog: dict[str, Any]) -> tuple[tuple[float, ...], dict[str, Any
     the epoch compared (None: the whole runs, without halving), the nominated λ_f and each
     first-step λ_f with its validation NLL after the best temperature (None where its log
     has none, e.g. written before it was logged). COG-FC's λ_f is the one of its first step
-    (:func:`first_step_lr`)."""
+    (:func:`first_step_lr`, recorded as ``first_step_lr``)."""
     own = first_step_lr(cog)
     selection = cog.get("selection") or {}
     rungs = selection.get("rungs") or []
@@ -271,7 +271,10 @@ def posthoc_rates(cog: dict[str, Any]) -> tuple[tuple[float, ...], dict[str, Any
         rates = (own, ranked[1][1])  # confirms it or not (cross-entropy over-fits higher)
     else:
         rates = (own,)
-    record = {"rule": RATE_RULE, "epoch": at, "nominated": nominated, TS_KEY: figures}
+    record = {
+        "rule": RATE_RULE, "epoch": at, "first_step_lr": own, "nominated": nominated,
+        TS_KEY: figures,
+    }  # fmt: skip
     return rates, record
 
 
@@ -398,16 +401,20 @@ def _calibrate(z: torch.Tensor, y: torch.Tensor, folds: int) -> Calibration:
         return calibrate(z, y, AUTO, cv=folds, candidates=parametric)
 
 
-def _rate_text(rates: tuple[float, ...], rate: dict[str, Any]) -> str:
-    """The rates the cross-entropy side tries, and why, in one line."""
+def _rate_text(rates: tuple[float, ...], rate: dict[str, Any], final: float | None = None) -> str:
+    """The rates the cross-entropy side tries, and why, in one line; ``final``: COG-FC's
+    final λ_f, once its search is over (named where it is not its first step's)."""
+    own = "COG-FC's λ_f"
+    if final is not None and not math.isclose(final, rate["first_step_lr"]):
+        own = f"COG-FC's λ_f after its first step; its final λ_f is {final:g}"
     where = f"after {rate['epoch']} epochs" if rate["epoch"] is not None else "at the end"
     shown = ", ".join(
         f"{lr} {'n/a' if nll is None else f'{nll:.4f}'}" for lr, nll in rate[TS_KEY].items()
     )
     why = f"(COG-FC's points, validation NLL after the best temperature {where}: {shown})"
     if len(rates) == 1:
-        return f"lr {rates[0]:g}, COG-FC's λ_f {why if shown else ''}".rstrip()
-    return f"lr {rates[0]:g} (COG-FC's λ_f) and {rates[1]:g} {why}, the better one kept"
+        return f"lr {rates[0]:g}, {own} {why if shown else ''}".rstrip()
+    return f"lr {rates[0]:g} ({own}) and {rates[1]:g} {why}, the better one kept"
 
 
 def _tried(selection: dict[str, Any] | None) -> dict[str, float | None]:
@@ -516,7 +523,7 @@ def _weigh(
         overwrite_ce = False  # trained by the second process just now: reused as it is
     else:
         overwrite_ce = overwrite
-        _say(config, f"cross-entropy side: {_rate_text(rates, rate)}")
+        _say(config, f"cross-entropy side: {_rate_text(rates, rate, cog['config']['lr'])}")
     ce, _ = _side(ce_cfg, source, copy.deepcopy(model), train=train, overwrite=overwrite_ce,
                   search=search)  # fmt: skip
     ce_cfg = ce_cfg.replace(lr=ce["config"]["lr"], out=ce["config"]["out"])
