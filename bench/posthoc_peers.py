@@ -2,6 +2,7 @@
 saved logits, scored by one metric function, in one run.
 
     python bench/posthoc_peers.py [--repeats 3] [--sets mnist1d,gauss100,digits] [--first-fit]
+                                  [--cv-seconds]
 
 The peers (probmetrics, torch-uncertainty, netcal) are the optional extra ``peers``
 (``pip install 'cogcal[peers]'``); a peer that is not installed is left out of the table.
@@ -25,7 +26,10 @@ their penalty, or the method, by cross-validation) by probmetrics' structured ma
 scaling (``SMSCalibrator``), marked ``/sms``. The rows ``cogcal one-vs-rest`` are the
 paper's one-vs-rest BBQ (``BBQ(multiclass="one-vs-rest")``), beside cogcal's default,
 which keeps each row's top label. ``--first-fit`` also times, in a fresh
-process, the first and a second temperature-scaling fit.
+process, the first and a second temperature-scaling fit. ``--cv-seconds`` also prints,
+for each of cogcal's calibrators that cross-validate their penalty, the seconds its
+folds' fits took at each strength of the walk (``cv_seconds_``, one warm fit) beside the
+pooled held-out NLL there: where the fit's time goes.
 """
 
 from __future__ import annotations
@@ -317,6 +321,27 @@ def _with_ratios(rows: list, sms_seconds: float | None) -> list:
     return out
 
 
+def cv_seconds(name: str, data: dict[str, np.ndarray], methods: list[str]) -> list[str]:
+    """Table rows: per cross-validated cogcal calibrator of ``methods``, the seconds of each
+    strength the walk visited and its pooled held-out NLL (one fit after a warm-up)."""
+    rows = []
+    for method in methods:
+        if method not in KINDS or (KINDS.get(method).two_class and data["zv"].shape[1] != 2):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make_calibrator(method).fit(data["zv"], data["yv"])
+            cal = make_calibrator(method).fit(data["zv"], data["yv"])
+        seconds = getattr(cal, "cv_seconds_", None)
+        if seconds is None:
+            continue
+        for l2, s, score in zip(cal.l2_grid_, seconds, cal.cv_scores_, strict=True):
+            if np.isfinite(s):
+                chosen = " (chosen)" if l2 == cal.l2_ else ""
+                rows.append(f"| {name} | {method} | {l2:g}{chosen} | {s:.3f} | {score:.4f} |")
+    return rows
+
+
 def first_fit() -> str:
     """The first and a second ``Temperature().fit`` of a fresh process, in seconds."""
     code = (
@@ -341,6 +366,7 @@ def main() -> None:
     parser.add_argument("--methods", default=None, help="default: every kind, then auto")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/cogcal-posthoc-peers"))
     parser.add_argument("--first-fit", action="store_true")
+    parser.add_argument("--cv-seconds", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     methods = args.methods.split(",") if args.methods else [*KINDS.names(), "auto"]
@@ -351,6 +377,12 @@ def main() -> None:
         for row in run_set(name, load_set(name, args.cache), methods, args.repeats):
             cells = [*row[:3], *(f"{v:.4f}" for v in row[3:7]), f"{row[7]:.3f}", row[8]]
             print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    if args.cv_seconds:
+        print("\n| set | method | strength | seconds | pooled held-out NLL |")
+        print("|---|---|---|---|---|")
+        for name in args.sets.split(","):
+            for line in cv_seconds(name, load_set(name, args.cache), methods):
+                print(line, flush=True)
     if args.first_fit:
         print(first_fit())
 

@@ -251,6 +251,10 @@ def test_cv_walk_stops_after_two_strengths_without_improvement():
     if first > 0:  # stopped: the two weakest evaluated strengths did not beat the best
         assert np.all(scores[first : first + 2] >= np.nanmin(scores))
         assert np.isnan(ms.cv_fold_scores_[:, :first]).all()
+    # the seconds of each strength: where it was scored, and only there
+    np.testing.assert_array_equal(np.isnan(ms.cv_seconds_), np.isnan(scores))
+    assert (ms.cv_seconds_[evaluated] > 0).all()
+    assert MatrixScaling(l2=1.0).fit(z, y).cv_seconds_ is None
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -295,6 +296,10 @@ class Calibrator(nn.Module):
     cv_fold_scores_ : ndarray or None
         Mean held-out NLL per fold and strength, shape ``(cv, len(l2_grid_))`` (``inf``
         where a fit diverged, ``nan`` where skipped).
+    cv_seconds_ : ndarray or None
+        Wall-clock seconds the folds' fits and scoring took at each strength of
+        ``l2_grid_`` (``nan`` where skipped): where a cross-validated fit spends its time
+        (the weak strengths, whose fits take the most steps, usually).
     cv_sample_nll_ : ndarray or None
         Each sample's held-out NLL at the chosen strength, shape ``(N,)``: from the fit on
         the folds that did not hold it out (multi-label: the mean over its tasks); its mean
@@ -685,9 +690,10 @@ class Calibrator(nn.Module):
         models = self._fold_models(logits, labels, held_out)
         fold_scores = np.full((self.cv, grid.size), np.nan)
         samples = np.full((grid.size, labels.shape[0]), np.nan)  # held-out NLL per sample
-        pooled = np.full(grid.size, np.nan)
+        pooled, seconds = np.full(grid.size, np.nan), np.full(grid.size, np.nan)
         best_score, worse_in_a_row = np.inf, 0
         for j in reversed(range(grid.size)):  # strongest first, each fit warm-starts the next
+            began = time.perf_counter()
             self._fit_folds(models, logits, labels, held_out, float(grid[j]))
             for f, (model, held) in enumerate(zip(models, held_out, strict=True)):
                 with torch.no_grad():
@@ -699,6 +705,7 @@ class Calibrator(nn.Module):
                     per_sample if np.isfinite(fold_scores[f, j]) else np.inf
                 )
             pooled[j] = float((fold_scores[:, j] * sizes).sum() / sizes.sum())
+            seconds[j] = time.perf_counter() - began
             if pooled[j] < best_score:
                 best_score, worse_in_a_row = pooled[j], 0
             else:
@@ -712,6 +719,7 @@ class Calibrator(nn.Module):
             )
         best = int(np.flatnonzero(pooled == best_score).max())  # ties: stronger penalty
         self.l2_grid_, self.cv_scores_, self.cv_fold_scores_ = grid, pooled, fold_scores
+        self.cv_seconds_ = seconds
         self.cv_sample_nll_ = samples[best]
         self.l2_at_edge_ = "upper" if best == grid.size - 1 else "lower" if best == 0 else None
         return float(grid[best])
@@ -813,6 +821,7 @@ class Calibrator(nn.Module):
             else:
                 self.l2_ = float(self.l2)
                 self.l2_grid_ = self.cv_scores_ = self.cv_fold_scores_ = None
+                self.cv_seconds_ = None
                 self.cv_sample_nll_ = None
                 self.l2_at_edge_ = None
             self._reset_parameters()
