@@ -289,8 +289,10 @@ _COMMANDS: tuple[_Command, ...] = (
         "cogcal.commands.calibrate",
         _calibrate_flags,
         help="calibrate a model trained elsewhere from its saved validation logits",
-        description="Fit a post-hoc calibrator (temperature, vector or matrix scaling, "
-        "Dirichlet, isotonic, histogram binning; `auto` chooses by cross-validated NLL) on "
+        description="Fit a post-hoc calibrator (temperature scaling, with or without Laplace "
+        "smoothing; vector and matrix scaling and their structured forms; Dirichlet; "
+        "isotonic, histogram binning, BBQ; for two classes Platt and Beta calibration; "
+        "`auto` chooses by cross-validated NLL) on "
         "saved validation scores, evaluate it on the test scores, and write calibrator.pt, "
         "metrics.json, reliability.png and a report into --out.",
     ),

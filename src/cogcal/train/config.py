@@ -185,7 +185,16 @@ class TrainConfig:
             metavar="NAME",
         ),
     )
-    method: str = field(default="cog-fc", metadata=_opt("training method", metavar="NAME"))
+    method: str = field(
+        default="cog-fc",
+        metadata=_opt(
+            "training method (default: cog-fc; without --method and --lr, at the auto "
+            "preset, on single-label data in one process, `cogcal train` weighs it against "
+            "cross-entropy + post-hoc calibration and keeps the one with the lower "
+            "validation NLL: docs/method.md §1)",
+            metavar="NAME",
+        ),
+    )
     seed: int = field(
         default=0,
         metadata=_opt(
