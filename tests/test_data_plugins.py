@@ -282,6 +282,43 @@ def test_csv_integer_target_tsv_quotes_and_constant_column(tmp_path: Path) -> No
     assert small.info["features"] == ["x", "y, quoted"] and small.class_names == ["a", "b"]
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_csv_pixels_share_one_scale(tmp_path: Path, scaled: bool) -> None:
+    """8 x 8 pixel images as a table: one mean/std over every training cell, so that a
+    pixel dark on all training images but one does not put a test image that lights it
+    many stds away (it would per column); 63 columns, or a value out of the pixel range,
+    keep the per-column standardisation."""
+    rng = np.random.default_rng(0)
+    n, k = 200, 64
+    labels = np.arange(n) % 4
+    pixels = rng.integers(0, 256, size=(n, k)).astype(float)
+    tr, _, te = split_indices(labels)
+    pixels[:, 0] = 0.0
+    pixels[[tr[0], te[0]], 0] = 255.0  # lit in one training image and one test image
+    if scaled:
+        pixels /= 255.0
+    header = [f"pixel{i}" for i in range(k)] + ["label"]
+
+    def load(name: str, x: np.ndarray, names: list[str]) -> Dataset:
+        rows = [[*r, c] for r, c in zip(x, labels, strict=True)]
+        return load_dataset(f"csv:{write_csv(tmp_path / name, names, rows)}", target="label")
+
+    ds = load("px.csv", pixels, header)
+    x_tr = pixels[tr]
+    np.testing.assert_allclose(ds.mean, [x_tr.mean()] * k, rtol=1e-6)
+    np.testing.assert_allclose(ds.std, [x_tr.std()] * k, rtol=1e-6)
+    assert "one mean/std over all the training split's cells" in ds.info["normalization"]
+    assert ds.transform(ds.test.x[:1]).abs().max() < 3.0
+    assert (pixels[te[0], 0] - x_tr[:, 0].mean()) / x_tr[:, 0].std() > 10.0  # per column
+    # fewer columns, or a value no pixel takes: per column, as before
+    ds = load("narrow.csv", pixels[:, 1:], header[1:])
+    np.testing.assert_allclose(ds.std, x_tr[:, 1:].std(0), rtol=1e-6)
+    assert ds.info["normalization"].startswith("per-column")
+    pixels[tr[1], 5] = 1.5 if scaled else 256.0
+    ds = load("px.csv", pixels, header)
+    np.testing.assert_allclose(ds.std, pixels[tr].std(0), rtol=1e-6)
+
+
 def test_csv_errors(tmp_path: Path) -> None:
     x, y = table(30)
     rows = [[*map(float, r), int(c)] for r, c in zip(x, y, strict=True)]
