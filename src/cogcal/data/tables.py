@@ -566,10 +566,10 @@ def _table_dataset(
         pooled_std = float(x_tr.std())
         mean = (float(x_tr.mean()),) * len(features)
         std = (pooled_std if pooled_std > 0 else 1.0,) * len(features)
+        values = "in [0, 1]" if x_tr.max() <= 1.0 else "an integer in [0, 255]"
         normalization = (
             f"one mean/std over all the training split's cells: its {len(features)} feature "
-            "columns share one scale (every value an integer in [0, 255] or in [0, 1], "
-            "pixels written as a table)"
+            f"columns share one scale (every value {values}: pixels written as a table)"
         )
     else:
         mean = tuple(float(v) for v in col_mean)
