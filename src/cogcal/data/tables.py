@@ -58,6 +58,7 @@ __all__ = [
 MISSING_TOKENS = ("", "na", "n/a", "nan", "null", "none", "?")
 
 _INT64 = np.iinfo(np.int64)
+
 #: The feature columns of a table share one scale, and ``normalization="auto"`` standardises
 #: them with one mean/std over all the training split's cells instead of per column, when
 #: there are at least this many and every training value is an integer in [0, 255] (8-bit
