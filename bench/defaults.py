@@ -413,7 +413,7 @@ def main() -> None:
 
 
 def _issue_loop(folder: Path, seed: int) -> tuple[dict[str, float], float]:
-    """Issue 41's reference, written as a user would without cogcal: the 60,000 training
+    """Issue 41's reference, written as a user would in plain PyTorch: the 60,000 training
     rows of ``mnist-train.csv`` with pixels / 255, 90% to train a 784-256-256-10 MLP
     (ReLU) for 20 epochs with Adam 1e-3 (batch 128), the other 10% to fit a temperature
     (:class:`cogcal.calibrators.Temperature`); its accuracy, NLL and ECE-15 on the
@@ -468,7 +468,8 @@ def _print_official(name: str, out: Path, columns: list[str], seeds: int) -> Non
             )
         scores, elapsed = _issue_loop(table.parent, seed)
         print(
-            f"| the issue's loop (no cogcal; train s) | {seed} | {scores['acc']:.4f} | "
+            f"| the issue's loop (plain PyTorch; s to read and train) | {seed} | "
+            f"{scores['acc']:.4f} | "
             f"{scores['nll']:.4f} | {scores['ece_15']:.4f} | {elapsed:.0f} |"
         )
 
