@@ -319,6 +319,40 @@ def test_csv_pixels_share_one_scale(tmp_path: Path, scaled: bool) -> None:
     np.testing.assert_allclose(ds.std, pixels[tr].std(0), rtol=1e-6)
 
 
+def test_csv_normalization_overrides_the_auto_rule(tmp_path: Path) -> None:
+    """`per-column` and `one-scale` pick either rule whatever `auto` would choose: 64
+    columns of small counts (integers in [0, 255], so `auto` takes them for pixels) per
+    column, a narrow table on one scale; images refuse both (one line for the CLI)."""
+    rng = np.random.default_rng(1)
+    n, k = 120, 64
+    labels = np.arange(n) % 3
+    counts = rng.integers(0, 4, size=(n, k)) * np.arange(1, k + 1)  # column j: 0..3j
+    tr, _, _ = split_indices(labels)
+    header = [f"c{i}" for i in range(k)] + ["label"]
+    rows = [[*map(int, r), c] for r, c in zip(counts, labels, strict=True)]
+    path = f"csv:{write_csv(tmp_path / 'counts.csv', header, rows)}"
+    assert load_dataset(path, target="label").info["normalization"].startswith("one mean/std")
+    per = load_dataset(path, target="label", normalization="per-column")
+    np.testing.assert_allclose(per.mean, counts[tr].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(per.std, counts[tr].std(0), rtol=1e-6)
+    assert "normalization='per-column'" in per.info["normalization"]
+    assert per.info["mean"] == list(per.mean)
+    z = per.transform(per.train.x).numpy()
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(z.std(0), 1.0, rtol=1e-4)
+    narrow = [[*map(int, r[:3]), c] for r, c in zip(counts, labels, strict=True)]
+    path = f"csv:{write_csv(tmp_path / 'narrow.csv', header[:3] + ['label'], narrow)}"
+    one = load_dataset(path, target="label", normalization="one-scale")
+    np.testing.assert_allclose(one.mean, [counts[tr][:, :3].mean()] * 3, rtol=1e-6)
+    np.testing.assert_allclose(one.std, [counts[tr][:, :3].std()] * 3, rtol=1e-6)
+    write_images(tmp_path / "img", {"a": 5, "b": 5})
+    for choice in ("per-column", "one-scale"):
+        with pytest.raises(ArgumentError, match=f"normalization='{choice}' standardises") as e:
+            load_dataset(f"folder:{tmp_path / 'img'}", normalization=choice)
+        assert f"--normalization {choice}" in e.value.cli_message
+        assert "\n" not in e.value.cli_message and "(3, 32, 32)" in e.value.cli_message
+
+
 def test_csv_errors(tmp_path: Path) -> None:
     x, y = table(30)
     rows = [[*map(float, r), int(c)] for r, c in zip(x, y, strict=True)]

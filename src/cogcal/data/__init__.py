@@ -19,6 +19,7 @@ from cogcal.data import procedural as _procedural  # noqa: F401  (registers blob
 from cogcal.data import tabular as _tabular  # noqa: F401  (registers mnist1d, digits)
 from cogcal.data import vision as _vision  # noqa: F401  (registers cifar10, cifar100, svhn)
 from cogcal.data.base import (
+    AUGMENTATIONS,
     NORMALIZATIONS,
     SPLIT_SEED,
     Dataset,
@@ -41,6 +42,7 @@ from cogcal.data.tabular import MNIST1D_DEFAULT_ARGS, make_mnist1d, mnist1d_args
 from cogcal.data.transforms import Preprocess, augment_crop_flip, normalize
 
 __all__ = [
+    "AUGMENTATIONS",
     "NORMALIZATIONS",
     "SPLIT_SEED",
     "BatchLoader",

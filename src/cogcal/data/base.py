@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cogcal.data.loader import BatchLoader
 
 __all__ = [
+    "AUGMENTATIONS",
     "NORMALIZATIONS",
     "SPLIT_SEED",
     "TASKS",
@@ -42,10 +43,14 @@ SPLIT_SEED = 20240917
 TASKS = ("multiclass", "multilabel")
 
 #: Augmentations :meth:`Dataset.transform` knows.
-AUGMENTATIONS = (None, "crop_flip", "flip")
+AUGMENTATIONS = (None, "flip", "crop_flip")
 
-#: Values of ``load_dataset(..., normalization=...)``.
-NORMALIZATIONS = ("auto", "none", "imagenet")
+#: Values of ``load_dataset(..., normalization=...)``. The last two are for feature vectors
+#: (1-D inputs: a ``csv:`` table, mnist1d, a plugin's): each column standardised with its
+#: own training-split mean/std, or every column with one over all the training split's
+#: cells, the two rules ``"auto"`` chooses between for a ``csv:`` table
+#: (:func:`cogcal.data.tables.one_scale`), for when that choice is wrong for the data.
+NORMALIZATIONS = ("auto", "none", "imagenet", "per-column", "one-scale")
 
 #: Per-channel statistics of ImageNet (torchvision's pretrained-model constants), on [0, 1].
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -460,11 +465,23 @@ def apply_normalization(ds: Dataset, normalization: str) -> Dataset:
 
     ``"none"``: mean 0, std 1 for every channel (``uint8`` images are still scaled to
     [0, 1]); ``"imagenet"``: ImageNet's per-channel mean/std, for 3-channel images only
-    (stored ``uint8``, or floats already on [0, 1]).
+    (stored ``uint8``, or floats already on [0, 1]); ``"per-column"`` and ``"one-scale"``:
+    for feature vectors only, each column's own mean/std on the training split (population
+    std; a column constant there gets std 1), or one mean/std over all its cells.
+
+    >>> import torch
+    >>> from cogcal.data import dataset_from_splits
+    >>> x = torch.tensor([[0.0, 10.0], [2.0, 30.0]])
+    >>> ds = dataset_from_splits((x, torch.tensor([0, 1])), (x, torch.tensor([0, 1])),
+    ...                          (x, torch.tensor([0, 1])), num_classes=2)
+    >>> apply_normalization(ds, "per-column").mean, apply_normalization(ds, "one-scale").mean
+    ((1.0, 20.0), (10.5, 10.5))
     """
     normalization = _check_normalization(normalization)
     if normalization == "auto":
         return ds
+    if normalization in ("per-column", "one-scale"):
+        return _feature_normalization(ds, normalization)
     k = len(ds.mean)
     if normalization == "none":
         mean, std = (0.0,) * k, (1.0,) * k
@@ -485,6 +502,42 @@ def apply_normalization(ds: Dataset, normalization: str) -> Dataset:
     info = dict(ds.info)
     info.update({"mean": list(mean), "std": list(std), "normalization": text})
     return replace(ds, mean=tuple(mean), std=tuple(std), info=info)
+
+
+def _feature_normalization(ds: Dataset, normalization: str) -> Dataset:
+    """:func:`apply_normalization`'s ``"per-column"`` and ``"one-scale"``."""
+    x = ds.train.x
+    if len(ds.input_shape) != 1 or not x.dtype.is_floating_point:
+        flag = f"normalization={normalization!r}"
+        raise ArgumentError(
+            f"{flag} standardises the columns of feature vectors (1-D inputs: a csv: table, "
+            f"mnist1d, a plugin's); dataset {ds.name!r} has inputs of shape {ds.input_shape}"
+            f"{'' if x.dtype.is_floating_point else f' stored as {x.dtype}'}. Use "
+            "normalization='auto' or 'none'.",
+            cli_message=f"--normalization {normalization} standardises the columns of feature "
+            f"vectors (a csv: table, mnist1d, a plugin's 1-D inputs); dataset {ds.name!r} has "
+            f"inputs of shape {ds.input_shape}. Use --normalization auto or none.",
+        )
+    cells = x.numpy().astype(np.float64)
+    columns = ds.input_shape[0]
+    if normalization == "per-column":
+        std = cells.std(axis=0)
+        mean = tuple(float(v) for v in cells.mean(axis=0))
+        stds = tuple(float(v) if v > 0 else 1.0 for v in std)
+        text = (
+            "per-column standardisation with the training split's mean/std (population std; "
+            "columns constant on it get std 1), as asked (normalization='per-column')"
+        )
+    else:
+        pooled = float(cells.std())
+        mean, stds = (float(cells.mean()),) * columns, (pooled if pooled > 0 else 1.0,) * columns
+        text = (
+            f"one mean/std over all the training split's cells, shared by its {columns} "
+            "feature columns, as asked (normalization='one-scale')"
+        )
+    info = dict(ds.info)
+    info.update({"mean": list(mean), "std": list(stds), "normalization": text})
+    return replace(ds, mean=mean, std=stds, info=info)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -65,10 +65,12 @@ def load_dataset(
     image_size : int, optional
         ``folder:`` only: side of the square images after resizing the shorter side and
         centre-cropping (default 32).
-    normalization : {"auto", "none", "imagenet"}, default "auto"
+    normalization : {"auto", "none", "imagenet", "per-column", "one-scale"}, default "auto"
         ``"auto"``: each dataset's documented normalisation (user data: statistics of the
         training split only); ``"none"``: none (``uint8`` images still scaled to [0, 1]);
-        ``"imagenet"``: ImageNet's channel statistics (RGB images only).
+        ``"imagenet"``: ImageNet's channel statistics (RGB images only); ``"per-column"``,
+        ``"one-scale"``: feature vectors only, each column's own training-split mean/std,
+        or one over all the training split's cells (docs/data.md).
     progress : bool, default True
         Show download progress bars on stderr.
 

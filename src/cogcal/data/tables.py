@@ -289,8 +289,9 @@ def load_csv(
         The file (relative to the working directory).
     target : str
         Name of the class column.
-    normalization : {"auto", "none"}
-        ``"auto"``: standardisation as above; ``"none"``: raw values.
+    normalization : {"auto", "none", "per-column", "one-scale"}
+        ``"auto"``: standardisation as above; ``"none"``: raw values; ``"per-column"``,
+        ``"one-scale"``: one of the two rules whatever :func:`one_scale` says.
 
     Raises
     ------

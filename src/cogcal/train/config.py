@@ -41,7 +41,13 @@ from typing import Any
 
 from cogcal._constraints import COUNT, POSITIVE, SEED, Boolean, Constraint, NamedError, Real
 from cogcal._errors import ArgumentError
-from cogcal.data import default_augment, default_model, list_datasets
+from cogcal.data import (
+    AUGMENTATIONS,
+    NORMALIZATIONS,
+    default_augment,
+    default_model,
+    list_datasets,
+)
 from cogcal.models import list_models
 from cogcal.runs.identity import result_fields  # the run contract's rule, re-exported
 from cogcal.runs.methods import get_method, list_methods
@@ -85,8 +91,8 @@ PAPER_EPOCHS = {"multiclass": 300, "multilabel": 100}
 ACCELERATORS = ("cpu", "gpu", "auto")
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
-NORMALIZATIONS = ("auto", "none", "imagenet")
-AUGMENTS = ("none", "flip", "crop_flip")
+#: ``--augment``: the data's augmentations, ``none`` for :data:`AUGMENTATIONS`' ``None``
+AUGMENTS = tuple("none" if a is None else a for a in AUGMENTATIONS)
 #: Default of ``checkpoint_seconds``: a kill loses at most this much training; writing
 #: every epoch costs small models a visible share of their run (docs/performance.md).
 CHECKPOINT_SECONDS = 30.0
@@ -306,8 +312,9 @@ class TrainConfig:
     normalization: str = field(
         default="auto",
         metadata=_opt(
-            "input normalisation of folder:/csv: datasets: auto (training-split statistics), "
-            "none, imagenet",
+            "input normalisation: auto (each dataset's own; user data: training-split "
+            "statistics), none, imagenet (RGB images), per-column or one-scale (feature "
+            "vectors: each column its own training-split mean/std, or one for all cells)",
             choices=NORMALIZATIONS,
         ),
     )
