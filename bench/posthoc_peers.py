@@ -21,11 +21,15 @@ Every calibrator is fitted on the validation logits and scored on the test logit
 :func:`cogcal.metrics.evaluate` on its probabilities (clipped at 1e-12 for the NLL, so a
 zero probability costs 27.6 nats, not infinity). Fit seconds are wall-clock on one thread,
 the median of ``--repeats`` fits after one warm-up fit per method; ``ratio`` divides by the
-fastest peer of the same method, and for ``ms``, ``dirichlet`` and ``auto`` (which choose
+fastest peer of the same method fitting the same model, and for ``ms``, ``dirichlet`` and ``auto`` (which choose
 their penalty, or the method, by cross-validation) by probmetrics' structured matrix
 scaling (``SMSCalibrator``), marked ``/sms``. The rows ``cogcal one-vs-rest`` are the
 paper's one-vs-rest BBQ (``BBQ(multiclass="one-vs-rest")``), beside cogcal's default,
-which keeps each row's top label. ``--first-fit`` also times, in a fresh
+which keeps each row's top label. The row ``torch-uncertainty (no bias)`` under ``vs`` is
+torch-uncertainty's ``VectorScaler``, ``z * w`` with K per-class inverse temperatures and no
+bias: a smaller model than vector scaling's ``w * z + b`` (Guo et al. 2017; cogcal's and
+probmetrics'), shown for users who would pick it, its ratio to probmetrics' VS, and not
+the denominator of the ``vs`` ratios. ``--first-fit`` also times, in a fresh
 process, the first and a second temperature-scaling fit. ``--cv-seconds`` also prints,
 for each of cogcal's calibrators that cross-validate their penalty, the seconds its
 folds' fits took at each strength of the walk (``cv_seconds_``, one warm fit) beside the
@@ -59,6 +63,12 @@ Entry = tuple[
 ]
 #: the peer whose fit the cross-validated methods are compared with
 _SMS = ("probmetrics", "sms")
+#: torch-uncertainty's ``VectorScaler``: ``z * w``, K per-class inverse temperatures without
+#: vector scaling's bias (Guo et al. 2017: ``w * z + b``, 2K parameters; cogcal's and
+#: probmetrics' VS): a smaller model, shown beside VS but not the denominator of its ratio
+_NO_BIAS = "torch-uncertainty (no bias)"
+#: peers' rows that fit another model than the method's own (see _NO_BIAS)
+_OTHER_MODELS = (_NO_BIAS,)
 _CV_METHODS = ("ms", "dirichlet", "auto")
 
 
@@ -212,7 +222,7 @@ PEERS: dict[str, dict[str, Callable[[], Entry]]] = {
     },
     "vs": {
         "probmetrics": lambda: _probmetrics("VectorScalingCalibrator"),
-        "torch-uncertainty": lambda: _torch_uncertainty("VectorScaler"),
+        _NO_BIAS: lambda: _torch_uncertainty("VectorScaler"),
     },
     "ms": {
         "probmetrics": lambda: _probmetrics("MatrixScalingCalibrator"),
@@ -310,7 +320,10 @@ def _with_ratios(rows: list, sms_seconds: float | None) -> list:
     out = []
     for row in rows:
         name, method, library, *_, seconds = row
-        peers = [r[-1] for r in rows if r[1] == method and not r[2].startswith(("cogcal", "-"))]
+        peers = [
+            r[-1] for r in rows
+            if r[1] == method and not r[2].startswith(("cogcal", "-", *_OTHER_MODELS))
+        ]  # fmt: skip
         if method in _CV_METHODS and sms_seconds:
             ratio = f"{seconds / sms_seconds:.1f}/sms"
         elif peers and library != "-":
