@@ -21,9 +21,9 @@ Every calibrator is fitted on the validation logits and scored on the test logit
 :func:`cogcal.metrics.evaluate` on its probabilities (clipped at 1e-12 for the NLL, so a
 zero probability costs 27.6 nats, not infinity). Fit seconds are wall-clock on one thread,
 the median of ``--repeats`` fits after one warm-up fit per method; ``ratio`` divides by the
-fastest peer of the same method fitting the same model, and for ``ms``, ``dirichlet`` and ``auto`` (which choose
-their penalty, or the method, by cross-validation) by probmetrics' structured matrix
-scaling (``SMSCalibrator``), marked ``/sms``. The rows ``cogcal one-vs-rest`` are the
+fastest peer of the same method fitting the same model, and for ``ms``, ``dirichlet`` and
+``auto`` (which choose their penalty, or the method, by cross-validation) by probmetrics'
+structured matrix scaling (``SMSCalibrator``), marked ``/sms``. The rows ``cogcal one-vs-rest`` are the
 paper's one-vs-rest BBQ (``BBQ(multiclass="one-vs-rest")``), beside cogcal's default,
 which keeps each row's top label. The row ``torch-uncertainty (no bias)`` under ``vs`` is
 torch-uncertainty's ``VectorScaler``, ``z * w`` with K per-class inverse temperatures and no

@@ -326,7 +326,7 @@ def test_csv_normalization_overrides_the_auto_rule(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     n, k = 120, 64
     labels = np.arange(n) % 3
-    counts = rng.integers(0, 4, size=(n, k)) * np.arange(1, k + 1)  # column j: 0..3j
+    counts = rng.integers(0, 4, size=(n, k)) * np.arange(1, k + 1)  # column j: 0..3(j+1)
     tr, _, _ = split_indices(labels)
     header = [f"c{i}" for i in range(k)] + ["label"]
     rows = [[*map(int, r), c] for r, c in zip(counts, labels, strict=True)]
