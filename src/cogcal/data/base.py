@@ -518,26 +518,49 @@ def _feature_normalization(ds: Dataset, normalization: str) -> Dataset:
             f"vectors (a csv: table, mnist1d, a plugin's 1-D inputs); dataset {ds.name!r} has "
             f"inputs of shape {ds.input_shape}. Use --normalization auto or none.",
         )
-    cells = x.numpy().astype(np.float64)
-    columns = ds.input_shape[0]
-    if normalization == "per-column":
-        std = cells.std(axis=0)
-        mean = tuple(float(v) for v in cells.mean(axis=0))
-        stds = tuple(float(v) if v > 0 else 1.0 for v in std)
-        text = (
-            "per-column standardisation with the training split's mean/std (population std; "
-            "columns constant on it get std 1), as asked (normalization='per-column')"
-        )
-    else:
-        pooled = float(cells.std())
-        mean, stds = (float(cells.mean()),) * columns, (pooled if pooled > 0 else 1.0,) * columns
-        text = (
-            f"one mean/std over all the training split's cells, shared by its {columns} "
-            "feature columns, as asked (normalization='one-scale')"
-        )
+    mean, std, text = feature_scaling(x.numpy().astype(np.float64), normalization)
+    shared = (
+        f", shared by its {ds.input_shape[0]} feature columns"
+        if normalization == "one-scale"
+        else ""
+    )
+    text = f"{text}{shared}, as asked (normalization={normalization!r})"
     info = dict(ds.info)
-    info.update({"mean": list(mean), "std": list(stds), "normalization": text})
-    return replace(ds, mean=mean, std=stds, info=info)
+    info.update({"mean": list(mean), "std": list(std), "normalization": text})
+    return replace(ds, mean=mean, std=std, info=info)
+
+
+def feature_scaling(
+    cells: np.ndarray, rule: str, *, column_std: np.ndarray | None = None
+) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+    """The training split's standardisation of feature vectors ``cells`` (rows x columns)
+    under ``rule``: ``"per-column"`` (each column's mean and population std; a column
+    constant on it gets std 1) or ``"one-scale"`` (one mean/std over all the cells, for
+    every column); returns the per-column means, stds and the rule in words.
+    ``column_std``: the columns' stds when the caller has them (not computed again).
+
+    >>> import numpy as np
+    >>> feature_scaling(np.array([[0.0, 10.0], [2.0, 10.0]]), "per-column")[:2]
+    ((1.0, 10.0), (1.0, 1.0))
+    >>> cells = np.array([[0.0, 10.0], [2.0, 30.0]])
+    >>> mean, std, _ = feature_scaling(cells, "one-scale")
+    >>> mean, std == (cells.std(),) * 2
+    ((10.5, 10.5), True)
+    """
+    columns = cells.shape[1]
+    if rule == "one-scale":
+        pooled = float(cells.std())
+        return (
+            (float(cells.mean()),) * columns, (pooled if pooled > 0 else 1.0,) * columns,
+            "one mean/std over all the training split's cells",
+        )  # fmt: skip
+    std = cells.std(axis=0) if column_std is None else column_std
+    return (
+        tuple(float(v) for v in cells.mean(axis=0)),
+        tuple(float(v) if v > 0 else 1.0 for v in std),
+        "per-column standardisation with the training split's mean/std (population std; "
+        "columns constant on it get std 1)",
+    )
 
 
 # --------------------------------------------------------------------------- helpers

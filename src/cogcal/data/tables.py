@@ -32,6 +32,7 @@ from cogcal.data.base import (
     DatasetCorruptError,
     Split,
     apply_normalization,
+    feature_scaling,
 )
 from cogcal.data.custom import (
     USER_SPLIT_RULE,
@@ -561,24 +562,15 @@ def _table_dataset(
         for s, i in idx.items()
     }
     x_tr = x[tr].astype(np.float64)
-    col_mean = x_tr.mean(axis=0)
     col_std = x_tr.std(axis=0)
     constant = [h for h, s in zip(features, col_std, strict=True) if not s > 0]
-    if one_scale(x_tr):  # one mean/std for every column (ONE_SCALE_MIN_COLUMNS)
-        pooled_std = float(x_tr.std())
-        mean = (float(x_tr.mean()),) * len(features)
-        std = (pooled_std if pooled_std > 0 else 1.0,) * len(features)
+    rule = "one-scale" if one_scale(x_tr) else "per-column"  # (ONE_SCALE_MIN_COLUMNS)
+    mean, std, normalization = feature_scaling(x_tr, rule, column_std=col_std)
+    if rule == "one-scale":
         values = "in [0, 1]" if x_tr.max() <= 1.0 else "an integer in [0, 255]"
-        normalization = (
-            f"one mean/std over all the training split's cells: its {len(features)} feature "
-            f"columns share one scale (every value {values}: pixels written as a table)"
-        )
-    else:
-        mean = tuple(float(v) for v in col_mean)
-        std = tuple(float(s) if s > 0 else 1.0 for s in col_std)
-        normalization = (
-            "per-column standardisation with the training split's mean/std (population std; "
-            "columns constant on it get std 1)"
+        normalization += (
+            f": its {len(features)} feature columns share one scale (every value {values}: "
+            "pixels written as a table)"
         )
     info = {
         "dataset": name,
